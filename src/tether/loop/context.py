@@ -1,0 +1,87 @@
+"""What the scheduler hands the turn loop: the turn, a history reader and a fenced sink.
+
+The loop never touches the store or HTTP: it reads history through :class:`HistoryReader` and
+writes through :class:`TurnSink`, whose every write the scheduler fences with the session lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from tether.agent import Agent
+from tether.models.base import Model
+from tether.records import Item, NewItem, Principal, SessionKey, TurnEnding
+from tether.tools.approval import Approver
+
+
+class HistoryReader(Protocol):
+    async def recent(self, before_seq: int | None, limit: int) -> list[Item]:
+        """Items that may reach the model, newest first, older than ``before_seq``."""
+        ...
+
+
+class TurnSink(Protocol):
+    def emit(self, type: str, data: dict[str, Any]) -> None:
+        """Publish an event now (live subscribers) and persist it with the next commit."""
+        ...
+
+    async def commit(self, items: Sequence[NewItem]) -> list[Item]:
+        """Durably write items and every event emitted so far, fenced by the lease.
+
+        The write is shielded: once started it completes even if the turn is cancelled, so what
+        is durable is always known (see :meth:`open_calls`).
+        """
+        ...
+
+    async def settle(self) -> None:
+        """Wait for a commit still in flight (after a cancellation interrupted its caller)."""
+        ...
+
+    def open_calls(self) -> list[tuple[str, str]]:
+        """``(call_id, tool_name)`` of committed tool calls that have no committed result."""
+        ...
+
+
+@dataclass
+class TurnContext:
+    agent: Agent
+    model: Model
+    key: SessionKey
+    principal: Principal
+    turn_id: str
+    input: str
+    input_seq: int
+    """``seq`` of the stored user item of this turn; history is what came before it."""
+    history: HistoryReader
+    sink: TurnSink
+    approver: Approver | None = None
+    workspace: Path | None = None
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    cancel_status: str = "cancelled"
+    """What a cancellation ends the turn as: ``cancelled``, ``interrupted`` or ``rolled_back``."""
+    cancel_reason: str = "cancelled"
+    _body: asyncio.Task[TurnResult] | None = field(default=None, repr=False)
+
+    def request_cancel(self, status: str = "cancelled", reason: str = "cancelled") -> bool:
+        """Ask the running turn to stop; it ends as ``status`` with ``reason``.
+
+        Returns False when a cancellation was already requested (the first one wins).
+        """
+        if self.cancelled.is_set():
+            return False
+        self.cancel_status, self.cancel_reason = status, reason
+        self.cancelled.set()
+        if self._body is not None:
+            self._body.cancel()
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class TurnResult:
+    ending: TurnEnding
+    items: list[NewItem]
+    """Last items to commit with the ending (partial reply, results of unanswered calls)."""

@@ -1,0 +1,94 @@
+"""Step 2 of a turn: one model call, streamed, with bounded retries of transient errors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
+
+from tether.errors import ModelError
+from tether.loop.context import TurnContext
+from tether.loop.state import TurnState
+from tether.models.base import (
+    Finish,
+    ModelRequest,
+    TextDelta,
+    ToolCall,
+    ToolCallDelta,
+    ToolSpec,
+    Usage,
+)
+from tether.records import new_call_id
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    text: str
+    calls: list[ToolCall]
+    finish: str
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, ModelError) and exc.transient
+
+
+async def model_step(ctx: TurnContext, state: TurnState, tools: tuple[ToolSpec, ...]) -> StepOutput:
+    request = ModelRequest(
+        messages=tuple(state.messages),
+        tools=tools,
+        max_output_tokens=ctx.agent.max_output_tokens,
+        temperature=ctx.agent.temperature,
+    )
+    policy = ctx.agent.retry
+    retrying = AsyncRetrying(
+        stop=stop_after_attempt(max(1, policy.attempts)),
+        wait=wait_exponential_jitter(initial=policy.initial_backoff, max=policy.max_backoff),
+        retry=retry_if_exception(_retryable),
+        reraise=True,
+    )
+    async for attempt in retrying:
+        with attempt:
+            return await _stream_once(ctx, state, request)
+    raise AssertionError("unreachable: tenacity reraises the last error")
+
+
+async def _stream_once(ctx: TurnContext, state: TurnState, request: ModelRequest) -> StepOutput:
+    state.partial_text = ""
+    parts: list[str] = []
+    calls: dict[int, dict[str, str]] = {}
+    finish = "stop"
+    usage = Usage()
+    try:
+        async for event in ctx.model.stream(request):
+            if isinstance(event, TextDelta):
+                if event.text:
+                    parts.append(event.text)
+                    state.partial_text += event.text
+                    ctx.sink.emit("message.delta", {"text": event.text})
+            elif isinstance(event, ToolCallDelta):
+                slot = calls.setdefault(event.index, {"id": "", "name": "", "arguments": ""})
+                if event.id:
+                    slot["id"] = event.id
+                if event.name:
+                    slot["name"] += event.name
+                slot["arguments"] += event.arguments
+            elif isinstance(event, Usage):
+                usage = event
+            elif isinstance(event, Finish):
+                finish = event.reason
+    except ModelError as exc:
+        if parts and exc.transient:
+            # Text already reached clients; a silent retry would show them two answers.
+            raise ModelError(f"{exc} (after partial output)", status=exc.status) from exc
+        raise
+    state.add_usage(usage.input_tokens, usage.output_tokens)
+    tool_calls = [
+        ToolCall(c["id"] or new_call_id(), c["name"], c["arguments"] or "{}")
+        for _, c in sorted(calls.items())
+    ]
+    return StepOutput("".join(parts), tool_calls, finish)

@@ -1,0 +1,64 @@
+"""Step 3 of a turn: run the tool calls the model asked for.
+
+A tool's failure is the model's business, not the turn's: errors, timeouts, unknown tools,
+invalid arguments and refusals all become a tool result the model reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from tether.errors import InvalidInput
+from tether.loop.context import TurnContext
+from tether.models.base import ToolCall
+from tether.tools.approval import REFUSED_RESULT, ApprovalRequest
+from tether.tools.context import ToolContext
+
+
+async def run_call(ctx: TurnContext, call: ToolCall) -> tuple[str, bool]:
+    """Run one call; returns ``(result text, is_error)``."""
+    tool = ctx.agent.tool_named(call.name)
+    if tool is None:
+        names = ", ".join(t.name for t in ctx.agent.tools) or "none"
+        return f"Error: there is no tool named {call.name!r} (available: {names}).", True
+    try:
+        tool.parse_arguments(call.arguments)
+    except InvalidInput as exc:
+        return f"Error: {exc}", True
+    if tool.requires_approval and not await _approved(ctx, call):
+        return REFUSED_RESULT, True
+    tool_ctx = ToolContext(
+        session=ctx.key,
+        principal=ctx.principal,
+        turn_id=ctx.turn_id,
+        call_id=call.id,
+        cancelled=ctx.cancelled,
+        workspace=ctx.workspace,
+    )
+    timeout = tool.timeout if tool.timeout is not None else ctx.agent.tool_timeout
+    try:
+        async with asyncio.timeout(timeout):
+            return await tool.invoke(call.arguments, tool_ctx), False
+    except TimeoutError:
+        return f"Error: {call.name} did not finish within {timeout:g} seconds.", True
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # a tool's bug is reported to the model, not raised
+        return f"Error: {call.name} raised {type(exc).__name__}: {exc}", True
+
+
+async def _approved(ctx: TurnContext, call: ToolCall) -> bool:
+    ctx.sink.emit(
+        "tool.approval_requested",
+        {"call_id": call.id, "name": call.name, "arguments": call.arguments},
+    )
+    if ctx.approver is None:
+        return False
+    request = ApprovalRequest(ctx.key, ctx.turn_id, call.id, call.name, call.arguments)
+    try:
+        async with asyncio.timeout(ctx.agent.approval_timeout):
+            return (await ctx.approver(request)) is True
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # an approver that errs or times out refuses: fail closed
+        return False

@@ -1,0 +1,88 @@
+"""Model providers behind one small protocol, and the spec strings that name them.
+
+Spec strings: ``local`` (the embedded SmolLM2, the default), ``openai:<model>``,
+``ollama:<model>``. Model instances are shared per process: one loaded local model serves every
+session.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from tether.errors import ConfigError
+from tether.models.base import (
+    Finish,
+    Message,
+    Model,
+    ModelEvent,
+    ModelRequest,
+    TextDelta,
+    ToolCall,
+    ToolCallDelta,
+    ToolSpec,
+    Usage,
+)
+
+__all__ = [
+    "Finish",
+    "Message",
+    "Model",
+    "ModelEvent",
+    "ModelRequest",
+    "TextDelta",
+    "ToolCall",
+    "ToolCallDelta",
+    "ToolSpec",
+    "Usage",
+    "default_model_spec",
+    "resolve_model",
+]
+
+OLLAMA_BASE_URL = "http://127.0.0.1:11434/v1"
+
+_cache: dict[str, Model] = {}
+_cache_lock = threading.Lock()
+
+
+def default_model_spec() -> str:
+    """``TETHER_MODEL`` when set, else the embedded ``local`` model."""
+    return os.environ.get("TETHER_MODEL") or "local"
+
+
+def resolve_model(spec: str | Model | None) -> Model:
+    """Turn a spec string (or ``None`` for the default) into a shared model instance."""
+    if spec is None:
+        spec = default_model_spec()
+    if not isinstance(spec, str):
+        return spec
+    with _cache_lock:
+        model = _cache.get(spec)
+        if model is None:
+            model = _build(spec)
+            _cache[spec] = model
+        return model
+
+
+def _build(spec: str) -> Model:
+    provider, _, name = spec.partition(":")
+    if provider == "local":
+        from tether.models.local import LocalModel
+
+        return LocalModel()
+    if provider == "openai":
+        from tether.models.openai import OpenAIModel
+
+        if not name:
+            raise ConfigError("model spec 'openai:' needs a model name, e.g. openai:gpt-4o-mini")
+        return OpenAIModel(name)
+    if provider == "ollama":
+        from tether.models.openai import OpenAIModel
+
+        if not name:
+            raise ConfigError("model spec 'ollama:' needs a model name, e.g. ollama:llama3.2")
+        base_url = os.environ.get("OLLAMA_BASE_URL", OLLAMA_BASE_URL)
+        return OpenAIModel(name, base_url=base_url, api_key="ollama", label=f"ollama:{name}")
+    raise ConfigError(
+        f"unknown model spec {spec!r}: use 'local', 'openai:<model>' or 'ollama:<model>'"
+    )

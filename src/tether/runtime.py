@@ -1,0 +1,142 @@
+"""A store, a scheduler and the agents they serve, on one event loop.
+
+The server owns one inside its lifespan; embedded use (``Agent.chat`` in a script) gets a
+process-wide one on a background thread (see :mod:`tether.session`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from tether.agent import Agent
+from tether.errors import TurnFailed
+from tether.records import LOCAL_PRINCIPAL, Event, Policy, Principal, SessionKey, Turn
+from tether.scheduler import Scheduler
+from tether.store.base import Store
+from tether.store.sqlite import SQLiteStore
+
+
+def default_data_dir() -> Path:
+    """``TETHER_DATA_DIR``, else ``./.tether``."""
+    return Path(os.environ.get("TETHER_DATA_DIR") or ".tether")
+
+
+class Runtime:
+    def __init__(
+        self,
+        store: Store | None = None,
+        *,
+        data_dir: Path | None = None,
+        agents: list[Agent] | None = None,
+        lease_ttl: float = 30.0,
+        node: str | None = None,
+    ) -> None:
+        self.data_dir = data_dir or default_data_dir()
+        self.store: Store = store or SQLiteStore(self.data_dir / "tether.db")
+        self.agents: dict[str, Agent] = {a.name: a for a in agents or []}
+        self.scheduler = Scheduler(
+            self.store,
+            self.agents.get,
+            lease_ttl=lease_ttl,
+            node=node,
+            workspace_root=self.data_dir / "workspaces",
+        )
+        self._started = False
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        await self.store.open()
+        await self.scheduler.start()
+        self._started = True
+
+    async def close(self, drain_timeout: float = 10.0) -> None:
+        if not self._started:
+            return
+        self._started = False
+        await self.scheduler.close(drain_timeout)
+        await self.store.close()
+
+    async def __aenter__(self) -> Runtime:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def register(self, agent: Agent) -> None:
+        """Serve ``agent`` under its name (the latest registration of a name wins)."""
+        self.agents[agent.name] = agent
+
+    def key_for(self, agent: Agent, session_id: str | None, principal: Principal) -> SessionKey:
+        owner = agent.memory.user_id or principal.user
+        return SessionKey.of(
+            Principal(principal.tenant, owner, principal.roles), session_id or agent.session_id
+        )
+
+    async def submit(
+        self,
+        agent: Agent,
+        message: str,
+        *,
+        session_id: str | None = None,
+        policy: Policy = "enqueue",
+        principal: Principal = LOCAL_PRINCIPAL,
+    ) -> Turn:
+        await self.start()
+        self.register(agent)
+        key = self.key_for(agent, session_id, principal)
+        await self.store.create_session(key, agent.name, exist_ok=True)
+        # In-process callers wait for room in the queue instead of failing at its bound.
+        return await self.scheduler.submit(
+            key, message, policy=policy, principal=principal, wait_for_slot=policy == "enqueue"
+        )
+
+    async def chat(
+        self,
+        agent: Agent,
+        message: str,
+        *,
+        session_id: str | None = None,
+        policy: Policy = "enqueue",
+        principal: Principal = LOCAL_PRINCIPAL,
+    ) -> str:
+        turn = await self.submit(
+            agent, message, session_id=session_id, policy=policy, principal=principal
+        )
+        done = await self.wait_or_cancel(turn)
+        if done.status != "completed":
+            raise TurnFailed(done)
+        return done.output or ""
+
+    async def wait_or_cancel(self, turn: Turn) -> Turn:
+        """Wait for the turn; if the caller gives up (is cancelled), cancel the turn too."""
+        try:
+            return await self.scheduler.wait(turn.key, turn.id)
+        except BaseException:
+            await self.scheduler.cancel(turn.key, turn.id, "caller_cancelled")
+            raise
+
+    async def stream(
+        self,
+        agent: Agent,
+        message: str,
+        *,
+        session_id: str | None = None,
+        policy: Policy = "enqueue",
+        principal: Principal = LOCAL_PRINCIPAL,
+    ) -> AsyncIterator[Event]:
+        turn = await self.submit(
+            agent, message, session_id=session_id, policy=policy, principal=principal
+        )
+        finished = False
+        try:
+            async for event in self.scheduler.events(turn.key, turn.id):
+                yield event
+                if event.type == "turn.ended":
+                    finished = True
+        finally:
+            if not finished:
+                await self.scheduler.cancel(turn.key, turn.id, "caller_cancelled")

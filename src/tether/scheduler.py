@@ -1,0 +1,435 @@
+"""One turn at a time per session, on any number of processes.
+
+How it holds together:
+
+* A turn is accepted by :meth:`Scheduler.submit`, which queues it in the store (one transaction
+  that also applies the policy: reject, queue bound). Order is the turn's ``seq``.
+* Each session with work has at most one *worker* task in this process. The worker takes the
+  session's lease (a fencing token incremented on every acquisition), ends any turn a dead
+  owner left ``running`` (``failed``/``owner_lost``), then runs queued turns in ``seq`` order
+  until none is left, and releases the lease.
+* Every write a turn makes is fenced by that lease in the store itself, so a worker that lost its
+  lease (paused past expiry, say) cannot write, even if it does not know yet.
+* One heartbeat task renews all leases this process holds; a lease it fails to renew is lost and
+  the turn under it is stopped without writing anything more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tether.agent import Agent
+from tether.errors import QueueFull, SessionNotFound, StaleLease, TurnNotFound
+from tether.feeds import TurnFeed
+from tether.loop.context import TurnContext
+from tether.loop.run import run_turn
+from tether.models import resolve_model
+from tether.records import (
+    LOCAL_PRINCIPAL,
+    Event,
+    Lease,
+    Policy,
+    Principal,
+    SessionKey,
+    Turn,
+    TurnEnding,
+    new_turn_id,
+)
+from tether.runner import FencedSink, StoreHistory
+from tether.store.base import DEFAULT_MAX_QUEUE, Store
+from tether.store.rows import terminal_event_data
+from tether.tools.approval import Approver
+
+log = logging.getLogger("tether.scheduler")
+
+AgentResolver = Callable[[str], Agent | None]
+
+_HOST = socket.gethostname()
+
+
+def new_owner_id(node: str | None = None) -> str:
+    """``node|host|pid|nonce``: host and pid let a process on the same machine tell a dead owner."""
+    return f"{node or 'node'}|{_HOST}|{os.getpid()}|{secrets.token_hex(4)}"
+
+
+def owner_is_dead(owner: str) -> bool:
+    """True only when ``owner`` was a process on this host that no longer exists."""
+    parts = owner.split("|")
+    if len(parts) != 4 or parts[1] != _HOST:
+        return False
+    try:
+        pid = int(parts[2])
+    except ValueError:
+        return False
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+@dataclass
+class _Running:
+    turn: Turn
+    ctx: TurnContext
+
+
+class Scheduler:
+    def __init__(
+        self,
+        store: Store,
+        agents: AgentResolver,
+        *,
+        node: str | None = None,
+        lease_ttl: float = 30.0,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        approver: Approver | None = None,
+        workspace_root: Path | None = None,
+    ) -> None:
+        self.store = store
+        self._agents = agents
+        self.owner = new_owner_id(node)
+        self.lease_ttl = lease_ttl
+        self.max_queue = max_queue
+        self.approver = approver
+        self.workspace_root = workspace_root
+        self._workers: dict[SessionKey, asyncio.Task[None]] = {}
+        self._dirty: set[SessionKey] = set()
+        self._leases: dict[SessionKey, Lease] = {}
+        self._running: dict[str, _Running] = {}
+        self._feeds: dict[str, TurnFeed] = {}
+        self._waiters: dict[str, list[asyncio.Future[Turn]]] = {}
+        self._slot_freed: dict[SessionKey, asyncio.Event] = {}
+        self._principals: dict[SessionKey, Principal] = {}
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._closing = False
+
+    # -- life cycle ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Begin heartbeats and pick up work left by a previous life of this store."""
+        self._heartbeat = asyncio.create_task(self._beat(), name="tether-heartbeat")
+        for key in await self.store.sessions_needing_work():
+            self._kick(key)
+
+    async def close(self, drain_timeout: float = 10.0) -> None:
+        """Stop taking turns; let running ones finish up to ``drain_timeout``, then cancel them."""
+        self._closing = True
+        workers = list(self._workers.values())
+        if workers:
+            _, pending = await asyncio.wait(workers, timeout=drain_timeout)
+            if pending:
+                for running in list(self._running.values()):
+                    running.ctx.request_cancel("cancelled", "shutdown")
+                await asyncio.wait(pending, timeout=5.0)
+                for task in pending:
+                    task.cancel()
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            await asyncio.gather(self._heartbeat, return_exceptions=True)
+
+    # -- submitting ------------------------------------------------------------------------------
+    async def submit(
+        self,
+        key: SessionKey,
+        input: str,
+        *,
+        policy: Policy = "enqueue",
+        principal: Principal | None = None,
+        wait_for_slot: bool = False,
+    ) -> Turn:
+        """Queue a turn. ``wait_for_slot`` waits for room instead of raising QueueFull."""
+        if self._closing:
+            from tether.errors import StoreError
+
+            raise StoreError("the scheduler is shutting down")
+        if principal is not None:
+            self._principals[key] = principal
+        while True:
+            try:
+                turn = await self.store.enqueue_turn(
+                    key,
+                    turn_id=new_turn_id(),
+                    input=input,
+                    policy=policy,
+                    max_queue=self.max_queue,
+                )
+                break
+            except QueueFull:
+                if not wait_for_slot:
+                    raise
+                freed = self._slot_freed.setdefault(key, asyncio.Event())
+                try:
+                    async with asyncio.timeout(1.0):  # also catches slots freed by other nodes
+                        await freed.wait()
+                except TimeoutError:
+                    pass
+        self._waiters.setdefault(turn.id, [])
+        if policy in ("interrupt", "rollback"):
+            status = "interrupted" if policy == "interrupt" else "rolled_back"
+            for running in list(self._running.values()):
+                if running.turn.key == key:
+                    running.ctx.request_cancel(status, f"{policy} by turn {turn.id}")
+        self._kick(key)
+        return turn
+
+    def _kick(self, key: SessionKey) -> None:
+        worker = self._workers.get(key)
+        if worker is not None and not worker.done():
+            self._dirty.add(key)  # the worker re-reads the queue before it gives up the session
+            return
+        self._workers[key] = asyncio.create_task(self._work(key), name="tether-worker")
+
+    # -- the per-session worker ----------------------------------------------------------------
+    async def _work(self, key: SessionKey) -> None:
+        try:
+            while True:
+                lease = await self._acquire(key)
+                if lease is None:
+                    return  # nothing left to do, or the session is gone
+                self._leases[key] = lease
+                try:
+                    await self._drain(key, lease)
+                except StaleLease:
+                    log.warning("lost the lease of a session mid-turn; stopped without writing")
+                finally:
+                    self._leases.pop(key, None)
+                    await self._release(lease)
+                # No await between this check and leaving _workers: a submit that lands after
+                # it sees no worker and starts a new one; one that landed before set _dirty.
+                if key in self._dirty:
+                    self._dirty.discard(key)
+                    continue
+                self._workers.pop(key, None)
+                return
+        except asyncio.CancelledError:
+            self._workers.pop(key, None)
+            raise
+        except Exception:
+            log.exception("session worker failed")
+            self._workers.pop(key, None)
+
+    async def _release(self, lease: Lease) -> None:
+        try:
+            await self.store.release_lease(lease)
+        except Exception:
+            log.exception("could not release a lease; it will expire")
+
+    async def _acquire(self, key: SessionKey) -> Lease | None:
+        delay = 0.02
+        while True:
+            try:
+                lease = await self.store.acquire_lease(key, self.owner, self.lease_ttl)
+                if lease is None:
+                    holder = await self.store.lease_holder(key)
+                    if holder is not None and owner_is_dead(holder):
+                        lease = await self._take_over(key, holder)
+            except SessionNotFound:
+                return None
+            if lease is not None:
+                return lease
+            # Another live process holds the session; it will run the queue. Wait while there
+            # is still work, in case it dies or releases the lease with turns left.
+            if not await self.store.active_turns(key):
+                return None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    async def _take_over(self, key: SessionKey, holder: str) -> Lease | None:
+        lease = await self.store.take_over_lease(key, self.owner, self.lease_ttl, holder)
+        if lease is not None:
+            log.warning("took over the lease of a dead process (%s)", holder)
+        return lease
+
+    async def _drain(self, key: SessionKey, lease: Lease) -> None:
+        for turn in await self.store.recover(lease):
+            log.warning("turn %s ended failed/owner_lost: its process died", turn.id)
+            self._resolve(turn)
+        while True:
+            self._dirty.discard(key)
+            active = await self.store.active_turns(key)
+            queued = [t for t in active if t.status == "queued"]
+            if not queued:
+                return
+            if self._closing:
+                return
+            await self._run(lease, queued[0])
+
+    async def _run(self, lease: Lease, turn: Turn) -> None:
+        key = turn.key
+        record = await self.store.get_session(key)
+        agent = self._agents(record.agent) if record is not None else None
+        feed = TurnFeed(turn.id)
+        self._feeds[turn.id] = feed
+        sink = FencedSink(self.store, lease, turn.id, feed)
+        try:
+            user_item = await sink.start(turn.input)
+            if agent is None:
+                ending = TurnEnding(
+                    "failed",
+                    "agent_not_found",
+                    error=f"agent {record.agent if record else '?'} is not served",
+                )
+                done = await self._end(sink, turn, ending, [])
+                return
+            ctx = TurnContext(
+                agent=agent,
+                model=resolve_model(agent.model),
+                key=key,
+                principal=self._principals.get(key) or _principal_of(key),
+                turn_id=turn.id,
+                input=turn.input,
+                input_seq=user_item.seq,
+                history=StoreHistory(self.store, key),
+                sink=sink,
+                approver=self.approver,
+                workspace=self.workspace_root / key.tenant / key.owner / key.session_id
+                if self.workspace_root
+                else None,
+            )
+            self._running[turn.id] = _Running(turn, ctx)
+            try:
+                result = await run_turn(ctx)
+            finally:
+                self._running.pop(turn.id, None)
+            done = await self._end(sink, turn, result.ending, result.items)
+        except StaleLease:
+            raise
+        finally:
+            feed.close()
+            self._feeds.pop(turn.id, None)
+            freed = self._slot_freed.pop(key, None)
+            if freed is not None:
+                freed.set()
+        self._resolve(done)
+
+    async def _end(self, sink: FencedSink, turn: Turn, ending: TurnEnding, items: list) -> Turn:  # type: ignore[type-arg]
+        terminal = sink.next_event("turn.ended", terminal_event_data(turn.id, ending))
+        events = sink.take_events()
+        assert events[-1] is terminal
+        return await self.store.end_turn(sink.lease, turn.id, ending, items, events)
+
+    def _resolve(self, turn: Turn) -> None:
+        for fut in self._waiters.pop(turn.id, []):
+            if not fut.done():
+                fut.set_result(turn)
+
+    # -- heartbeat -----------------------------------------------------------------------------
+    async def _beat(self) -> None:
+        interval = max(self.lease_ttl / 3, 0.05)
+        while True:
+            await asyncio.sleep(interval)
+            held = list(self._leases.values())
+            if not held:
+                continue
+            try:
+                kept = await self.store.renew_leases(held, self.lease_ttl)
+            except Exception:
+                log.exception("lease renewal failed; retrying")
+                continue
+            kept_keys = {lease.key for lease in kept}
+            for lease in held:
+                if lease.key not in kept_keys:
+                    log.warning("lost the lease of a session; stopping its turn")
+                    for running in list(self._running.values()):
+                        if running.turn.key == lease.key:
+                            running.ctx.request_cancel("failed", "lease_lost")
+
+    # -- waiting, cancelling, following ----------------------------------------------------------
+    async def wait(self, key: SessionKey, turn_id: str) -> Turn:
+        """The turn once it has ended (bound it with ``asyncio.timeout``)."""
+        while True:
+            turn = await self.store.get_turn(key, turn_id)
+            if turn is None:
+                raise TurnNotFound("turn not found")
+            if turn.ended:
+                return turn
+            waiters = self._waiters.get(turn_id)
+            if waiters is not None:
+                fut: asyncio.Future[Turn] = asyncio.get_running_loop().create_future()
+                waiters.append(fut)
+                return await fut
+            # Run by another process: poll the store.
+            await asyncio.sleep(0.05)
+
+    async def cancel(self, key: SessionKey, turn_id: str, reason: str = "cancelled") -> Turn:
+        """Cancel a queued or running turn; an ended turn is returned as it is."""
+        turn = await self.store.get_turn(key, turn_id)
+        if turn is None:
+            raise TurnNotFound("turn not found")
+        if turn.status == "queued":
+            ended = await self.store.cancel_queued_turn(key, turn_id, reason)
+            if ended is not None:
+                self._resolve(ended)
+                return ended
+        running = self._running.get(turn_id)
+        if running is not None:
+            running.ctx.request_cancel("cancelled", reason)
+        return await self.wait(key, turn_id)
+
+    async def events(
+        self, key: SessionKey, turn_id: str, after_seq: int = 0
+    ) -> AsyncIterator[Event]:
+        """The turn's events after ``after_seq``: replayed, then followed live until the end."""
+        last = after_seq
+        saw_terminal = False
+        while True:
+            feed = self._feeds.get(turn_id)
+            stored = await self.store.list_events(key, turn_id, after_seq=last)
+            if not stored and await self.store.get_turn(key, turn_id) is None:
+                raise TurnNotFound("turn not found")
+            for event in stored:
+                if feed is not None and feed.first_seq is not None and event.seq >= feed.first_seq:
+                    break  # the feed has these, and the ones not yet persisted
+                yield event
+                last = event.seq
+                if event.type == "turn.ended":
+                    return
+            if feed is not None:
+                async for event in feed.follow(last):
+                    yield event
+                    last = event.seq
+                    saw_terminal = saw_terminal or event.type == "turn.ended"
+                if saw_terminal:
+                    return
+                continue
+            turn = await self.store.get_turn(key, turn_id)
+            if turn is not None and turn.ended:
+                # A resume id past the persisted events (those died with a crashed process):
+                # the terminal event is still owed to the client.
+                tail = await self.store.list_events(key, turn_id, after_seq=last)
+                if not tail:
+                    ended = [
+                        e
+                        for e in await self.store.list_events(key, turn_id)
+                        if e.type == "turn.ended"
+                    ]
+                    for e in ended:
+                        yield e
+                    return
+                continue
+            await asyncio.sleep(0.05)
+
+    def running_turns(self) -> list[Turn]:
+        return [r.turn for r in self._running.values()]
+
+
+def _principal_of(key: SessionKey) -> Principal:
+    if key.tenant == LOCAL_PRINCIPAL.tenant and key.owner == LOCAL_PRINCIPAL.user:
+        return LOCAL_PRINCIPAL
+    return Principal(key.tenant, key.owner)
+
+
+def now() -> float:
+    return time.time()

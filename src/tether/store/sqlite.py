@@ -1,0 +1,800 @@
+"""SQLite store: one file, WAL, one writer thread.
+
+sqlite3 is a blocking driver, so every call runs on a single dedicated thread that owns the
+connection (never on the event loop). One thread is also the right amount of parallelism for
+SQLite, which admits one writer at a time; each public method is one function shipped to that
+thread and one transaction, so a call costs a single thread hop.
+
+Writes use ``BEGIN IMMEDIATE``: the write lock is taken before the fencing check is read, so the
+check and the write it guards are one atomic step even with several processes on one file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tether.errors import (
+    Conflict,
+    QueueFull,
+    SessionBusy,
+    SessionNotFound,
+    StaleLease,
+    StoreError,
+)
+from tether.records import (
+    Event,
+    Item,
+    Lease,
+    NewItem,
+    Policy,
+    SessionKey,
+    SessionRecord,
+    Turn,
+    TurnEnding,
+    Usage,
+)
+from tether.store.base import ABORTED_TOOL_RESULT, DEFAULT_MAX_QUEUE, NewEvent
+from tether.store.rows import terminal_event_data
+from tether.store.sqlite_schema import MIGRATIONS
+
+T = TypeVar("T")
+
+_SESSION_COLS = (
+    "tenant, owner, session_id, agent, metadata, state, created_at, updated_at, expires_at,"
+    " revision"
+)
+_TURN_COLS = (
+    "t.id, s.tenant, s.owner, s.session_id, t.seq, t.input, t.policy, t.status, t.reason,"
+    " t.error, t.output, t.complete, t.usage, t.created_at, t.started_at, t.ended_at"
+)
+_ITEM_COLS = (
+    "seq, turn_id, kind, content, complete, call_id, tool_name, arguments, meta, created_at,"
+    " excluded"
+)
+_KEY_WHERE = "tenant = ? AND owner = ? AND session_id = ?"
+
+
+def _session(row: sqlite3.Row | tuple[Any, ...]) -> SessionRecord:
+    return SessionRecord(
+        key=SessionKey(row[0], row[1], row[2]),
+        agent=row[3],
+        metadata=json.loads(row[4]),
+        state=json.loads(row[5]),
+        created_at=row[6],
+        updated_at=row[7],
+        expires_at=row[8],
+        revision=row[9],
+    )
+
+
+def _turn(row: tuple[Any, ...]) -> Turn:
+    u = json.loads(row[12])
+    return Turn(
+        id=row[0],
+        key=SessionKey(row[1], row[2], row[3]),
+        seq=row[4],
+        input=row[5],
+        policy=row[6],
+        status=row[7],
+        reason=row[8],
+        error=row[9],
+        output=row[10],
+        complete=bool(row[11]),
+        usage=Usage(u.get("input_tokens", 0), u.get("output_tokens", 0), u.get("model_calls", 0)),
+        created_at=row[13],
+        started_at=row[14],
+        ended_at=row[15],
+    )
+
+
+def _item(row: tuple[Any, ...]) -> Item:
+    return Item(
+        seq=row[0],
+        turn_id=row[1],
+        kind=row[2],
+        content=row[3],
+        complete=bool(row[4]),
+        call_id=row[5],
+        tool_name=row[6],
+        arguments=row[7],
+        meta=json.loads(row[8]),
+        created_at=row[9],
+        excluded=bool(row[10]),
+    )
+
+
+def _usage_json(u: Usage) -> str:
+    return json.dumps(
+        {
+            "input_tokens": u.input_tokens,
+            "output_tokens": u.output_tokens,
+            "model_calls": u.model_calls,
+        }
+    )
+
+
+class SQLiteStore:
+    def __init__(self, path: str | Path, *, synchronous: str = "NORMAL") -> None:
+        self.path = Path(path)
+        # WAL + NORMAL survives any process crash (kill -9); FULL also survives power loss.
+        self._synchronous = synchronous
+        self._executor: ThreadPoolExecutor | None = None
+        self._conn: sqlite3.Connection | None = None
+        self._lock = threading.Lock()
+
+    # -- plumbing ------------------------------------------------------------------------------
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._executor is None or self._conn is None:
+            raise StoreError("the store is not open")
+        conn = self._conn
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, fn, conn)
+        except sqlite3.Error as exc:
+            raise StoreError(f"sqlite: {exc.__class__.__name__}") from exc
+
+    @staticmethod
+    def _tx(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = fn(conn)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        return result
+
+    async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        return await self._run(lambda c: self._tx(c, fn))
+
+    async def open(self) -> None:
+        if self._conn is not None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tether-sqlite")
+        loop = asyncio.get_running_loop()
+        self._conn = await loop.run_in_executor(self._executor, self._connect)
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path, isolation_level=None, check_same_thread=False, timeout=10.0
+        )
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={self._synchronous}")
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("PRAGMA busy_timeout=10000")
+        self._migrate(conn)
+        return conn
+
+    @staticmethod
+    def _migrate(conn: sqlite3.Connection) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
+            current = row[0] or 0
+            for version, sql in MIGRATIONS:
+                if version > current:
+                    for statement in sql.split(";"):
+                        if statement.strip():
+                            conn.execute(statement)
+                    conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    async def close(self) -> None:
+        if self._executor is None:
+            return
+        conn, executor = self._conn, self._executor
+        self._conn = self._executor = None
+        if conn is not None:
+            await asyncio.get_running_loop().run_in_executor(executor, conn.close)
+        executor.shutdown(wait=True)
+
+    async def ping(self) -> None:
+        await self._run(lambda c: c.execute("SELECT 1").fetchone())
+
+    @staticmethod
+    def _pk(conn: sqlite3.Connection, key: SessionKey) -> int:
+        row = conn.execute(
+            f"SELECT pk FROM sessions WHERE {_KEY_WHERE}", (key.tenant, key.owner, key.session_id)
+        ).fetchone()
+        if row is None:
+            raise SessionNotFound("session not found")
+        return int(row[0])
+
+    @staticmethod
+    def _fenced_pk(conn: sqlite3.Connection, lease: Lease) -> int:
+        # Runs inside BEGIN IMMEDIATE: nobody can move the token between this read and the
+        # writes that follow in the same transaction.
+        k = lease.key
+        row = conn.execute(
+            f"SELECT pk, lease_token FROM sessions WHERE {_KEY_WHERE}",
+            (k.tenant, k.owner, k.session_id),
+        ).fetchone()
+        if row is None:
+            raise SessionNotFound("session not found")
+        if row[1] != lease.token:
+            raise StaleLease(f"lease token {lease.token} is stale (current {row[1]})")
+        return int(row[0])
+
+    # -- sessions ------------------------------------------------------------------------------
+    async def create_session(
+        self,
+        key: SessionKey,
+        agent: str,
+        *,
+        metadata: dict[str, Any] | None = None,
+        ttl_seconds: float | None = None,
+        exist_ok: bool = False,
+    ) -> tuple[SessionRecord, bool]:
+        def do(c: sqlite3.Connection) -> tuple[SessionRecord, bool]:
+            now = time.time()
+            cur = c.execute(
+                "INSERT INTO sessions (tenant, owner, session_id, agent, metadata, created_at,"
+                " updated_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (tenant, owner, session_id) DO NOTHING",
+                (
+                    key.tenant,
+                    key.owner,
+                    key.session_id,
+                    agent,
+                    json.dumps(metadata or {}),
+                    now,
+                    now,
+                    now + ttl_seconds if ttl_seconds is not None else None,
+                ),
+            )
+            created = cur.rowcount == 1
+            if not created and not exist_ok:
+                raise Conflict("a session with this id already exists")
+            row = c.execute(
+                f"SELECT {_SESSION_COLS} FROM sessions WHERE {_KEY_WHERE}",
+                (key.tenant, key.owner, key.session_id),
+            ).fetchone()
+            return _session(row), created
+
+        return await self._write(do)
+
+    async def get_session(self, key: SessionKey) -> SessionRecord | None:
+        def do(c: sqlite3.Connection) -> SessionRecord | None:
+            row = c.execute(
+                f"SELECT {_SESSION_COLS} FROM sessions WHERE {_KEY_WHERE}",
+                (key.tenant, key.owner, key.session_id),
+            ).fetchone()
+            return _session(row) if row else None
+
+        return await self._run(do)
+
+    async def list_sessions(
+        self, tenant: str, owner: str, *, limit: int = 50, after: str | None = None
+    ) -> list[SessionRecord]:
+        def do(c: sqlite3.Connection) -> list[SessionRecord]:
+            rows = c.execute(
+                f"SELECT {_SESSION_COLS} FROM sessions WHERE tenant = ? AND owner = ?"
+                " AND session_id > ? ORDER BY session_id LIMIT ?",
+                (tenant, owner, after or "", limit),
+            ).fetchall()
+            return [_session(r) for r in rows]
+
+        return await self._run(do)
+
+    async def update_session(
+        self,
+        key: SessionKey,
+        *,
+        metadata: dict[str, Any] | None = None,
+        state: dict[str, Any] | None = None,
+        ttl_seconds: float | None = None,
+        expected_revision: int | None = None,
+    ) -> SessionRecord:
+        def do(c: sqlite3.Connection) -> SessionRecord:
+            row = c.execute(
+                f"SELECT {_SESSION_COLS} FROM sessions WHERE {_KEY_WHERE}",
+                (key.tenant, key.owner, key.session_id),
+            ).fetchone()
+            if row is None:
+                raise SessionNotFound("session not found")
+            rec = _session(row)
+            if expected_revision is not None and rec.revision != expected_revision:
+                raise Conflict(f"session revision is {rec.revision}, not {expected_revision}")
+            now = time.time()
+            c.execute(
+                f"UPDATE sessions SET metadata = ?, state = ?, expires_at = ?, updated_at = ?,"
+                f" revision = revision + 1 WHERE {_KEY_WHERE}",
+                (
+                    json.dumps(metadata if metadata is not None else rec.metadata),
+                    json.dumps(state if state is not None else rec.state),
+                    now + ttl_seconds if ttl_seconds is not None else rec.expires_at,
+                    now,
+                    key.tenant,
+                    key.owner,
+                    key.session_id,
+                ),
+            )
+            row = c.execute(
+                f"SELECT {_SESSION_COLS} FROM sessions WHERE {_KEY_WHERE}",
+                (key.tenant, key.owner, key.session_id),
+            ).fetchone()
+            return _session(row)
+
+        return await self._write(do)
+
+    async def delete_session(self, key: SessionKey) -> bool:
+        def do(c: sqlite3.Connection) -> bool:
+            cur = c.execute(
+                f"DELETE FROM sessions WHERE {_KEY_WHERE}", (key.tenant, key.owner, key.session_id)
+            )
+            return cur.rowcount == 1
+
+        return await self._write(do)
+
+    # -- items ---------------------------------------------------------------------------------
+    async def list_items(
+        self, key: SessionKey, *, after_seq: int = 0, limit: int = 100
+    ) -> list[Item]:
+        def do(c: sqlite3.Connection) -> list[Item]:
+            pk = self._pk(c, key)
+            rows = c.execute(
+                f"SELECT {_ITEM_COLS} FROM items WHERE session_pk = ? AND seq > ?"
+                " ORDER BY seq LIMIT ?",
+                (pk, after_seq, limit),
+            ).fetchall()
+            return [_item(r) for r in rows]
+
+        return await self._run(do)
+
+    async def recent_items(
+        self, key: SessionKey, *, before_seq: int | None = None, limit: int = 64
+    ) -> list[Item]:
+        def do(c: sqlite3.Connection) -> list[Item]:
+            pk = self._pk(c, key)
+            rows = c.execute(
+                f"SELECT {_ITEM_COLS} FROM items WHERE session_pk = ? AND seq < ?"
+                " AND excluded = 0 ORDER BY seq DESC LIMIT ?",
+                (pk, before_seq if before_seq is not None else 1 << 62, limit),
+            ).fetchall()
+            return [_item(r) for r in rows]
+
+        return await self._run(do)
+
+    async def clear_items(self, key: SessionKey) -> int:
+        def do(c: sqlite3.Connection) -> int:
+            pk = self._pk(c, key)
+            self._raise_if_active(c, pk)
+            return c.execute("DELETE FROM items WHERE session_pk = ?", (pk,)).rowcount
+
+        return await self._write(do)
+
+    @staticmethod
+    def _raise_if_active(c: sqlite3.Connection, pk: int) -> None:
+        row = c.execute(
+            "SELECT id FROM turns WHERE session_pk = ? AND status IN ('queued', 'running')"
+            " ORDER BY seq LIMIT 1",
+            (pk,),
+        ).fetchone()
+        if row is not None:
+            raise SessionBusy("a turn is queued or running", busy_turn_id=row[0])
+
+    # -- turns ---------------------------------------------------------------------------------
+    async def enqueue_turn(
+        self,
+        key: SessionKey,
+        *,
+        turn_id: str,
+        input: str,
+        policy: Policy,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+    ) -> Turn:
+        def do(c: sqlite3.Connection) -> Turn:
+            pk = self._pk(c, key)
+            if policy == "reject":
+                self._raise_if_active(c, pk)
+            queued = c.execute(
+                "SELECT id FROM turns WHERE session_pk = ? AND status = 'queued' ORDER BY seq",
+                (pk,),
+            ).fetchall()
+            if len(queued) >= max_queue:
+                raise QueueFull(
+                    f"the session already has {len(queued)} queued turns",
+                    busy_turn_id=queued[0][0],
+                )
+            (seq,) = c.execute(
+                "UPDATE sessions SET next_turn_seq = next_turn_seq + 1 WHERE pk = ?"
+                " RETURNING next_turn_seq - 1",
+                (pk,),
+            ).fetchone()
+            now = time.time()
+            c.execute(
+                "INSERT INTO turns (id, session_pk, seq, input, policy, status, created_at)"
+                " VALUES (?, ?, ?, ?, ?, 'queued', ?)",
+                (turn_id, pk, seq, input, policy, now),
+            )
+            c.execute(
+                "INSERT INTO events (turn_id, seq, type, data, created_at) VALUES (?, 1, ?, ?, ?)",
+                (turn_id, "turn.queued", json.dumps({"seq": seq}), now),
+            )
+            return Turn(
+                turn_id,
+                key,
+                seq,
+                input,
+                policy,
+                "queued",
+                None,
+                None,
+                None,
+                False,
+                Usage(),
+                now,
+                None,
+                None,
+            )
+
+        return await self._write(do)
+
+    @staticmethod
+    def _get_turn(c: sqlite3.Connection, pk: int, turn_id: str) -> Turn | None:
+        row = c.execute(
+            f"SELECT {_TURN_COLS} FROM turns t JOIN sessions s ON s.pk = t.session_pk"
+            " WHERE t.id = ? AND t.session_pk = ?",
+            (turn_id, pk),
+        ).fetchone()
+        return _turn(row) if row else None
+
+    async def get_turn(self, key: SessionKey, turn_id: str) -> Turn | None:
+        def do(c: sqlite3.Connection) -> Turn | None:
+            try:
+                pk = self._pk(c, key)
+            except SessionNotFound:
+                return None
+            return self._get_turn(c, pk, turn_id)
+
+        return await self._run(do)
+
+    async def list_turns(
+        self, key: SessionKey, *, after_seq: int = 0, limit: int = 100
+    ) -> list[Turn]:
+        def do(c: sqlite3.Connection) -> list[Turn]:
+            pk = self._pk(c, key)
+            rows = c.execute(
+                f"SELECT {_TURN_COLS} FROM turns t JOIN sessions s ON s.pk = t.session_pk"
+                " WHERE t.session_pk = ? AND t.seq > ? ORDER BY t.seq LIMIT ?",
+                (pk, after_seq, limit),
+            ).fetchall()
+            return [_turn(r) for r in rows]
+
+        return await self._run(do)
+
+    async def active_turns(self, key: SessionKey) -> list[Turn]:
+        def do(c: sqlite3.Connection) -> list[Turn]:
+            pk = self._pk(c, key)
+            rows = c.execute(
+                f"SELECT {_TURN_COLS} FROM turns t JOIN sessions s ON s.pk = t.session_pk"
+                " WHERE t.session_pk = ? AND t.status IN ('queued', 'running') ORDER BY t.seq",
+                (pk,),
+            ).fetchall()
+            return [_turn(r) for r in rows]
+
+        return await self._run(do)
+
+    async def cancel_queued_turn(self, key: SessionKey, turn_id: str, reason: str) -> Turn | None:
+        def do(c: sqlite3.Connection) -> Turn | None:
+            pk = self._pk(c, key)
+            turn = self._get_turn(c, pk, turn_id)
+            if turn is None or turn.status != "queued":
+                return None
+            return self._finish(c, pk, turn, TurnEnding(status="cancelled", reason=reason), True)
+
+        return await self._write(do)
+
+    # -- leases --------------------------------------------------------------------------------
+    async def acquire_lease(self, key: SessionKey, owner: str, ttl: float) -> Lease | None:
+        def do(c: sqlite3.Connection) -> Lease | None:
+            now = time.time()
+            row = c.execute(
+                "UPDATE sessions SET lease_owner = ?, lease_token = lease_token + 1,"
+                " lease_expires_at = ?"
+                f" WHERE {_KEY_WHERE} AND (lease_owner IS NULL OR lease_expires_at <= ?)"
+                " RETURNING lease_token",
+                (owner, now + ttl, key.tenant, key.owner, key.session_id, now),
+            ).fetchone()
+            if row is None:
+                self._pk(c, key)  # SessionNotFound when it is the session that is missing
+                return None
+            return Lease(key, owner, int(row[0]), now + ttl)
+
+        return await self._write(do)
+
+    async def lease_holder(self, key: SessionKey) -> str | None:
+        def do(c: sqlite3.Connection) -> str | None:
+            row = c.execute(
+                f"SELECT lease_owner, lease_expires_at FROM sessions WHERE {_KEY_WHERE}",
+                (key.tenant, key.owner, key.session_id),
+            ).fetchone()
+            if row is None:
+                raise SessionNotFound("session not found")
+            return row[0] if row[0] is not None and row[1] > time.time() else None
+
+        return await self._run(do)
+
+    async def take_over_lease(
+        self, key: SessionKey, owner: str, ttl: float, from_owner: str
+    ) -> Lease | None:
+        def do(c: sqlite3.Connection) -> Lease | None:
+            now = time.time()
+            row = c.execute(
+                "UPDATE sessions SET lease_owner = ?, lease_token = lease_token + 1,"
+                f" lease_expires_at = ? WHERE {_KEY_WHERE} AND lease_owner = ?"
+                " RETURNING lease_token",
+                (owner, now + ttl, key.tenant, key.owner, key.session_id, from_owner),
+            ).fetchone()
+            return Lease(key, owner, int(row[0]), now + ttl) if row else None
+
+        return await self._write(do)
+
+    async def renew_leases(self, leases: Sequence[Lease], ttl: float) -> list[Lease]:
+        def do(c: sqlite3.Connection) -> list[Lease]:
+            now = time.time()
+            kept = []
+            for lease in leases:
+                k = lease.key
+                cur = c.execute(
+                    f"UPDATE sessions SET lease_expires_at = ? WHERE {_KEY_WHERE}"
+                    " AND lease_token = ? AND lease_owner = ?",
+                    (now + ttl, k.tenant, k.owner, k.session_id, lease.token, lease.owner),
+                )
+                if cur.rowcount == 1:
+                    kept.append(Lease(k, lease.owner, lease.token, now + ttl))
+            return kept
+
+        return await self._write(do)
+
+    async def release_lease(self, lease: Lease) -> None:
+        def do(c: sqlite3.Connection) -> None:
+            k = lease.key
+            c.execute(
+                f"UPDATE sessions SET lease_owner = NULL, lease_expires_at = 0 WHERE {_KEY_WHERE}"
+                " AND lease_token = ?",
+                (k.tenant, k.owner, k.session_id, lease.token),
+            )
+
+        await self._write(do)
+
+    # -- fenced writes -------------------------------------------------------------------------
+    @staticmethod
+    def _add(
+        c: sqlite3.Connection,
+        pk: int,
+        turn_id: str,
+        items: Sequence[NewItem],
+        events: Sequence[NewEvent],
+    ) -> list[Item]:
+        out: list[Item] = []
+        now = time.time()
+        if items:
+            (first,) = c.execute(
+                "UPDATE sessions SET next_item_seq = next_item_seq + ?, updated_at = ?"
+                " WHERE pk = ? RETURNING next_item_seq - ?",
+                (len(items), now, pk, len(items)),
+            ).fetchone()
+            rows = []
+            for offset, new in enumerate(items):
+                item = Item(
+                    first + offset,
+                    turn_id,
+                    new.kind,
+                    new.content,
+                    new.complete,
+                    new.call_id,
+                    new.tool_name,
+                    new.arguments,
+                    new.meta,
+                    now,
+                )
+                out.append(item)
+                rows.append(
+                    (
+                        pk,
+                        item.seq,
+                        turn_id,
+                        new.kind,
+                        new.content,
+                        int(new.complete),
+                        new.call_id,
+                        new.tool_name,
+                        new.arguments,
+                        json.dumps(new.meta),
+                        now,
+                    )
+                )
+            c.executemany(
+                "INSERT INTO items (session_pk, seq, turn_id, kind, content, complete, call_id,"
+                " tool_name, arguments, meta, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                rows,
+            )
+        if events:
+            try:
+                c.executemany(
+                    "INSERT INTO events (turn_id, seq, type, data, created_at) VALUES (?,?,?,?,?)",
+                    [(turn_id, e.seq, e.type, json.dumps(e.data), now) for e in events],
+                )
+            except sqlite3.IntegrityError as exc:
+                raise Conflict(f"an event seq of turn {turn_id} was already written") from exc
+        return out
+
+    async def start_turn(
+        self, lease: Lease, turn_id: str, items: Sequence[NewItem], events: Sequence[NewEvent]
+    ) -> list[Item]:
+        def do(c: sqlite3.Connection) -> list[Item]:
+            pk = self._fenced_pk(c, lease)
+            cur = c.execute(
+                "UPDATE turns SET status = 'running', started_at = ?"
+                " WHERE id = ? AND session_pk = ? AND status = 'queued'",
+                (time.time(), turn_id, pk),
+            )
+            if cur.rowcount != 1:
+                raise Conflict(f"turn {turn_id} is not queued")
+            return self._add(c, pk, turn_id, items, events)
+
+        return await self._write(do)
+
+    async def append(
+        self, lease: Lease, turn_id: str, items: Sequence[NewItem], events: Sequence[NewEvent]
+    ) -> list[Item]:
+        def do(c: sqlite3.Connection) -> list[Item]:
+            pk = self._fenced_pk(c, lease)
+            return self._add(c, pk, turn_id, items, events)
+
+        return await self._write(do)
+
+    async def end_turn(
+        self,
+        lease: Lease,
+        turn_id: str,
+        ending: TurnEnding,
+        items: Sequence[NewItem],
+        events: Sequence[NewEvent],
+    ) -> Turn:
+        def do(c: sqlite3.Connection) -> Turn:
+            pk = self._fenced_pk(c, lease)
+            turn = self._get_turn(c, pk, turn_id)
+            if turn is None or turn.status != "running":
+                raise Conflict(f"turn {turn_id} is not running")
+            self._add(c, pk, turn_id, items, events)
+            return self._finish(c, pk, turn, ending, False)
+
+        return await self._write(do)
+
+    @staticmethod
+    def _finish(
+        c: sqlite3.Connection, pk: int, turn: Turn, ending: TurnEnding, write_terminal: bool
+    ) -> Turn:
+        now = time.time()
+        if ending.status == "rolled_back":
+            c.execute("DELETE FROM items WHERE session_pk = ? AND turn_id = ?", (pk, turn.id))
+        elif ending.status == "failed":
+            c.execute(
+                "UPDATE items SET excluded = 1 WHERE session_pk = ? AND turn_id = ?", (pk, turn.id)
+            )
+        c.execute(
+            "UPDATE turns SET status = ?, reason = ?, error = ?, output = ?, complete = ?,"
+            " usage = ?, ended_at = ? WHERE id = ?",
+            (
+                ending.status,
+                ending.reason,
+                ending.error,
+                ending.output,
+                int(ending.complete),
+                _usage_json(ending.usage),
+                now,
+                turn.id,
+            ),
+        )
+        if write_terminal:
+            (last,) = c.execute(
+                "SELECT COALESCE(MAX(seq), 0) FROM events WHERE turn_id = ?", (turn.id,)
+            ).fetchone()
+            c.execute(
+                "INSERT INTO events (turn_id, seq, type, data, created_at) VALUES (?,?,?,?,?)",
+                (
+                    turn.id,
+                    last + 1,
+                    "turn.ended",
+                    json.dumps(terminal_event_data(turn.id, ending)),
+                    now,
+                ),
+            )
+        return Turn(
+            turn.id,
+            turn.key,
+            turn.seq,
+            turn.input,
+            turn.policy,
+            ending.status,
+            ending.reason,
+            ending.error,
+            ending.output,
+            ending.complete,
+            ending.usage,
+            turn.created_at,
+            turn.started_at,
+            now,
+        )
+
+    async def recover(self, lease: Lease) -> list[Turn]:
+        def do(c: sqlite3.Connection) -> list[Turn]:
+            pk = self._fenced_pk(c, lease)
+            rows = c.execute(
+                f"SELECT {_TURN_COLS} FROM turns t JOIN sessions s ON s.pk = t.session_pk"
+                " WHERE t.session_pk = ? AND t.status = 'running' ORDER BY t.seq",
+                (pk,),
+            ).fetchall()
+            out = []
+            for turn in map(_turn, rows):
+                orphans = c.execute(
+                    "SELECT call_id, tool_name FROM items c WHERE c.session_pk = ?"
+                    " AND c.turn_id = ? AND c.kind = 'tool_call' AND NOT EXISTS ("
+                    "  SELECT 1 FROM items r WHERE r.session_pk = c.session_pk"
+                    "  AND r.turn_id = c.turn_id AND r.kind = 'tool_result'"
+                    "  AND r.call_id = c.call_id) ORDER BY c.seq",
+                    (pk, turn.id),
+                ).fetchall()
+                self._add(
+                    c,
+                    pk,
+                    turn.id,
+                    [
+                        NewItem("tool_result", ABORTED_TOOL_RESULT, call_id=o[0], tool_name=o[1])
+                        for o in orphans
+                    ],
+                    [],
+                )
+                ending = TurnEnding(
+                    status="failed",
+                    reason="owner_lost",
+                    error="the process running the turn was lost",
+                )
+                out.append(self._finish(c, pk, turn, ending, True))
+            return out
+
+        return await self._write(do)
+
+    # -- events --------------------------------------------------------------------------------
+    async def list_events(
+        self, key: SessionKey, turn_id: str, *, after_seq: int = 0, limit: int = 1000
+    ) -> list[Event]:
+        def do(c: sqlite3.Connection) -> list[Event]:
+            try:
+                pk = self._pk(c, key)
+            except SessionNotFound:
+                return []
+            rows = c.execute(
+                "SELECT e.seq, e.type, e.data, e.created_at FROM events e"
+                " JOIN turns t ON t.id = e.turn_id"
+                " WHERE e.turn_id = ? AND t.session_pk = ? AND e.seq > ? ORDER BY e.seq LIMIT ?",
+                (turn_id, pk, after_seq, limit),
+            ).fetchall()
+            return [Event(turn_id, r[0], r[1], json.loads(r[2]), r[3]) for r in rows]
+
+        return await self._run(do)
+
+    async def sessions_needing_work(self) -> list[SessionKey]:
+        def do(c: sqlite3.Connection) -> list[SessionKey]:
+            rows = c.execute(
+                "SELECT DISTINCT s.tenant, s.owner, s.session_id FROM turns t"
+                " JOIN sessions s ON s.pk = t.session_pk WHERE t.status IN ('queued', 'running')"
+            ).fetchall()
+            return [SessionKey(*r) for r in rows]
+
+        return await self._run(do)

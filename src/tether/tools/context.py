@@ -1,0 +1,25 @@
+"""What a tool may ask for about the turn that called it."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+
+from tether.records import Principal, SessionKey
+
+
+@dataclass(frozen=True, slots=True)
+class ToolContext:
+    """Passed to a tool that declares a parameter annotated ``ToolContext``.
+
+    ``cancelled`` is set when the turn is cancelled, so a long-running tool can stop early; an
+    async tool is also cancelled outright.
+    """
+
+    session: SessionKey
+    principal: Principal
+    turn_id: str
+    call_id: str
+    cancelled: asyncio.Event
+    workspace: Path | None = None

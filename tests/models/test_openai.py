@@ -1,0 +1,382 @@
+"""The ``openai`` provider against a real HTTP server: tether's fake OpenAI-compatible one."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+
+import openai
+import pytest
+
+from tether.errors import ConfigError, ModelError, ModelRequestsForbidden
+from tether.models import (
+    Finish,
+    Message,
+    ModelEvent,
+    ModelRequest,
+    TextDelta,
+    ToolCall,
+    ToolCallDelta,
+    ToolSpec,
+    Usage,
+    resolve_model,
+)
+from tether.models.openai import OpenAIModel
+from tether.testing.fake_openai import FakeCut, FakeError, FakeOpenAIServer, FakeToolCall
+
+ADD_TOOL = ToolSpec(
+    name="add",
+    description="Add two integers.",
+    parameters={
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "required": ["a", "b"],
+    },
+)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FakeOpenAIServer]:
+    with FakeOpenAIServer() as srv:
+        yield srv
+
+
+@pytest.fixture
+def fake(server: FakeOpenAIServer) -> FakeOpenAIServer:
+    server.reset()
+    return server
+
+
+@pytest.fixture
+async def model(fake: FakeOpenAIServer) -> AsyncIterator[OpenAIModel]:
+    m = OpenAIModel("fake-model", base_url=fake.base_url)
+    yield m
+    await m.aclose()
+
+
+def ask(text: str, *, system: str = "You are terse.") -> ModelRequest:
+    return ModelRequest(messages=(Message("system", system), Message("user", text)))
+
+
+async def collect(model: OpenAIModel, request: ModelRequest) -> list[ModelEvent]:
+    return [event async for event in model.stream(request)]
+
+
+@pytest.mark.real_model
+async def test_streams_text_in_deltas_then_usage_and_finish(
+    model: OpenAIModel, fake: FakeOpenAIServer
+) -> None:
+    events = await collect(model, ask("hello there general kenobi"))
+
+    texts = [e.text for e in events if isinstance(e, TextDelta)]
+    assert len(texts) > 1
+    assert "".join(texts) == "echo: hello there general kenobi"
+    assert isinstance(events[-2], Usage) and events[-2].output_tokens > 0
+    assert events[-1] == Finish("stop")
+
+    [sent] = fake.requests
+    assert sent["model"] == "fake-model"
+    assert sent["stream"] is True
+    assert sent["stream_options"] == {"include_usage": True}
+    assert sent["messages"] == [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "hello there general kenobi"},
+    ]
+    assert "tools" not in sent and "temperature" not in sent
+
+
+@pytest.mark.real_model
+async def test_sends_options_to_a_compatible_server(
+    model: OpenAIModel, fake: FakeOpenAIServer
+) -> None:
+    request = ModelRequest(
+        messages=(Message("user", "hi"),), tools=(ADD_TOOL,), temperature=0.0, max_output_tokens=7
+    )
+    await collect(model, request)
+
+    [sent] = fake.requests
+    assert sent["temperature"] == 0.0
+    # A custom base_url means a compatible server: the widely understood max_tokens.
+    assert sent["max_tokens"] == 7 and "max_completion_tokens" not in sent
+    assert sent["tools"] == [
+        {
+            "type": "function",
+            "function": {
+                "name": "add",
+                "description": "Add two integers.",
+                "parameters": ADD_TOOL.parameters,
+            },
+        }
+    ]
+
+
+@pytest.mark.real_model
+async def test_tool_call_round_trip(model: OpenAIModel, fake: FakeOpenAIServer) -> None:
+    fake.script(FakeToolCall("add", '{"a": 2, "b": 40}', id="call_add_1"), "It is 42.")
+    first = ModelRequest(messages=(Message("user", "What is 2 + 40?"),), tools=(ADD_TOOL,))
+
+    events = await collect(model, first)
+
+    deltas = [e for e in events if isinstance(e, ToolCallDelta)]
+    assert len(deltas) > 1
+    assert {d.index for d in deltas} == {0}
+    assert [d.id for d in deltas if d.id] == ["call_add_1"]
+    assert [d.name for d in deltas if d.name] == ["add"]
+    arguments = "".join(d.arguments for d in deltas)
+    assert json.loads(arguments) == {"a": 2, "b": 40}
+    assert not any(isinstance(e, TextDelta) for e in events)
+    assert events[-1] == Finish("tool_calls")
+
+    second = ModelRequest(
+        messages=(
+            *first.messages,
+            Message("assistant", "", tool_calls=(ToolCall("call_add_1", "add", arguments),)),
+            Message("tool", "42", tool_call_id="call_add_1"),
+        ),
+        tools=(ADD_TOOL,),
+    )
+    events = await collect(model, second)
+
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "It is 42."
+    assert events[-1] == Finish("stop")
+    sent = fake.requests[1]["messages"]
+    assert sent[1] == {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_add_1",
+                "type": "function",
+                "function": {"name": "add", "arguments": '{"a": 2, "b": 40}'},
+            }
+        ],
+    }
+    assert sent[2] == {"role": "tool", "content": "42", "tool_call_id": "call_add_1"}
+
+
+@pytest.mark.real_model
+async def test_parallel_tool_calls_keep_their_indexes(
+    model: OpenAIModel, fake: FakeOpenAIServer
+) -> None:
+    fake.script((FakeToolCall("add", '{"a": 1, "b": 2}'), FakeToolCall("add", '{"a": 3, "b": 4}')))
+
+    events = await collect(model, ask("two sums"))
+
+    calls: dict[int, str] = {}
+    for e in events:
+        if isinstance(e, ToolCallDelta):
+            calls[e.index] = calls.get(e.index, "") + e.arguments
+    assert {i: json.loads(a) for i, a in calls.items()} == {
+        0: {"a": 1, "b": 2},
+        1: {"a": 3, "b": 4},
+    }
+    assert events[-1] == Finish("tool_calls")
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize(
+    ("status", "transient"), [(429, True), (500, True), (503, True), (400, False), (401, False)]
+)
+async def test_http_errors_are_classified(
+    model: OpenAIModel, fake: FakeOpenAIServer, status: int, transient: bool
+) -> None:
+    fake.script(FakeError(status, "the fake says no"))
+
+    with pytest.raises(ModelError) as caught:
+        await collect(model, ask("hi"))
+
+    assert caught.value.transient is transient
+    assert caught.value.status == status
+    assert str(caught.value) == f"openai:fake-model: HTTP {status}: the fake says no"
+    # The error was consumed: the next request succeeds.
+    assert (await collect(model, ask("again")))[-1] == Finish("stop")
+
+
+@pytest.mark.real_model
+async def test_persistent_500_fails_every_attempt(
+    model: OpenAIModel, fake: FakeOpenAIServer
+) -> None:
+    fake.script(FakeError(500, "down for maintenance", times=3))
+
+    for _ in range(3):
+        with pytest.raises(ModelError) as caught:
+            await collect(model, ask("hi"))
+        assert caught.value.transient and caught.value.status == 500
+    assert len(fake.requests) == 3  # no retries inside the provider: the turn loop owns them
+
+
+@pytest.mark.real_model
+async def test_malformed_request_is_not_transient(
+    model: OpenAIModel, fake: FakeOpenAIServer
+) -> None:
+    # A tool message without a call id is rejected by the fake, as OpenAI would (400).
+    bad = ModelRequest(messages=(Message("user", "hi"), Message("tool", "42", tool_call_id="")))
+
+    with pytest.raises(ModelError) as caught:
+        await collect(model, bad)
+
+    assert not caught.value.transient and caught.value.status == 400
+    assert "tool_call_id" in str(caught.value)
+
+
+@pytest.mark.real_model
+async def test_cut_stream_is_a_transient_error(model: OpenAIModel, fake: FakeOpenAIServer) -> None:
+    fake.script(FakeCut("half an ans"))
+    seen: list[ModelEvent] = []
+
+    with pytest.raises(ModelError) as caught:
+        async for event in model.stream(ask("hi")):
+            seen.append(event)
+
+    assert caught.value.transient and caught.value.status is None
+    assert "".join(e.text for e in seen if isinstance(e, TextDelta)) == "half an ans"
+    assert not any(isinstance(e, Finish) for e in seen)
+
+
+@pytest.mark.real_model
+async def test_connection_refused_is_transient() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # Nothing listens on the port any more.
+    model = OpenAIModel("fake-model", base_url=f"http://127.0.0.1:{port}/v1", timeout=5)
+    try:
+        with pytest.raises(ModelError) as caught:
+            await collect(model, ask("hi"))
+    finally:
+        await model.aclose()
+
+    assert caught.value.transient and caught.value.status is None
+    assert str(caught.value).startswith(f"openai:fake-model: cannot reach http://127.0.0.1:{port}")
+
+
+@pytest.mark.real_model
+async def test_consumer_stopping_early_releases_the_stream(
+    model: OpenAIModel, fake: FakeOpenAIServer
+) -> None:
+    stream = model.stream(ask("one two three four five six"))
+    assert isinstance(stream, AsyncGenerator)  # the provider is an async generator
+    first = await anext(stream)
+    assert isinstance(first, TextDelta)
+    await stream.aclose()
+
+    # The released connection does not wedge the client.
+    assert (await collect(model, ask("next")))[-1] == Finish("stop")
+
+
+@pytest.mark.real_model
+async def test_cancelled_consumer_leaves_the_model_usable() -> None:
+    async with FakeOpenAIServer(latency_ms=300) as slow:
+        model = OpenAIModel("fake-model", base_url=slow.base_url)
+        try:
+            task = asyncio.create_task(collect(model, ask("never mind")))
+            for _ in range(500):  # wait until the request is in flight
+                if slow.requests:
+                    break
+                await asyncio.sleep(0.01)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert (await collect(model, ask("next")))[-1] == Finish("stop")
+        finally:
+            await model.aclose()
+
+
+@pytest.mark.real_model
+async def test_label_names_the_model_in_errors(fake: FakeOpenAIServer) -> None:
+    model = OpenAIModel("m", base_url=fake.base_url, label="custom:m")
+    assert model.name == "custom:m"
+    fake.script(FakeError(404, "no such model"))
+    try:
+        with pytest.raises(ModelError, match=r"^custom:m: HTTP 404: no such model$"):
+            await collect(model, ask("hi"))
+    finally:
+        await model.aclose()
+
+
+@pytest.mark.real_model
+async def test_env_vars_configure_the_client(
+    fake: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
+    model = OpenAIModel("gpt-test")
+    assert model.name == "openai:gpt-test"
+    assert model.base_url == fake.base_url
+    try:
+        events = await collect(model, ask("from env"))
+        client = model._get_client()
+        assert client.api_key == "sk-from-env"
+    finally:
+        await model.aclose()
+    assert events[-1] == Finish("stop")
+    assert fake.requests[0]["model"] == "gpt-test"
+
+
+def test_arguments_win_over_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://env.invalid/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
+    model = OpenAIModel("m", base_url="http://arg.invalid/v1", api_key="sk-arg")
+    assert model.base_url == "http://arg.invalid/v1"
+    assert model._api_key == "sk-arg"
+
+
+def test_missing_api_key_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    with pytest.raises(ConfigError, match="OPENAI_API_KEY"):
+        OpenAIModel("gpt-4o-mini")
+    # A local server needs no key: a placeholder satisfies the SDK.
+    local = OpenAIModel("llama", base_url="http://127.0.0.1:8080/v1")
+    assert local._api_key == "not-needed"
+
+
+def test_default_base_url_is_openai(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    model = OpenAIModel("gpt-4o-mini")
+    assert model.base_url == "https://api.openai.com/v1"
+    assert model.context_window == 128_000
+
+
+def test_ollama_spec_points_at_the_local_ollama(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OLLAMA_BASE_URL", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    model = resolve_model("ollama:llama3.2-test-only")
+    assert isinstance(model, OpenAIModel)
+    assert model.base_url == "http://127.0.0.1:11434/v1"
+    assert model.model == "llama3.2-test-only"
+    assert model.name == "ollama:llama3.2-test-only"
+
+
+async def test_stream_is_forbidden_without_the_real_model_marker(
+    model: OpenAIModel, fake: FakeOpenAIServer
+) -> None:
+    with pytest.raises(ModelRequestsForbidden):
+        await collect(model, ask("hi"))
+    assert fake.requests == []
+
+
+@pytest.mark.real_model
+async def test_fake_serves_embeddings_and_models(fake: FakeOpenAIServer) -> None:
+    async with openai.AsyncOpenAI(api_key="x", base_url=fake.base_url, max_retries=0) as client:
+        models = await client.models.list()
+        assert [m.id for m in models.data] == ["fake-model"]
+        # The SDK asks for base64 by default and decodes it; floats must match that.
+        b64 = await client.embeddings.create(model="e", input=["a", "b", "a"])
+        floats = await client.embeddings.create(model="e", input="a", encoding_format="float")
+        small = await client.embeddings.create(model="e", input="a", dimensions=8)
+        plain = await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}]
+        )
+    vectors = [d.embedding for d in b64.data]
+    assert len(vectors) == 3 and all(len(v) == 64 for v in vectors)
+    assert vectors[0] == vectors[2] != vectors[1]
+    assert vectors[0] == pytest.approx(floats.data[0].embedding, abs=1e-6)
+    assert sum(x * x for x in vectors[0]) == pytest.approx(1.0, abs=1e-5)
+    assert len(small.data[0].embedding) == 8
+    assert plain.choices[0].message.content == "echo: hi"
+    assert plain.choices[0].finish_reason == "stop"
