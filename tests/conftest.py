@@ -1,10 +1,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from tests.helpers import StoreFactory, store_factory
 from tether.models import guard
+from tether.store.base import Store
 
 
 @pytest.fixture(autouse=True)
@@ -17,3 +20,14 @@ def _forbid_real_models(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
     finally:
         guard.ALLOW_MODEL_REQUESTS = previous
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> StoreFactory:
+    """A factory of fresh stores, once per backend."""
+    return store_factory(str(request.param), tmp_path)
+
+
+@pytest.fixture
+def store(make_store: StoreFactory) -> Store:
+    return make_store()

@@ -6,6 +6,7 @@ process-wide one on a background thread (see :mod:`tether.session`).
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -44,10 +45,16 @@ class Runtime:
             workspace_root=self.data_dir / "workspaces",
         )
         self._started = False
+        self._starting: asyncio.Future[None] | None = None
 
     async def start(self) -> None:
-        if self._started:
-            return
+        # Many first calls may arrive at once; they must share one start, not race to start
+        # several schedulers on one store.
+        if self._starting is None:
+            self._starting = asyncio.ensure_future(self._start())
+        await asyncio.shield(self._starting)
+
+    async def _start(self) -> None:
         await self.store.open()
         await self.scheduler.start()
         self._started = True
@@ -56,6 +63,7 @@ class Runtime:
         if not self._started:
             return
         self._started = False
+        self._starting = None
         await self.scheduler.close(drain_timeout)
         await self.store.close()
 

@@ -111,6 +111,8 @@ class EmbeddedRuntime:
             self._submit(self.runtime.close()).result(timeout=30)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self.loop.close()
 
 
 def default_runtime() -> EmbeddedRuntime:

@@ -47,7 +47,7 @@ async def model_step(ctx: TurnContext, state: TurnState, tools: tuple[ToolSpec, 
     policy = ctx.agent.retry
     retrying = AsyncRetrying(
         stop=stop_after_attempt(max(1, policy.attempts)),
-        wait=wait_exponential_jitter(initial=policy.initial_backoff, max=policy.max_backoff),
+        wait=wait_exponential_jitter(multiplier=policy.initial_backoff, max=policy.max_backoff),
         retry=retry_if_exception(_retryable),
         reraise=True,
     )
@@ -71,9 +71,7 @@ async def _stream_once(ctx: TurnContext, state: TurnState, request: ModelRequest
                     state.partial_text += event.text
                     ctx.sink.emit("message.delta", {"text": event.text})
             elif isinstance(event, ToolCallDelta):
-                slot = calls.setdefault(event.index, {"id": "", "name": "", "arguments": ""})
-                if event.id:
-                    slot["id"] = event.id
+                slot = calls.setdefault(event.index, {"name": "", "arguments": ""})
                 if event.name:
                     slot["name"] += event.name
                 slot["arguments"] += event.arguments
@@ -87,8 +85,9 @@ async def _stream_once(ctx: TurnContext, state: TurnState, request: ModelRequest
             raise ModelError(f"{exc} (after partial output)", status=exc.status) from exc
         raise
     state.add_usage(usage.input_tokens, usage.output_tokens)
+    # tether mints its own call ids: providers reuse theirs ("call_0" every step), and pairing
+    # calls with results across a whole session needs ids that are unique in it.
     tool_calls = [
-        ToolCall(c["id"] or new_call_id(), c["name"], c["arguments"] or "{}")
-        for _, c in sorted(calls.items())
+        ToolCall(new_call_id(), c["name"], c["arguments"] or "{}") for _, c in sorted(calls.items())
     ]
     return StepOutput("".join(parts), tool_calls, finish)

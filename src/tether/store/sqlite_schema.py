@@ -42,7 +42,7 @@ MIGRATIONS: list[tuple[int, str]] = [
             ended_at    REAL,
             UNIQUE (session_pk, seq)
         );
-        -- Queued/running turns are few; this keeps "what is active here" an index probe.
+        -- Queued and running turns are few, so this keeps "what is active here" an index probe.
         CREATE INDEX turns_active ON turns (session_pk, seq)
             WHERE status IN ('queued', 'running');
         CREATE TABLE items (
