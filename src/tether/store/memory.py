@@ -7,6 +7,7 @@ the same guarantee a database transaction gives the other backends.
 from __future__ import annotations
 
 import bisect
+import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -145,6 +146,8 @@ class MemoryStore:
         self, key: SessionKey, *, before_seq: int | None = None, limit: int = 64
     ) -> list[Item]:
         out: list[Item] = []
+        if limit <= 0:
+            return out
         for item in reversed(self._get(key).items):
             if before_seq is not None and item.seq >= before_seq:
                 continue
@@ -175,6 +178,8 @@ class MemoryStore:
         max_queue: int = DEFAULT_MAX_QUEUE,
     ) -> Turn:
         s = self._get(key)
+        if turn_id in s.turns:
+            raise Conflict(f"turn {turn_id} already exists")
         active = [s.turns[t] for t in s.turn_order if s.turns[t].status in ACTIVE_STATUSES]
         if policy == "reject" and active:
             raise SessionBusy("a turn is already queued or running", busy_turn_id=active[0].id)
@@ -301,13 +306,27 @@ class MemoryStore:
             out.append(item)
         return out
 
+    @staticmethod
+    def _check_events(s: _Session, turn_id: str, events: Sequence[NewEvent]) -> None:
+        # Checked before anything is written: a rejected write must change nothing, as a
+        # rolled back transaction would not.
+        log = s.events.get(turn_id, [])
+        last = log[-1].seq if log else 0
+        seqs = [e.seq for e in events]
+        if seqs == sorted(set(seqs)) and (not seqs or seqs[0] > last):
+            return  # the usual case: new seqs, in order
+        taken = {e.seq for e in log}
+        for seq in seqs:
+            if seq in taken:
+                raise Conflict(f"event seq {seq} of turn {turn_id} already written")
+            taken.add(seq)
+
     def _add_events(self, s: _Session, turn_id: str, events: Sequence[NewEvent]) -> None:
         now = time.time()
         log = s.events.setdefault(turn_id, [])
-        for e in events:
-            if log and e.seq <= log[-1].seq:
-                raise Conflict(f"event seq {e.seq} of turn {turn_id} already written")
-            log.append(Event(turn_id, e.seq, e.type, e.data, now))
+        log.extend(Event(turn_id, e.seq, e.type, e.data, now) for e in events)
+        if any(a.seq > b.seq for a, b in itertools.pairwise(log[-len(events) - 1 :])):
+            log.sort(key=lambda e: e.seq)  # kept in seq order, as the other backends read it
 
     async def start_turn(
         self, lease: Lease, turn_id: str, items: Sequence[NewItem], events: Sequence[NewEvent]
@@ -316,6 +335,7 @@ class MemoryStore:
         turn = s.turns.get(turn_id)
         if turn is None or turn.status != "queued":
             raise Conflict(f"turn {turn_id} is not queued")
+        self._check_events(s, turn_id, events)
         s.turns[turn_id] = replace(turn, status="running", started_at=time.time())
         out = self._add_items(s, turn_id, items)
         self._add_events(s, turn_id, events)
@@ -325,6 +345,10 @@ class MemoryStore:
         self, lease: Lease, turn_id: str, items: Sequence[NewItem], events: Sequence[NewEvent]
     ) -> list[Item]:
         s = self._fenced(lease)
+        turn = s.turns.get(turn_id)
+        if turn is None or turn.status != "running":
+            raise Conflict(f"turn {turn_id} is not running")
+        self._check_events(s, turn_id, events)
         out = self._add_items(s, turn_id, items)
         self._add_events(s, turn_id, events)
         return out
@@ -341,6 +365,7 @@ class MemoryStore:
         turn = s.turns.get(turn_id)
         if turn is None or turn.status != "running":
             raise Conflict(f"turn {turn_id} is not running")
+        self._check_events(s, turn_id, events)
         self._add_items(s, turn_id, items)
         self._add_events(s, turn_id, events)
         return self._finish(s, turn, ending, [])
@@ -399,8 +424,8 @@ class MemoryStore:
     async def list_events(
         self, key: SessionKey, turn_id: str, *, after_seq: int = 0, limit: int = 1000
     ) -> list[Event]:
-        s = self._get(key)
-        if turn_id not in s.turns:
+        s = self._sessions.get(key)
+        if s is None or turn_id not in s.turns:
             return []
         return [e for e in s.events.get(turn_id, []) if e.seq > after_seq][:limit]
 

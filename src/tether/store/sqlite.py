@@ -415,11 +415,14 @@ class SQLiteStore:
                 (pk,),
             ).fetchone()
             now = time.time()
-            c.execute(
-                "INSERT INTO turns (id, session_pk, seq, input, policy, status, created_at)"
-                " VALUES (?, ?, ?, ?, ?, 'queued', ?)",
-                (turn_id, pk, seq, input, policy, now),
-            )
+            try:
+                c.execute(
+                    "INSERT INTO turns (id, session_pk, seq, input, policy, status, created_at)"
+                    " VALUES (?, ?, ?, ?, ?, 'queued', ?)",
+                    (turn_id, pk, seq, input, policy, now),
+                )
+            except sqlite3.IntegrityError as exc:
+                raise Conflict(f"turn {turn_id} already exists") from exc
             c.execute(
                 "INSERT INTO events (turn_id, seq, type, data, created_at) VALUES (?, 1, ?, ?, ?)",
                 (turn_id, "turn.queued", json.dumps({"seq": seq}), now),
@@ -654,6 +657,14 @@ class SQLiteStore:
     ) -> list[Item]:
         def do(c: sqlite3.Connection) -> list[Item]:
             pk = self._fenced_pk(c, lease)
+            # Turn ids are unique across sessions here, so without this check the events of
+            # another session's turn could be written under this session's lease.
+            row = c.execute(
+                "SELECT 1 FROM turns WHERE id = ? AND session_pk = ? AND status = 'running'",
+                (turn_id, pk),
+            ).fetchone()
+            if row is None:
+                raise Conflict(f"turn {turn_id} is not running")
             return self._add(c, pk, turn_id, items, events)
 
         return await self._write(do)

@@ -1,0 +1,147 @@
+"""What only the SQLite backend promises: a durable WAL file, versioned migrations, and
+fencing that holds across connections (as between two processes on one file)."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tether.errors import StaleLease, StoreError
+from tether.records import NewItem, SessionKey, TurnEnding
+from tether.store import SQLiteStore
+from tether.store.base import NewEvent
+from tether.store.sqlite_schema import MIGRATIONS
+
+KEY = SessionKey("acme", "alice", "s1")
+
+
+def _query(path: Path, sql: str) -> list[tuple[object, ...]]:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute(sql).fetchall()
+    finally:
+        conn.close()
+
+
+async def query(path: Path, sql: str) -> list[tuple[object, ...]]:
+    return await asyncio.to_thread(_query, path, sql)
+
+
+async def test_data_survives_close_and_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "t.db"
+    store = SQLiteStore(path)
+    await store.open()
+    await store.create_session(KEY, "assistant", metadata={"topic": "tax"})
+    await store.update_session(KEY, state={"step": 3})
+    await store.enqueue_turn(KEY, turn_id="t1", input="hello", policy="enqueue")
+    lease = await store.acquire_lease(KEY, "node-a", 0.05)
+    assert lease is not None
+    await store.start_turn(lease, "t1", [NewItem("user", "hello")], [NewEvent(2, "start", {})])
+    await store.end_turn(
+        lease,
+        "t1",
+        TurnEnding("completed", "done", output="hi", complete=True),
+        [NewItem("assistant", "hi")],
+        [NewEvent(3, "turn.ended", {})],
+    )
+    await store.enqueue_turn(KEY, turn_id="t2", input="more", policy="enqueue")
+    session = await store.get_session(KEY)
+    items = await store.list_items(KEY)
+    turns = await store.list_turns(KEY)
+    events = await store.list_events(KEY, "t1")
+    await store.close()
+    await store.close()  # idempotent
+    with pytest.raises(StoreError):
+        await store.get_session(KEY)
+
+    reopened = SQLiteStore(path)
+    await reopened.open()
+    try:
+        assert await reopened.get_session(KEY) == session
+        assert await reopened.list_items(KEY) == items
+        assert await reopened.list_turns(KEY) == turns
+        assert await reopened.list_events(KEY, "t1") == events
+        assert await reopened.sessions_needing_work() == [KEY]
+        # The fencing counter is durable too: a later owner's token is still higher.
+        await asyncio.sleep(0.15)
+        later = await reopened.acquire_lease(KEY, "node-b", 30)
+        assert later is not None and later.token > lease.token
+    finally:
+        await reopened.close()
+
+
+async def test_file_is_in_wal_mode(tmp_path: Path) -> None:
+    path = tmp_path / "t.db"
+    store = SQLiteStore(path)
+    await store.open()
+    try:
+        await store.create_session(KEY, "assistant")
+        assert await query(path, "PRAGMA journal_mode") == [("wal",)]
+    finally:
+        await store.close()
+
+
+async def test_migrations_are_recorded_and_applied_once(tmp_path: Path) -> None:
+    path = tmp_path / "t.db"
+    expected = [(version,) for version, _ in MIGRATIONS]
+    store = SQLiteStore(path)
+    await store.open()
+    await store.create_session(KEY, "assistant")
+    await store.close()
+    assert await query(path, "SELECT version FROM schema_version ORDER BY version") == expected
+
+    # Reopening must not run a migration again (it would fail on existing tables, or
+    # duplicate the version rows) and must keep the data.
+    for _ in range(2):
+        again = SQLiteStore(path)
+        await again.open()
+        try:
+            assert await again.get_session(KEY) is not None
+        finally:
+            await again.close()
+    assert await query(path, "SELECT version FROM schema_version ORDER BY version") == expected
+
+
+async def test_two_stores_on_one_file_share_state_and_fence_each_other(tmp_path: Path) -> None:
+    path = tmp_path / "t.db"
+    a, b = SQLiteStore(path), SQLiteStore(path)
+    await a.open()
+    await b.open()
+    try:
+        await a.create_session(KEY, "assistant")
+        assert await b.get_session(KEY) is not None
+        await b.enqueue_turn(KEY, turn_id="t1", input="hello", policy="enqueue")
+
+        lease_a = await a.acquire_lease(KEY, "node-a", 0.05)
+        assert lease_a is not None
+        assert await b.acquire_lease(KEY, "node-b", 30) is None
+        assert await b.lease_holder(KEY) == "node-a"
+        await a.start_turn(lease_a, "t1", [NewItem("user", "hello")], [NewEvent(2, "s", {})])
+        await a.append(lease_a, "t1", [NewItem("tool_call", call_id="c1", tool_name="f")], [])
+        assert [i.kind for i in await b.list_items(KEY)] == ["user", "tool_call"]
+
+        await asyncio.sleep(0.15)
+        lease_b = await b.acquire_lease(KEY, "node-b", 30)
+        assert lease_b is not None and lease_b.token > lease_a.token
+        assert await a.lease_holder(KEY) == "node-b"
+        assert await a.acquire_lease(KEY, "node-a", 30) is None
+
+        before = await b.list_items(KEY)
+        with pytest.raises(StaleLease):
+            await a.append(lease_a, "t1", [NewItem("assistant", "zombie")], [])
+        with pytest.raises(StaleLease):
+            await a.end_turn(lease_a, "t1", TurnEnding("completed", "done"), [], [])
+        assert await a.renew_leases([lease_a], 30) == []
+        assert await b.list_items(KEY) == before
+
+        (recovered,) = await b.recover(lease_b)
+        assert (recovered.status, recovered.reason) == ("failed", "owner_lost")
+        turn = await a.get_turn(KEY, "t1")
+        assert turn is not None and turn.status == "failed"
+        assert [i.kind for i in await a.list_items(KEY)] == ["user", "tool_call", "tool_result"]
+    finally:
+        await a.close()
+        await b.close()

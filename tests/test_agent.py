@@ -1,0 +1,66 @@
+"""The agent template is frozen, validated and safe to share."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import tether
+from tether import Agent, ConfigError, InvalidSessionId, tool
+
+
+@tool
+def noop() -> str:
+    """Do nothing."""
+    return ""
+
+
+def test_agent_is_frozen_and_shares_nothing_mutable() -> None:
+    agent = Agent(name="a", tools=[noop], memory={"session_id": "s-1"})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        agent.instructions = "changed"  # type: ignore[misc]
+    assert isinstance(agent.tools, tuple)
+    assert agent.memory.session_id == "s-1" and agent.session_id == "s-1"
+    assert agent.tool_named("noop") is noop
+
+
+def test_agent_validation() -> None:
+    with pytest.raises(ConfigError):
+        Agent(name="")
+    with pytest.raises(ConfigError):
+        Agent(name="a", tools=[lambda: None])  # type: ignore[list-item]
+    with pytest.raises(ConfigError):
+        Agent(name="a", tools=[noop, noop])
+    with pytest.raises(ConfigError):
+        Agent(name="a", memory={"sesion_id": "typo"})
+    with pytest.raises(InvalidSessionId):
+        Agent(name="a", memory={"session_id": "has space"})
+    with pytest.raises(ConfigError):
+        Agent(name="a", max_iterations=0)
+
+
+def test_each_agent_object_has_its_own_default_session() -> None:
+    assert Agent(name="a").session_id != Agent(name="a").session_id
+
+
+def test_public_api_is_small_and_exact() -> None:
+    assert sorted(tether.__all__) == sorted(
+        [
+            "Agent", "AgentNotFound", "ConfigError", "Conflict", "Event", "InvalidInput",
+            "InvalidSessionId", "Item", "MemoryPolicy", "ModelError", "NotFound", "Principal",
+            "QueueFull", "RetryPolicy", "Runtime", "SessionBusy", "SessionKey",
+            "SessionNotFound", "StaleLease", "StoreError", "SyncInAsyncContext", "TetherError",
+            "TooLarge", "Tool", "ToolContext", "Turn", "TurnFailed", "TurnNotFound",
+            "__version__", "tool",
+        ]
+    )
+    for name in tether.__all__:
+        assert hasattr(tether, name)
+
+
+def test_every_error_is_a_tether_error() -> None:
+    for name in tether.__all__:
+        obj = getattr(tether, name)
+        if isinstance(obj, type) and issubclass(obj, Exception):
+            assert issubclass(obj, tether.TetherError), name
