@@ -28,8 +28,11 @@ def test_default_model_is_the_embedded_one(fresh_env: Path) -> None:
 @pytest.mark.real_model
 @pytest.mark.slow
 def test_default_agent_answers_and_persists(fresh_env: Path) -> None:
-    agent = Agent(name="Assistant", instructions="You are a helpful assistant.",
-                  memory={"session_id": "first-run"})
+    agent = Agent(
+        name="Assistant",
+        instructions="You are a helpful assistant.",
+        memory={"session_id": "first-run"},
+    )
     reply = agent.start("What is the capital of France? Answer in one sentence.")
     assert "Paris" in reply
     assert (fresh_env / "tether.db").is_file()

@@ -15,8 +15,9 @@ from tether.agent import Agent
 from tether.errors import TurnFailed
 from tether.records import LOCAL_PRINCIPAL, Event, Policy, Principal, SessionKey, Turn
 from tether.scheduler import Scheduler
-from tether.store.base import Store
+from tether.store.base import DEFAULT_MAX_QUEUE, Store
 from tether.store.sqlite import SQLiteStore
+from tether.tools.approval import Approver
 
 
 def default_data_dir() -> Path:
@@ -33,6 +34,9 @@ class Runtime:
         agents: list[Agent] | None = None,
         lease_ttl: float = 30.0,
         node: str | None = None,
+        approver: Approver | None = None,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        default_model: str | None = None,
     ) -> None:
         self.data_dir = data_dir or default_data_dir()
         self.store: Store = store or SQLiteStore(self.data_dir / "tether.db")
@@ -43,6 +47,9 @@ class Runtime:
             lease_ttl=lease_ttl,
             node=node,
             workspace_root=self.data_dir / "workspaces",
+            approver=approver,
+            max_queue=max_queue,
+            default_model=default_model,
         )
         self._started = False
         self._starting: asyncio.Future[None] | None = None

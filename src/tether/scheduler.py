@@ -97,6 +97,7 @@ class Scheduler:
         max_queue: int = DEFAULT_MAX_QUEUE,
         approver: Approver | None = None,
         workspace_root: Path | None = None,
+        default_model: str | None = None,
     ) -> None:
         self.store = store
         self._agents = agents
@@ -105,6 +106,7 @@ class Scheduler:
         self.max_queue = max_queue
         self.approver = approver
         self.workspace_root = workspace_root
+        self.default_model = default_model
         self._workers: dict[SessionKey, asyncio.Task[None]] = {}
         self._dirty: set[SessionKey] = set()
         self._leases: dict[SessionKey, Lease] = {}
@@ -285,7 +287,7 @@ class Scheduler:
                 return
             ctx = TurnContext(
                 agent=agent,
-                model=resolve_model(agent.model),
+                model=resolve_model(agent.model if agent.model is not None else self.default_model),
                 key=key,
                 principal=self._principals.get(key) or _principal_of(key),
                 turn_id=turn.id,

@@ -7,11 +7,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from tests.helpers import all_items, assert_paired, key, running
 from tether import Agent, RetryPolicy, TurnFailed, tool
 from tether.models.openai import OpenAIModel
 from tether.store import MemoryStore
 from tether.testing.fake_openai import FakeError, FakeOpenAIServer, FakeToolCall
-from tests.helpers import all_items, assert_paired, key, running
 
 pytestmark = pytest.mark.real_model  # the fake server is reached over real HTTP
 

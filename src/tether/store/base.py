@@ -12,7 +12,9 @@ Two rules every implementation keeps, and the conformance suite checks:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tether.records import (
@@ -29,6 +31,36 @@ from tether.records import (
 
 DEFAULT_MAX_QUEUE = 16
 ABORTED_TOOL_RESULT = "Tool call aborted: the turn ended before the tool returned a result."
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """An API key as stored: only the hash of its secret is kept."""
+
+    id: str
+    tenant: str
+    user: str
+    roles: frozenset[str]
+    hash: str
+    created_at: float
+    revoked_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionStats:
+    items: int
+    turns: int
+    active_turns: int
+
+
+def initial_token() -> int:
+    """The first fencing token of a new session.
+
+    Tokens only ever grow for one session row; starting a new row at the clock (in
+    microseconds) keeps them growing across a delete and re-create of the same id too, so a
+    lease from before the delete can never match a lease after it.
+    """
+    return int(time.time() * 1_000_000)
 
 
 class NewEvent:
@@ -210,6 +242,25 @@ class Store(Protocol):
     async def list_events(
         self, key: SessionKey, turn_id: str, *, after_seq: int = 0, limit: int = 1000
     ) -> list[Event]: ...
+
+    async def session_stats(self, key: SessionKey) -> SessionStats:
+        """Counts of items, turns and queued-or-running turns; SessionNotFound when absent."""
+        ...
+
+    # -- API keys ------------------------------------------------------------------------------
+    async def create_api_key(self, key: ApiKey) -> None: ...
+
+    async def api_key_by_hash(self, digest: str) -> ApiKey | None: ...
+
+    async def list_api_keys(self) -> list[ApiKey]: ...
+
+    async def revoke_api_key(self, key_id: str) -> bool:
+        """Mark the key revoked; False when there is no such active key."""
+        ...
+
+    async def count_api_keys(self) -> int:
+        """Active (unrevoked) keys."""
+        ...
 
     # -- maintenance ---------------------------------------------------------------------------
     async def sessions_needing_work(self) -> list[SessionKey]:

@@ -27,7 +27,14 @@ from tether.records import (
     TurnEnding,
     Usage,
 )
-from tether.store.base import ABORTED_TOOL_RESULT, DEFAULT_MAX_QUEUE, NewEvent
+from tether.store.base import (
+    ABORTED_TOOL_RESULT,
+    DEFAULT_MAX_QUEUE,
+    ApiKey,
+    NewEvent,
+    SessionStats,
+    initial_token,
+)
 from tether.store.rows import terminal_event_data
 
 
@@ -41,13 +48,14 @@ class _Session:
     next_turn_seq: int = 1
     next_item_seq: int = 1
     lease_owner: str | None = None
-    lease_token: int = 0
+    lease_token: int = field(default_factory=initial_token)
     lease_expires_at: float = 0.0
 
 
 class MemoryStore:
     def __init__(self) -> None:
         self._sessions: dict[SessionKey, _Session] = {}
+        self._keys: dict[str, ApiKey] = {}
 
     async def open(self) -> None:
         return None
@@ -428,6 +436,32 @@ class MemoryStore:
         if s is None or turn_id not in s.turns:
             return []
         return [e for e in s.events.get(turn_id, []) if e.seq > after_seq][:limit]
+
+    async def session_stats(self, key: SessionKey) -> SessionStats:
+        s = self._get(key)
+        active = sum(1 for t in s.turns.values() if t.status in ACTIVE_STATUSES)
+        return SessionStats(len(s.items), len(s.turns), active)
+
+    async def create_api_key(self, key: ApiKey) -> None:
+        if key.id in self._keys:
+            raise Conflict("an API key with this id exists")
+        self._keys[key.id] = key
+
+    async def api_key_by_hash(self, digest: str) -> ApiKey | None:
+        return next((k for k in self._keys.values() if k.hash == digest), None)
+
+    async def list_api_keys(self) -> list[ApiKey]:
+        return sorted(self._keys.values(), key=lambda k: k.created_at)
+
+    async def revoke_api_key(self, key_id: str) -> bool:
+        k = self._keys.get(key_id)
+        if k is None or k.revoked_at is not None:
+            return False
+        self._keys[key_id] = replace(k, revoked_at=time.time())
+        return True
+
+    async def count_api_keys(self) -> int:
+        return sum(1 for k in self._keys.values() if k.revoked_at is None)
 
     async def sessions_needing_work(self) -> list[SessionKey]:
         return [

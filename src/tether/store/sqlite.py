@@ -41,7 +41,14 @@ from tether.records import (
     TurnEnding,
     Usage,
 )
-from tether.store.base import ABORTED_TOOL_RESULT, DEFAULT_MAX_QUEUE, NewEvent
+from tether.store.base import (
+    ABORTED_TOOL_RESULT,
+    DEFAULT_MAX_QUEUE,
+    ApiKey,
+    NewEvent,
+    SessionStats,
+    initial_token,
+)
 from tether.store.rows import terminal_event_data
 from tether.store.sqlite_schema import MIGRATIONS
 
@@ -242,7 +249,7 @@ class SQLiteStore:
             now = time.time()
             cur = c.execute(
                 "INSERT INTO sessions (tenant, owner, session_id, agent, metadata, created_at,"
-                " updated_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                " updated_at, expires_at, lease_token) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (tenant, owner, session_id) DO NOTHING",
                 (
                     key.tenant,
@@ -253,6 +260,7 @@ class SQLiteStore:
                     now,
                     now,
                     now + ttl_seconds if ttl_seconds is not None else None,
+                    initial_token(),
                 ),
             )
             created = cur.rowcount == 1
@@ -797,6 +805,83 @@ class SQLiteStore:
                 (turn_id, pk, after_seq, limit),
             ).fetchall()
             return [Event(turn_id, r[0], r[1], json.loads(r[2]), r[3]) for r in rows]
+
+        return await self._run(do)
+
+    async def session_stats(self, key: SessionKey) -> SessionStats:
+        def do(c: sqlite3.Connection) -> SessionStats:
+            pk = self._pk(c, key)
+            (items,) = c.execute(
+                "SELECT COUNT(*) FROM items WHERE session_pk = ?", (pk,)
+            ).fetchone()
+            turns, active = c.execute(
+                "SELECT COUNT(*), COALESCE(SUM(status IN ('queued', 'running')), 0) FROM turns"
+                " WHERE session_pk = ?",
+                (pk,),
+            ).fetchone()
+            return SessionStats(items, turns, active)
+
+        return await self._run(do)
+
+    async def create_api_key(self, key: ApiKey) -> None:
+        def do(c: sqlite3.Connection) -> None:
+            try:
+                c.execute(
+                    "INSERT INTO api_keys (id, tenant, user_id, roles, hash, created_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    (
+                        key.id,
+                        key.tenant,
+                        key.user,
+                        json.dumps(sorted(key.roles)),
+                        key.hash,
+                        key.created_at,
+                    ),
+                )
+            except sqlite3.IntegrityError as exc:
+                raise Conflict("an API key with this id exists") from exc
+
+        await self._write(do)
+
+    @staticmethod
+    def _key(row: tuple[Any, ...]) -> ApiKey:
+        return ApiKey(row[0], row[1], row[2], frozenset(json.loads(row[3])), row[4], row[5], row[6])
+
+    async def api_key_by_hash(self, digest: str) -> ApiKey | None:
+        def do(c: sqlite3.Connection) -> ApiKey | None:
+            row = c.execute(
+                "SELECT id, tenant, user_id, roles, hash, created_at, revoked_at FROM api_keys"
+                " WHERE hash = ?",
+                (digest,),
+            ).fetchone()
+            return self._key(row) if row else None
+
+        return await self._run(do)
+
+    async def list_api_keys(self) -> list[ApiKey]:
+        def do(c: sqlite3.Connection) -> list[ApiKey]:
+            rows = c.execute(
+                "SELECT id, tenant, user_id, roles, hash, created_at, revoked_at FROM api_keys"
+                " ORDER BY created_at"
+            ).fetchall()
+            return [self._key(r) for r in rows]
+
+        return await self._run(do)
+
+    async def revoke_api_key(self, key_id: str) -> bool:
+        def do(c: sqlite3.Connection) -> bool:
+            cur = c.execute(
+                "UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
+                (time.time(), key_id),
+            )
+            return cur.rowcount == 1
+
+        return await self._write(do)
+
+    async def count_api_keys(self) -> int:
+        def do(c: sqlite3.Connection) -> int:
+            (n,) = c.execute("SELECT COUNT(*) FROM api_keys WHERE revoked_at IS NULL").fetchone()
+            return int(n)
 
         return await self._run(do)
 

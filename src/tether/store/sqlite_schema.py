@@ -71,4 +71,18 @@ MIGRATIONS: list[tuple[int, str]] = [
         ) WITHOUT ROWID;
         """,
     ),
+    (
+        2,
+        """
+        CREATE TABLE api_keys (
+            id          TEXT PRIMARY KEY,
+            tenant      TEXT NOT NULL,
+            user_id     TEXT NOT NULL,
+            roles       TEXT NOT NULL,
+            hash        TEXT NOT NULL UNIQUE,
+            created_at  REAL NOT NULL,
+            revoked_at  REAL
+        );
+        """,
+    ),
 ]

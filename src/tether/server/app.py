@@ -1,0 +1,123 @@
+"""The ASGI app: ``create_app(settings, agents)`` with a lifespan that owns store and scheduler."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from tether import __version__
+from tether.agent import Agent
+from tether.runtime import Runtime
+from tether.server import problems
+from tether.server.approvals import Approvals
+from tether.server.auth import Authenticator
+from tether.server.routes import chat, meta, sessions, turns
+from tether.server.settings import Settings
+from tether.server.state import ServerState
+from tether.store import open_store_url
+
+
+class BodyLimit:
+    """Refuse request bodies over ``limit`` bytes (413), declared or streamed."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", []):
+            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
+                await self._reject(send)
+                return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except _TooLarge:
+            await self._reject(send)
+
+    async def _reject(self, send: Send) -> None:
+        body = problems.problem_response(
+            413,
+            "too-large",
+            "Payload too large",
+            f"request bodies are limited to {self.limit} bytes",
+        )
+        await send({"type": "http.response.start", "status": 413, "headers": body.raw_headers})
+        await send({"type": "http.response.body", "body": body.body})
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def create_app(settings: Settings | None = None, agents: Sequence[Agent] | None = None) -> FastAPI:
+    settings = settings or Settings.from_env()
+    if agents is None:
+        agents = [default_agent(settings)]
+    agents = list(agents)
+    store = open_store_url(settings.store_url)
+    approvals = Approvals()
+    runtime = Runtime(
+        store,
+        data_dir=settings.data_dir,
+        agents=agents,
+        lease_ttl=settings.lease_ttl,
+        node=settings.node,
+        approver=approvals,
+        max_queue=settings.limits.max_queue,
+        default_model=settings.model,
+    )
+    state = ServerState(
+        settings=settings,
+        runtime=runtime,
+        auth=Authenticator(store, local_allowed=settings.loopback or settings.insecure),
+        approvals=approvals,
+        agents=agents,
+    )
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await runtime.start()
+        try:
+            yield
+        finally:
+            await runtime.close(drain_timeout=settings.drain_timeout)
+
+    app = FastAPI(
+        title="tether",
+        version=__version__,
+        summary="Many conversations with LLM agents at once, with real isolation between them.",
+        lifespan=lifespan,
+    )
+    app.state.tether = state
+    problems.install(app)
+    for module in (meta, sessions, turns, chat):
+        app.include_router(module.router)
+    app.add_middleware(BodyLimit, limit=settings.limits.max_body_bytes)
+    return app
+
+
+def default_agent(settings: Settings) -> Agent:
+    """What ``tether serve`` runs with no app: one assistant on the default model."""
+    return Agent(
+        name="assistant",
+        instructions="You are a helpful assistant. Answer briefly and accurately.",
+        model=settings.model,
+        description="A general assistant on the default model.",
+    )

@@ -1,0 +1,47 @@
+"""Health, readiness and the agent list."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from tether.models.base import Model
+from tether.server.deps import Caller, State
+from tether.server.schemas import AgentList, AgentOut, Health
+
+router = APIRouter()
+
+
+@router.get("/healthz", tags=["health"])
+async def healthz() -> Health:
+    """Liveness: the process answers."""
+    return Health(status="ok")
+
+
+@router.get("/readyz", tags=["health"], responses={503: {"description": "store unreachable"}})
+async def readyz(st: State) -> Health:
+    """Readiness: the store answers."""
+    await st.runtime.store.ping()
+    return Health(status="ok")
+
+
+def _model_label(model: str | Model | None, default: str) -> str:
+    if model is None:
+        return default
+    return model if isinstance(model, str) else model.name
+
+
+@router.get("/v1/agents", tags=["agents"])
+async def list_agents(st: State, caller: Caller) -> AgentList:
+    """The agents this server runs."""
+    default = st.settings.model or "local"
+    return AgentList(
+        data=[
+            AgentOut(
+                name=a.name,
+                description=a.description,
+                model=_model_label(a.model, default),
+                tools=[t.name for t in a.tools],
+            )
+            for a in st.agents
+        ]
+    )

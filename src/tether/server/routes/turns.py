@@ -1,0 +1,182 @@
+"""Turns: submit (wait, stream or fire-and-forget), list, follow, cancel, decide."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from tether.errors import TurnNotFound
+from tether.records import Event, SessionKey, Turn
+from tether.server import sse
+from tether.server.deps import Caller, Key, OwnSession, State, check_message
+from tether.server.routes.outcomes import turn_response
+from tether.server.schemas import Decision, DecisionOut, TurnCreate, TurnOut, TurnPage
+from tether.server.state import ServerState
+
+router = APIRouter(prefix="/v1/sessions/{sid}/turns", tags=["turns"])
+
+NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"description": "unknown or not yours (indistinguishable)"}
+}
+SSE: dict[str, Any] = {"text/event-stream": {"schema": {"type": "string"}}}
+
+
+async def wait_for_turn(
+    st: ServerState, request: Request, turn: Turn, on_disconnect: str
+) -> Turn | None:
+    """Wait for the turn's end; None if the client went away first (after applying the policy)."""
+    waiter = asyncio.ensure_future(st.runtime.scheduler.wait(turn.key, turn.id))
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({waiter, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if waiter.done():
+        return waiter.result()
+    waiter.cancel()
+    if on_disconnect == "cancel":
+        st.spawn(st.runtime.scheduler.cancel(turn.key, turn.id, "client_disconnected"))
+    return None
+
+
+async def _disconnected(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def event_stream(
+    st: ServerState, key: SessionKey, turn_id: str, after: int, on_disconnect: str
+) -> StreamingResponse:
+    async def frames() -> AsyncIterator[bytes]:
+        finished = False
+        try:
+            async for chunk in sse.stream(_until_end(st, key, turn_id, after)):
+                finished = finished or (chunk.startswith(b"id:") and b"event: turn.ended" in chunk)
+                yield chunk
+        finally:
+            if not finished and on_disconnect == "cancel":
+                st.spawn(st.runtime.scheduler.cancel(key, turn_id, "client_disconnected"))
+
+    return StreamingResponse(
+        frames(),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _until_end(
+    st: ServerState, key: SessionKey, turn_id: str, after: int
+) -> AsyncIterator[Event]:
+    async for event in st.runtime.scheduler.events(key, turn_id, after_seq=after):
+        yield event
+
+
+@router.post(
+    "",
+    responses={
+        200: {"description": "the completed turn (wait=true)", "content": SSE},
+        202: {"description": "queued (wait=false)", "model": TurnOut},
+        409: {"description": "policy=reject and the session is busy; or the turn was cancelled"},
+        413: {"description": "message too large"},
+        422: {"description": "invalid body, or the turn hit a limit"},
+        429: {"description": "the session's queue is full"},
+        502: {"description": "the model provider failed"},
+        **NOT_FOUND,
+    },
+    response_model=TurnOut,
+)
+async def create_turn(
+    body: TurnCreate, request: Request, st: State, caller: Caller, key: Key, _: OwnSession
+) -> Response:
+    """Run a turn. ``wait`` (default) answers with the ended turn; ``stream`` with its SSE
+    events; ``wait=false`` with 202 and the queued turn."""
+    check_message(st, body.input)
+    turn = await st.runtime.scheduler.submit(key, body.input, policy=body.policy, principal=caller)
+    if body.stream:
+        return event_stream(st, key, turn.id, 0, body.on_disconnect)
+    location = f"/v1/sessions/{key.session_id}/turns/{turn.id}"
+    if not body.wait:
+        return JSONResponse(
+            TurnOut.of(turn).model_dump(mode="json"),
+            status_code=202,
+            headers={"Location": location},
+        )
+    done = await wait_for_turn(st, request, turn, body.on_disconnect)
+    if done is None:
+        return Response(status_code=499)  # nobody is listening any more
+    return turn_response(done)
+
+
+@router.get("", responses=NOT_FOUND)
+async def list_turns(
+    st: State,
+    key: Key,
+    _: OwnSession,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    cursor: Annotated[int | None, Query(ge=0)] = None,
+) -> TurnPage:
+    """The session's turns in order; pass ``next_cursor`` back as ``cursor``."""
+    turns = await st.runtime.store.list_turns(key, after_seq=cursor or 0, limit=limit + 1)
+    page = turns[:limit]
+    return TurnPage(
+        data=[TurnOut.of(t) for t in page],
+        next_cursor=str(page[-1].seq) if len(turns) > limit and page else None,
+    )
+
+
+async def _own_turn(st: ServerState, key: SessionKey, tid: str) -> Turn:
+    if len(tid) > 64:
+        raise TurnNotFound("turn not found")
+    turn = await st.runtime.store.get_turn(key, tid)
+    if turn is None:
+        raise TurnNotFound("turn not found")
+    return turn
+
+
+@router.get("/{tid}", responses=NOT_FOUND)
+async def get_turn(tid: str, st: State, key: Key, _: OwnSession) -> TurnOut:
+    """One turn with its status, reason, output and usage."""
+    return TurnOut.of(await _own_turn(st, key, tid))
+
+
+@router.get(
+    "/{tid}/events",
+    responses={200: {"content": SSE}, **NOT_FOUND},
+    response_class=StreamingResponse,
+)
+async def turn_events(
+    tid: str,
+    st: State,
+    key: Key,
+    _: OwnSession,
+    last_event_id: Annotated[str | None, Header(max_length=200)] = None,
+    after: Annotated[int | None, Query(ge=0, description="resume after this seq")] = None,
+) -> StreamingResponse:
+    """SSE: replays a finished turn, tails a running one; resumes after ``Last-Event-ID``."""
+    await _own_turn(st, key, tid)
+    return event_stream(st, key, tid, sse.resume_point(tid, last_event_id, after), "continue")
+
+
+@router.post("/{tid}/cancel", responses=NOT_FOUND)
+async def cancel_turn(tid: str, st: State, key: Key, _: OwnSession) -> TurnOut:
+    """Cancel a queued or running turn; answers with the ended turn (an ended one as it is)."""
+    await _own_turn(st, key, tid)
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(30):
+            return TurnOut.of(await st.runtime.scheduler.cancel(key, tid, "cancelled"))
+    return TurnOut.of(await _own_turn(st, key, tid))
+
+
+@router.post("/{tid}/decisions", responses=NOT_FOUND)
+async def decide(tid: str, body: Decision, st: State, key: Key, _: OwnSession) -> DecisionOut:
+    """Approve or refuse a tool call waiting for approval (``tool.approval_requested``)."""
+    await _own_turn(st, key, tid)
+    accepted = st.approvals.decide(tid, body.call_id, body.approve)
+    return DecisionOut(call_id=body.call_id, accepted=accepted)

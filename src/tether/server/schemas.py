@@ -1,0 +1,194 @@
+"""Pydantic models of the wire format (and nothing else: the core uses dataclasses)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tether.records import Item, SessionRecord, Turn
+
+SESSION_ID = r"^[A-Za-z0-9._:-]{1,128}$"
+
+
+class Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class AgentOut(BaseModel):
+    name: str
+    description: str
+    model: str
+    tools: list[str]
+
+
+class AgentList(BaseModel):
+    data: list[AgentOut]
+
+
+class SessionCreate(Wire):
+    agent: str | None = Field(None, description="Agent name; default: the only or first agent.")
+    session_id: str | None = Field(None, pattern=SESSION_ID, description="Omit for a new id.")
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    ttl_seconds: float | None = Field(None, gt=0, le=10 * 365 * 86400)
+
+
+class SessionPatch(Wire):
+    metadata: dict[str, Any] | None = None
+    state: dict[str, Any] | None = None
+    ttl_seconds: float | None = Field(None, gt=0, le=10 * 365 * 86400)
+    expected_revision: int | None = Field(None, ge=0)
+
+
+class SessionOut(BaseModel):
+    session_id: str
+    agent: str
+    metadata: dict[str, Any]
+    state: dict[str, Any]
+    created_at: float
+    updated_at: float
+    expires_at: float | None
+    revision: int
+    status: Literal["idle", "busy"] | None = None
+    item_count: int | None = None
+    turn_count: int | None = None
+
+    @classmethod
+    def of(cls, r: SessionRecord, **extra: Any) -> SessionOut:
+        return cls(
+            session_id=r.key.session_id,
+            agent=r.agent,
+            metadata=r.metadata,
+            state=r.state,
+            created_at=r.created_at,
+            updated_at=r.updated_at,
+            expires_at=r.expires_at,
+            revision=r.revision,
+            **extra,
+        )
+
+
+class SessionPage(BaseModel):
+    data: list[SessionOut]
+    next_cursor: str | None
+
+
+class ItemOut(BaseModel):
+    seq: int
+    turn_id: str
+    kind: str
+    content: str
+    complete: bool
+    call_id: str | None
+    tool_name: str | None
+    arguments: str | None
+    excluded: bool
+    created_at: float
+
+    @classmethod
+    def of(cls, i: Item) -> ItemOut:
+        return cls(
+            seq=i.seq,
+            turn_id=i.turn_id,
+            kind=i.kind,
+            content=i.content,
+            complete=i.complete,
+            call_id=i.call_id,
+            tool_name=i.tool_name,
+            arguments=i.arguments,
+            excluded=i.excluded,
+            created_at=i.created_at,
+        )
+
+
+class ItemPage(BaseModel):
+    data: list[ItemOut]
+    next_cursor: str | None
+
+
+class TurnCreate(Wire):
+    input: str = Field(..., min_length=1, description="The user's message (user role only).")
+    policy: Literal["enqueue", "reject", "interrupt", "rollback"] = "enqueue"
+    stream: bool = Field(False, description="Answer with an SSE stream of the turn's events.")
+    wait: bool = Field(True, description="Wait for the turn to end (false: 202, queued turn).")
+    on_disconnect: Literal["continue", "cancel"] = "continue"
+
+
+class UsageOut(BaseModel):
+    input_tokens: int
+    output_tokens: int
+    model_calls: int
+
+
+class TurnOut(BaseModel):
+    id: str
+    session_id: str
+    seq: int
+    input: str
+    policy: str
+    status: str
+    reason: str | None
+    error: str | None
+    output: str | None
+    complete: bool
+    usage: UsageOut
+    created_at: float
+    started_at: float | None
+    ended_at: float | None
+
+    @classmethod
+    def of(cls, t: Turn) -> TurnOut:
+        return cls(
+            id=t.id,
+            session_id=t.key.session_id,
+            seq=t.seq,
+            input=t.input,
+            policy=t.policy,
+            status=t.status,
+            reason=t.reason,
+            error=t.error,
+            output=t.output,
+            complete=t.complete,
+            usage=UsageOut(
+                input_tokens=t.usage.input_tokens,
+                output_tokens=t.usage.output_tokens,
+                model_calls=t.usage.model_calls,
+            ),
+            created_at=t.created_at,
+            started_at=t.started_at,
+            ended_at=t.ended_at,
+        )
+
+
+class TurnPage(BaseModel):
+    data: list[TurnOut]
+    next_cursor: str | None
+
+
+class Decision(Wire):
+    call_id: str = Field(..., min_length=1, max_length=128)
+    approve: bool
+
+
+class DecisionOut(BaseModel):
+    call_id: str
+    accepted: bool
+
+
+class ChatRequest(Wire):
+    """PraisonAI AgentOS's ``/api/chat`` request."""
+
+    model_config = ConfigDict(extra="ignore")
+    message: str = Field(..., min_length=1)
+    session_id: str | None = None
+    agent_name: str | None = None
+
+
+class ChatResponse(BaseModel):
+    response: str
+    agent_name: str
+    session_id: str
+
+
+class Health(BaseModel):
+    status: Literal["ok"]

@@ -1,0 +1,63 @@
+"""Server-sent events: ``id: <turn>:<seq>``, ``event: <type>``, ``data: <json>``.
+
+The id names the turn and the event's per-turn ``seq``, so a client that reconnects with
+``Last-Event-ID`` resumes right after the last event it received — no gap, no duplicate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+
+from tether.errors import InvalidInput
+from tether.records import Event
+
+PING_SECONDS = 15.0
+
+
+def frame(event: Event) -> bytes:
+    data = json.dumps(event.data, ensure_ascii=False, separators=(",", ":"))
+    return f"id: {event.turn_id}:{event.seq}\nevent: {event.type}\ndata: {data}\n\n".encode()
+
+
+def resume_point(turn_id: str, last_event_id: str | None, after: int | None) -> int:
+    """The seq to resume after, from ``Last-Event-ID`` (``<turn>:<seq>``) or ``?after=``."""
+    if last_event_id:
+        tid, sep, seq = last_event_id.strip().rpartition(":")
+        if not sep or tid != turn_id or not seq.isdigit():
+            raise InvalidInput("Last-Event-ID must be '<turn id>:<seq>' of this turn")
+        return int(seq)
+    return after or 0
+
+
+async def stream(events: AsyncIterator[Event], ping: float = PING_SECONDS) -> AsyncIterator[bytes]:
+    """Frames of ``events``, with a comment line every ``ping`` idle seconds for proxies."""
+    iterator = aiter(events)
+    pending: asyncio.Future[Event] | None = None
+    try:
+        while True:
+            pending = asyncio.ensure_future(anext(iterator))
+            while True:
+                done, _ = await asyncio.wait({pending}, timeout=ping)
+                if done:
+                    break
+                yield b": ping\n\n"
+            try:
+                event = pending.result()
+            except StopAsyncIteration:
+                return
+            finally:
+                pending = None
+            yield frame(event)
+    finally:
+        if pending is not None:
+            # The client left while we waited for the next event: stop that wait before
+            # closing the generator it is running.
+            pending.cancel()
+            with contextlib.suppress(BaseException):
+                await pending
+        close = getattr(iterator, "aclose", None)
+        if close is not None:
+            await close()

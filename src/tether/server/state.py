@@ -1,0 +1,37 @@
+"""What the app's routes share: settings, the runtime, authentication and approvals."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+
+from tether.agent import Agent
+from tether.runtime import Runtime
+from tether.server.approvals import Approvals
+from tether.server.auth import Authenticator
+from tether.server.settings import Settings
+
+
+@dataclass
+class ServerState:
+    settings: Settings
+    runtime: Runtime
+    auth: Authenticator
+    approvals: Approvals
+    agents: list[Agent]
+    background: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run ``coro`` detached from the request (kept referenced until it finishes)."""
+        task = asyncio.ensure_future(coro)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+
+def state_of(request: Request) -> ServerState:
+    st: ServerState = request.app.state.tether
+    return st
