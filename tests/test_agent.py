@@ -49,6 +49,8 @@ def test_public_api_is_small_and_exact() -> None:
         [
             "Agent",
             "AgentNotFound",
+            "AgentOS",
+            "App",
             "ConfigError",
             "Conflict",
             "Event",

@@ -1,6 +1,7 @@
 """tether: run LLM agents for many conversations at once, with real isolation between them."""
 
 from tether.agent import Agent, MemoryPolicy, RetryPolicy
+from tether.app import AgentOS, App
 from tether.errors import (
     AgentNotFound,
     ConfigError,
@@ -29,6 +30,8 @@ __version__ = "0.1.0"
 __all__ = [
     "Agent",
     "AgentNotFound",
+    "AgentOS",
+    "App",
     "ConfigError",
     "Conflict",
     "Event",

@@ -14,14 +14,15 @@ import importlib
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
-
-from fastapi import FastAPI
+from typing import TYPE_CHECKING, Any
 
 from tether.agent import Agent
 from tether.errors import ConfigError
 from tether.server.settings import Settings
 from tether.store import open_store_url
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 
 class App:

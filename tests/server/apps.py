@@ -1,0 +1,64 @@
+"""Apps the server tests run in a real ``tether serve`` subprocess.
+
+Models are chosen so outcomes are deterministic: an echo model that shows what it was sent, a
+slow streaming model for cancellation, a tool-calling one that needs approval, and an OpenAI
+provider pointed at a fake server whose URL comes from ``FAKE_OPENAI_URL``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from tether import Agent, App, RetryPolicy, tool
+from tether.models.base import ModelRequest
+from tether.models.openai import OpenAIModel
+from tether.testing import Call, ScriptedModel, Slow, ToolCalls
+
+
+def digest(request: ModelRequest) -> str:
+    """Names every earlier user message the model was shown, then the new one."""
+    users = [m.content for m in request.messages if m.role == "user"]
+    return f"saw [{', '.join(users[:-1])}] then {users[-1]}"
+
+
+def slow(request: ModelRequest) -> Slow:
+    words = " ".join(f"w{n}" for n in range(40))
+    return Slow(words, delay=0.05)
+
+
+@tool(requires_approval=True)
+def launch(target: str) -> str:
+    """Launch something (needs a human's approval)."""
+    return f"launched {target}"
+
+
+def approve_flow(request: ModelRequest) -> str | ToolCalls:
+    if request.messages[-1].role == "tool":
+        return f"tool said: {request.messages[-1].content}"
+    return ToolCalls(Call("launch", {"target": "rocket"}))
+
+
+agents = [
+    Agent(
+        name="echo",
+        model=ScriptedModel(default=digest, context_window=1_000_000),
+        description="Replies with the user messages it saw.",
+    ),
+    Agent(name="slow", model=ScriptedModel(default=slow)),
+    Agent(
+        name="approver",
+        model=ScriptedModel(default=approve_flow),
+        tools=[launch],
+        approval_timeout=30,
+    ),
+]
+if os.environ.get("FAKE_OPENAI_URL"):
+    agents.append(
+        Agent(
+            name="upstream",
+            model=OpenAIModel("fake-model", base_url=os.environ["FAKE_OPENAI_URL"], api_key="k"),
+            retry=RetryPolicy(attempts=2, initial_backoff=0.01, max_backoff=0.02),
+        )
+    )
+
+app = App(agents=agents)
