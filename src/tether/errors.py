@@ -16,6 +16,7 @@
     │   └── QueueFull            policy=enqueue and the session's queue is at its bound (HTTP 429)
     ├── StaleLease               a write carried a fencing token that is no longer current
     ├── StoreError               the store failed or is unreachable (HTTP 503)
+    ├── ShuttingDown             the server is draining and takes no new turns (HTTP 503)
     ├── ModelError               a provider failed; ``transient`` says if a retry may help
     │   └── ModelRequestsForbidden  a real provider was called while tests forbid it
     ├── TurnFailed               a turn ended in a status other than completed (carries the turn)
@@ -93,6 +94,10 @@ class StaleLease(TetherError):
 
 class StoreError(TetherError):
     """The store failed or cannot be reached."""
+
+
+class ShuttingDown(TetherError):
+    """The process is shutting down and accepts no new turns."""
 
 
 class ModelError(TetherError):

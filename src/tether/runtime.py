@@ -7,6 +7,7 @@ process-wide one on a background thread (see :mod:`tether.session`).
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -106,7 +107,11 @@ class Runtime:
         await self.store.create_session(key, agent.name, exist_ok=True)
         # In-process callers wait for room in the queue instead of failing at its bound.
         return await self.scheduler.submit(
-            key, message, policy=policy, principal=principal, wait_for_slot=policy == "enqueue"
+            key,
+            message,
+            policy=policy,
+            principal=principal,
+            wait_for_slot=math.inf if policy == "enqueue" else 0.0,
         )
 
     async def chat(

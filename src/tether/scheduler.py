@@ -17,6 +17,7 @@ How it holds together:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tether.agent import Agent
-from tether.errors import QueueFull, SessionNotFound, StaleLease, TurnNotFound
+from tether.errors import QueueFull, SessionNotFound, ShuttingDown, StaleLease, TurnNotFound
 from tether.feeds import TurnFeed
 from tether.loop.context import TurnContext
 from tether.loop.run import run_turn
@@ -114,6 +115,7 @@ class Scheduler:
         self._feeds: dict[str, TurnFeed] = {}
         self._waiters: dict[str, list[asyncio.Future[Turn]]] = {}
         self._slot_freed: dict[SessionKey, asyncio.Event] = {}
+        self._slot_waiters: dict[SessionKey, int] = {}
         self._principals: dict[SessionKey, Principal] = {}
         self._heartbeat: asyncio.Task[None] | None = None
         self._closing = False
@@ -149,34 +151,53 @@ class Scheduler:
         *,
         policy: Policy = "enqueue",
         principal: Principal | None = None,
-        wait_for_slot: bool = False,
+        wait_for_slot: float = 0.0,
     ) -> Turn:
-        """Queue a turn. ``wait_for_slot`` waits for room instead of raising QueueFull."""
-        if self._closing:
-            from tether.errors import StoreError
+        """Queue a turn.
 
-            raise StoreError("the scheduler is shutting down")
+        When the session's queue is full, a caller that is going to wait for the turn anyway
+        may wait up to ``wait_for_slot`` seconds for room (backpressure) instead of getting
+        QueueFull at once. Those waiting callers are bounded too (``max_queue`` per session),
+        so memory stays bounded however many requests pile up.
+        """
+        if self._closing:
+            raise ShuttingDown("the server is shutting down; retry on another node")
         if principal is not None:
             self._principals[key] = principal
-        while True:
-            try:
-                turn = await self.store.enqueue_turn(
-                    key,
-                    turn_id=new_turn_id(),
-                    input=input,
-                    policy=policy,
-                    max_queue=self.max_queue,
-                )
-                break
-            except QueueFull:
-                if not wait_for_slot:
-                    raise
-                freed = self._slot_freed.setdefault(key, asyncio.Event())
+        deadline = time.monotonic() + wait_for_slot
+        waiting = False
+        try:
+            while True:
                 try:
-                    async with asyncio.timeout(1.0):  # also catches slots freed by other nodes
-                        await freed.wait()
-                except TimeoutError:
-                    pass
+                    turn = await self.store.enqueue_turn(
+                        key,
+                        turn_id=new_turn_id(),
+                        input=input,
+                        policy=policy,
+                        max_queue=self.max_queue,
+                    )
+                    break
+                except QueueFull:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise
+                    if not waiting:
+                        if self._slot_waiters.get(key, 0) >= self.max_queue:
+                            raise
+                        self._slot_waiters[key] = self._slot_waiters.get(key, 0) + 1
+                        waiting = True
+                    freed = self._slot_freed.setdefault(key, asyncio.Event())
+                    # Also wake periodically: another node may free the slot.
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(min(remaining, 0.5)):
+                            await freed.wait()
+        finally:
+            if waiting:
+                left = self._slot_waiters[key] - 1
+                if left:
+                    self._slot_waiters[key] = left
+                else:
+                    del self._slot_waiters[key]
         self._waiters.setdefault(turn.id, [])
         if policy in ("interrupt", "rollback"):
             status = "interrupted" if policy == "interrupt" else "rolled_back"
@@ -214,6 +235,7 @@ class Scheduler:
                     self._dirty.discard(key)
                     continue
                 self._workers.pop(key, None)
+                self._principals.pop(key, None)
                 return
         except asyncio.CancelledError:
             self._workers.pop(key, None)

@@ -30,6 +30,8 @@ class Settings:
     insecure: bool = False
     """Allow a non-loopback bind with no API keys (everyone is the local principal)."""
     drain_timeout: float = 10.0
+    admission_wait: float = 30.0
+    """Seconds a waiting (``wait``/``stream``) request may wait for room in a full queue."""
     lease_ttl: float = 30.0
     node: str | None = None
     limits: Limits = field(default_factory=Limits)

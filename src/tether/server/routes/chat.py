@@ -44,7 +44,9 @@ async def chat(body: ChatRequest, request: Request, st: State, caller: Caller) -
     record, _ = await st.runtime.store.create_session(key, agent_name, exist_ok=True)
     if record.agent != agent_name:
         raise Conflict(f"session {session_id!r} belongs to agent {record.agent!r}")
-    turn = await st.runtime.scheduler.submit(key, body.message, principal=caller)
+    turn = await st.runtime.scheduler.submit(
+        key, body.message, principal=caller, wait_for_slot=st.settings.admission_wait
+    )
     done = await wait_for_turn(st, request, turn, "continue")
     if done is None:
         return Response(status_code=499)

@@ -98,7 +98,12 @@ async def create_turn(
     """Run a turn. ``wait`` (default) answers with the ended turn; ``stream`` with its SSE
     events; ``wait=false`` with 202 and the queued turn."""
     check_message(st, body.input)
-    turn = await st.runtime.scheduler.submit(key, body.input, policy=body.policy, principal=caller)
+    # A caller that waits for the outcome anyway may wait for room in a full queue
+    # (backpressure); a fire-and-forget submission gets 429 at once.
+    turn = await st.runtime.scheduler.submit(
+        key, body.input, policy=body.policy, principal=caller,
+        wait_for_slot=st.settings.admission_wait if body.wait or body.stream else 0.0,
+    )
     if body.stream:
         return event_stream(st, key, turn.id, 0, body.on_disconnect)
     location = f"/v1/sessions/{key.session_id}/turns/{turn.id}"

@@ -1,0 +1,193 @@
+"""Over real HTTP: continuity, isolation under concurrency, serialization, honest failures."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.server.conftest import Server, ServerFactory
+from tether.server.auth import mint_key
+from tether.store import SQLiteStore
+from tether.testing.fake_openai import FakeError, FakeOpenAIServer
+
+pytestmark = pytest.mark.slow
+
+
+def test_two_turn_continuity_on_api_chat(server: Server) -> None:
+    with server.client() as c:
+        first = c.post(
+            "/api/chat",
+            json={"message": "I am Ada", "session_id": "cont-chat", "agent_name": "echo"},
+        )
+        assert first.status_code == 200
+        assert first.json() == {
+            "response": "saw [] then I am Ada",
+            "agent_name": "echo",
+            "session_id": "cont-chat",
+        }
+        second = c.post(
+            "/api/chat", json={"message": "who?", "session_id": "cont-chat", "agent_name": "echo"}
+        ).json()
+        assert second["response"] == "saw [I am Ada] then who?"
+        # No session id: a fresh session every call, with a new unguessable id.
+        a = c.post("/api/chat", json={"message": "x", "agent_name": "echo"}).json()
+        b = c.post("/api/chat", json={"message": "y", "agent_name": "echo", "session_id": ""})
+        assert a["response"] == "saw [] then x" and b.json()["response"] == "saw [] then y"
+        assert a["session_id"] != b.json()["session_id"]
+
+
+def test_two_turn_continuity_on_v1(server: Server) -> None:
+    with server.client() as c:
+        created = c.post("/v1/sessions", json={"agent": "echo", "session_id": "cont-v1"})
+        assert created.status_code == 201
+        one = c.post("/v1/sessions/cont-v1/turns", json={"input": "first"})
+        assert one.status_code == 200 and one.json()["status"] == "completed"
+        two = c.post("/v1/sessions/cont-v1/turns", json={"input": "second"}).json()
+        assert two["output"] == "saw [first] then second" and two["seq"] == 2
+        items = c.get("/v1/sessions/cont-v1/items").json()["data"]
+        assert [(i["kind"], i["content"]) for i in items] == [
+            ("user", "first"),
+            ("assistant", "saw [] then first"),
+            ("user", "second"),
+            ("assistant", "saw [first] then second"),
+        ]
+        session = c.get("/v1/sessions/cont-v1").json()
+        assert session["status"] == "idle" and session["item_count"] == 4
+        assert session["turn_count"] == 2
+
+
+def _keys(data_dir: Path, users: list[str]) -> dict[str, str]:
+    """API keys for ``users``, written to the store before the server starts."""
+
+    async def make() -> dict[str, str]:
+        store = SQLiteStore(data_dir / "tether.db")
+        await store.open()
+        out = {}
+        try:
+            for user in users:
+                new = mint_key(user, "acme")
+                await store.create_api_key(new.record)
+                out[user] = new.secret
+        finally:
+            await store.close()
+        return out
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return asyncio.run(make())
+
+
+def test_fifty_owners_concurrently_never_leak(make_server: ServerFactory, tmp_path: Path) -> None:
+    users = [f"user{n:02d}" for n in range(50)]
+    keys = _keys(tmp_path / "data0", users)
+    srv = make_server()
+    canary = {u: f"canary-{u}-{n * 104729:x}" for n, u in enumerate(users)}
+
+    async def converse(client: httpx.AsyncClient, user: str) -> list[str]:
+        replies = []
+        for n in range(2):
+            r = await client.post(
+                "/api/chat",
+                json={
+                    "message": f"{canary[user]} #{n}",
+                    "session_id": "same-id",
+                    "agent_name": "echo",
+                },
+                headers={"Authorization": f"Bearer {keys[user]}"},
+            )
+            assert r.status_code == 200, r.text
+            replies.append(r.json()["response"])
+        return replies
+
+    async def run() -> list[list[str]]:
+        async with httpx.AsyncClient(base_url=srv.url, timeout=60) as client:
+            return await asyncio.gather(*(converse(client, u) for u in users))
+
+    results = asyncio.run(run())
+    for user, replies in zip(users, results, strict=True):
+        assert replies[1] == f"saw [{canary[user]} #0] then {canary[user]} #1"
+        text = " ".join(replies)
+        assert [c for u, c in canary.items() if u != user and c in text] == []
+    with srv.client() as c:
+        for user in users:
+            items = c.get(
+                "/v1/sessions/same-id/items", headers={"Authorization": f"Bearer {keys[user]}"}
+            ).json()["data"]
+            stored = json.dumps(items)
+            assert canary[user] in stored and len(items) == 4
+            assert [u for u, can in canary.items() if u != user and can in stored] == []
+
+
+def test_twenty_concurrent_requests_on_one_session_serialize(server: Server) -> None:
+    with server.client() as c:
+        c.post("/v1/sessions", json={"agent": "echo", "session_id": "serial-20"})
+
+    async def one(client: httpx.AsyncClient, n: int) -> dict[str, object]:
+        r = await client.post("/v1/sessions/serial-20/turns", json={"input": f"m{n}"})
+        assert r.status_code == 200, r.text
+        body: dict[str, object] = r.json()
+        return body
+
+    async def run() -> list[dict[str, object]]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            return await asyncio.gather(*(one(client, n) for n in range(20)))
+
+    turns = asyncio.run(run())
+    assert sorted(t["seq"] for t in turns) == list(range(1, 21))  # type: ignore[type-var]
+    with server.client() as c:
+        items = c.get("/v1/sessions/serial-20/items", params={"limit": 100}).json()["data"]
+    assert [i["kind"] for i in items] == ["user", "assistant"] * 20
+    earlier: list[str] = []
+    for n in range(0, 40, 2):
+        user, reply = items[n]["content"], items[n + 1]["content"]
+        assert reply == f"saw [{', '.join(earlier)}] then {user}"
+        earlier.append(user)
+
+
+def test_reject_names_the_busy_turn(server: Server) -> None:
+    with server.client() as c:
+        c.post("/v1/sessions", json={"agent": "slow", "session_id": "busy"})
+        first = c.post("/v1/sessions/busy/turns", json={"input": "go", "wait": False})
+        assert first.status_code == 202
+        busy = c.post("/v1/sessions/busy/turns", json={"input": "me too", "policy": "reject"})
+        assert busy.status_code == 409
+        assert busy.headers["content-type"] == "application/problem+json"
+        assert busy.json()["busy_turn_id"] == first.json()["id"]
+        c.post(f"/v1/sessions/busy/turns/{first.json()['id']}/cancel")
+        turns = c.get("/v1/sessions/busy/turns").json()["data"]
+        assert [t["input"] for t in turns] == ["go"]
+
+
+def test_failing_model_is_not_a_200(server: Server, fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.script(FakeError(500, "upstream melted", times=2), "fine now")
+    with server.client() as c:
+        r = c.post(
+            "/api/chat",
+            json={"message": "doomed", "session_id": "fail-1", "agent_name": "upstream"},
+        )
+        assert r.status_code == 502
+        assert r.headers["content-type"] == "application/problem+json"
+        body = r.json()
+        assert body["turn"]["status"] == "failed" and body["turn"]["reason"] == "model_error"
+        assert "Traceback" not in r.text
+        ok = c.post(
+            "/api/chat", json={"message": "again", "session_id": "fail-1", "agent_name": "upstream"}
+        )
+        assert ok.status_code == 200 and ok.json()["response"] == "fine now"
+    sent = json.dumps(fake_openai.chat_requests[-1]["messages"])
+    assert "doomed" not in sent and "melted" not in sent
+
+
+@pytest.mark.real_model
+def test_default_serve_answers_from_the_embedded_model(make_server: ServerFactory) -> None:
+    """What `make serve` runs: no app, no configuration, the embedded model."""
+    srv = make_server(target=None, env={"TETHER_MODEL": ""})
+    with srv.client(timeout=120) as c:
+        agents = c.get("/v1/agents").json()["data"]
+        assert [(a["name"], a["model"]) for a in agents] == [("assistant", "local")]
+        r = c.post("/api/chat", json={"message": "What is the capital of France?"})
+        assert r.status_code == 200, r.text
+        assert "Paris" in r.json()["response"]

@@ -1,0 +1,98 @@
+"""Scheduler behaviour that the turn tests do not reach: admission, fencing, recovery."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from tests.helpers import all_items, wait_until
+from tether import Agent, QueueFull
+from tether.records import LOCAL_PRINCIPAL, SessionKey
+from tether.runtime import Runtime
+from tether.scheduler import owner_is_dead
+from tether.store.base import Store
+from tether.testing import ScriptedModel, Slow
+
+
+async def test_full_queue_rejects_or_applies_backpressure(store: Store) -> None:
+    agent = Agent(name="a", model=ScriptedModel(default=Slow("a b c", delay=0.05)))
+    rt = Runtime(store, agents=[agent], max_queue=2)
+    async with rt:
+        key = SessionKey("local", "local", "q")
+        await store.create_session(key, "a")
+        turns = [await rt.scheduler.submit(key, "m0")]
+        await wait_until(lambda: bool(rt.scheduler.running_turns()))
+        turns += [await rt.scheduler.submit(key, f"m{n}") for n in (1, 2)]  # both queue
+        with pytest.raises(QueueFull):
+            await rt.scheduler.submit(key, "no room")
+        # A caller willing to wait gets in once a turn ends; nothing was stored for the refusal.
+        late = await rt.scheduler.submit(key, "patient", wait_for_slot=10)
+        done = await rt.scheduler.wait(key, late.id)
+        assert done.status == "completed"
+        inputs = [t.input for t in await store.list_turns(key)]
+        assert inputs == ["m0", "m1", "m2", "patient"]
+        for t in turns:
+            assert (await rt.scheduler.wait(key, t.id)).status == "completed"
+
+
+async def test_waiting_callers_are_bounded(store: Store) -> None:
+    agent = Agent(name="a", model=ScriptedModel(default=Slow("x", delay=0.3)))
+    rt = Runtime(store, agents=[agent], max_queue=1)
+    async with rt:
+        key = SessionKey("local", "local", "w")
+        await store.create_session(key, "a")
+        await rt.scheduler.submit(key, "running")
+        await wait_until(lambda: bool(rt.scheduler.running_turns()))
+        await rt.scheduler.submit(key, "queued")
+        waiter = asyncio.ensure_future(rt.scheduler.submit(key, "waits", wait_for_slot=30))
+        await asyncio.sleep(0.05)
+        with pytest.raises(QueueFull):  # one waiter per queue slot, no more
+            await rt.scheduler.submit(key, "one too many", wait_for_slot=30)
+        await waiter
+
+
+async def test_stolen_lease_stops_the_turn_without_writes(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = ScriptedModel(Slow("one two three four five six seven", delay=0.05, forever=True))
+    agent = Agent(name="a", model=model)
+    rt = Runtime(store, agents=[agent], lease_ttl=0.3)
+    async with rt:
+        key = SessionKey("local", "local", "fenced")
+        await store.create_session(key, "a")
+        turn = await rt.scheduler.submit(key, "go")
+        await wait_until(lambda: bool(rt.scheduler.running_turns()))
+        holder = await store.lease_holder(key)
+        assert holder is not None
+        # Another owner takes the session over (as a node that believed this one dead would).
+        thief = await store.take_over_lease(key, "other-node", 60, holder)
+        assert thief is not None
+        before = await all_items(rt, key)
+        with caplog.at_level(logging.WARNING, logger="tether.scheduler"):
+            await wait_until(lambda: not rt.scheduler.running_turns(), within=5)
+        assert "lease" in caplog.text
+        # Nothing of the stale owner landed after the take-over, not even its ending.
+        assert await all_items(rt, key) == before
+        stored = await store.get_turn(key, turn.id)
+        assert stored is not None and stored.status == "running"
+        # The new owner recovers it honestly.
+        recovered = await store.recover(thief)
+        assert [(t.status, t.reason) for t in recovered] == [("failed", "owner_lost")]
+
+
+def test_dead_owner_detection() -> None:
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    host = socket.gethostname()
+    assert owner_is_dead(f"n|{host}|{proc.pid}|abcd")
+    assert not owner_is_dead(f"n|{host}|{os.getpid()}|abcd")
+    assert not owner_is_dead(f"n|some-other-host|{proc.pid}|abcd")
+    assert not owner_is_dead("garbage")
+    assert LOCAL_PRINCIPAL.is_admin
