@@ -64,6 +64,7 @@ def test_public_api_is_small_and_exact() -> None:
             "QueueFull",
             "RetryPolicy",
             "Runtime",
+            "Session",
             "SessionBusy",
             "SessionKey",
             "SessionNotFound",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import tether.session
+import tether.embedded
 from tether import Agent
 from tether.models import resolve_model
 from tether.models.local import LocalModel
@@ -18,7 +18,7 @@ def fresh_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     monkeypatch.delenv("TETHER_MODEL", raising=False)
     monkeypatch.setenv("TETHER_DATA_DIR", str(tmp_path / "data"))
     yield tmp_path / "data"
-    tether.session.shutdown()
+    tether.embedded.shutdown()
 
 
 def test_default_model_is_the_embedded_one(fresh_env: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import tether.session
+import tether.embedded
 from tests.helpers import all_items, running
 from tether import Agent, Principal, SyncInAsyncContext
 from tether.models.base import ModelRequest
@@ -71,7 +71,7 @@ def _assert_serial(items_text: list[tuple[str, str]], replies: dict[str, str]) -
 def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv("TETHER_DATA_DIR", str(tmp_path / "data"))
     yield tmp_path / "data"
-    tether.session.shutdown()
+    tether.embedded.shutdown()
 
 
 async def test_twenty_tasks_and_twenty_threads_on_one_agent_serialize(data_dir: Path) -> None:
@@ -96,7 +96,7 @@ async def test_twenty_tasks_and_twenty_threads_on_one_agent_serialize(data_dir: 
         await asyncio.to_thread(t.join)
 
     assert len(replies) == 40
-    rt = tether.session.default_runtime()
+    rt = tether.embedded.default_runtime()
     k = SessionKey("local", "local", "one")
     items = await asyncio.wrap_future(
         asyncio.run_coroutine_threadsafe(rt.runtime.store.list_items(k, limit=1000), rt.loop)

@@ -87,7 +87,7 @@ def test_kill_9_mid_turn_then_restart_recovers(tmp_path: Path) -> None:
 
     restart = """
     import asyncio
-    from tether.session import default_runtime
+    from tether.embedded import default_runtime
     from tether.records import SessionKey
     agent = Agent(name="A", model=ScriptedModel("four done"), memory={"session_id": "k9"})
     print(agent.chat("four"))

@@ -23,6 +23,7 @@ from tether.errors import (
 )
 from tether.records import Event, Item, Principal, SessionKey, Turn
 from tether.runtime import Runtime
+from tether.session import Session
 from tether.tools import Tool, ToolContext, tool
 
 __version__ = "0.1.0"
@@ -45,6 +46,7 @@ __all__ = [
     "QueueFull",
     "RetryPolicy",
     "Runtime",
+    "Session",
     "SessionBusy",
     "SessionKey",
     "SessionNotFound",

@@ -3,7 +3,7 @@
 One ``Agent`` serves any number of sessions and threads at once; a conversation's history,
 state and turn order live in the store, keyed by session, never on this object. The
 conversational methods (``chat``, ``achat``…) hand the turn to a process-wide runtime
-(:mod:`tether.session`); they do not mutate the agent.
+(:mod:`tether.embedded`); they do not mutate the agent.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ class MemoryPolicy:
     """Persist this conversation under this id; a new process with the same id resumes it."""
     user_id: str | None = None
     """Owner of the session in embedded use (default ``local``)."""
+    session_ttl: float | None = None
+    """Seconds the session lives after it is created; then turns on it are refused."""
 
     @classmethod
     def coerce(cls, value: MemoryPolicy | Mapping[str, Any] | bool | None) -> MemoryPolicy:
@@ -37,14 +39,16 @@ class MemoryPolicy:
             return cls()
         if isinstance(value, MemoryPolicy):
             return value
-        unknown = set(value) - {"session_id", "user_id"}
+        unknown = set(value) - {"session_id", "user_id", "session_ttl"}
         if unknown:
             raise ConfigError(f"unknown memory options: {', '.join(sorted(unknown))}")
         sid = value.get("session_id")
         if sid is not None:
             validate_session_id(sid)
-        uid = value.get("user_id")
-        return cls(session_id=sid, user_id=uid)
+        ttl = value.get("session_ttl")
+        if ttl is not None and (not isinstance(ttl, int | float) or ttl <= 0):
+            raise ConfigError("memory session_ttl must be a positive number of seconds")
+        return cls(session_id=sid, user_id=value.get("user_id"), session_ttl=ttl)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +155,7 @@ class Agent:
         self, message: str, *, session_id: str | None = None, policy: Policy = "enqueue"
     ) -> str:
         """Run one turn and return the complete reply (blocking). See :meth:`achat`."""
-        from tether.session import default_runtime
+        from tether.embedded import default_runtime
 
         return default_runtime().chat_sync(self, message, session_id=session_id, policy=policy)
 
@@ -167,7 +171,7 @@ class Agent:
         Raises :class:`tether.errors.TurnFailed` when the turn ends in any status other than
         ``completed``; the turn record (status, reason, partial output) is on the exception.
         """
-        from tether.session import default_runtime
+        from tether.embedded import default_runtime
 
         return await default_runtime().chat(self, message, session_id=session_id, policy=policy)
 
@@ -175,6 +179,6 @@ class Agent:
         self, message: str, *, session_id: str | None = None, policy: Policy = "enqueue"
     ) -> AsyncIterator[Event]:
         """Run one turn and yield its events (``message.delta`` …) until ``turn.ended``."""
-        from tether.session import default_runtime
+        from tether.embedded import default_runtime
 
         return default_runtime().stream(self, message, session_id=session_id, policy=policy)

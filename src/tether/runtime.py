@@ -1,7 +1,7 @@
 """A store, a scheduler and the agents they serve, on one event loop.
 
 The server owns one inside its lifespan; embedded use (``Agent.chat`` in a script) gets a
-process-wide one on a background thread (see :mod:`tether.session`).
+process-wide one on a background thread (see :mod:`tether.embedded`).
 """
 
 from __future__ import annotations
@@ -9,12 +9,21 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 from tether.agent import Agent
-from tether.errors import TurnFailed
-from tether.records import LOCAL_PRINCIPAL, Event, Policy, Principal, SessionKey, Turn
+from tether.errors import SessionNotFound, TurnFailed
+from tether.records import (
+    LOCAL_PRINCIPAL,
+    Event,
+    Policy,
+    Principal,
+    SessionKey,
+    SessionRecord,
+    Turn,
+)
 from tether.scheduler import Scheduler
 from tether.store.base import DEFAULT_MAX_QUEUE, Store
 from tether.store.sqlite import SQLiteStore
@@ -86,6 +95,19 @@ class Runtime:
         """Serve ``agent`` under its name (the latest registration of a name wins)."""
         self.agents[agent.name] = agent
 
+    async def store_ready_get(self, key: SessionKey) -> SessionRecord | None:
+        await self.start()
+        return await self.store.get_session(key)
+
+    async def ensure_session(
+        self, key: SessionKey, agent: str, *, ttl_seconds: float | None = None
+    ) -> SessionRecord:
+        await self.start()
+        record, _ = await self.store.create_session(
+            key, agent, ttl_seconds=ttl_seconds, exist_ok=True
+        )
+        return record
+
     def key_for(self, agent: Agent, session_id: str | None, principal: Principal) -> SessionKey:
         owner = agent.memory.user_id or principal.user
         return SessionKey.of(
@@ -104,7 +126,11 @@ class Runtime:
         await self.start()
         self.register(agent)
         key = self.key_for(agent, session_id, principal)
-        await self.store.create_session(key, agent.name, exist_ok=True)
+        record, _ = await self.store.create_session(
+            key, agent.name, ttl_seconds=agent.memory.session_ttl, exist_ok=True
+        )
+        if record.expires_at is not None and record.expires_at <= time.time():
+            raise SessionNotFound("the session has expired")
         # In-process callers wait for room in the queue instead of failing at its bound.
         return await self.scheduler.submit(
             key,

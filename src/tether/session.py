@@ -1,138 +1,200 @@
-"""The embedded Python facade: a process-wide runtime on a background event loop.
+"""``Session``: one conversation as an object, embedded or on a remote server.
 
-``Agent.chat`` and friends may be called from plain scripts, from threads and from any event
-loop. All of them submit to one runtime whose loop runs on a daemon thread, so every call on
-one session — from any thread or task — goes through the same scheduler and is serialized.
-Blocking methods refuse to run inside an event loop rather than deadlock it.
+::
+
+    session = Session(session_id="chat_123", user_id="user_456", session_ttl=3600)
+    helper = session.Agent(name="Assistant", instructions="…")
+    helper.chat("…")                      # history persists under the data directory
+    session.save_state({"step": 2}); session.restore_state()
+    session.is_expired(); session.time_to_expiry(); session.close()
+
+    remote = Session(agent_url="http://host:8000", timeout=60)
+    remote.chat("hi")                     # TimeoutError / ConnectionError on transport trouble
 """
 
 from __future__ import annotations
 
-import asyncio
-import atexit
-import contextlib
-import threading
-from collections.abc import AsyncIterator, Coroutine
-from concurrent.futures import Future
-from pathlib import Path
-from typing import Any, TypeVar
+import time
+from typing import Any
 
-from tether.agent import Agent
-from tether.errors import SyncInAsyncContext
-from tether.records import Event, Policy
-from tether.runtime import Runtime, default_data_dir
-
-T = TypeVar("T")
-
-_lock = threading.Lock()
-_runtimes: dict[Path, EmbeddedRuntime] = {}
+from tether.agent import Agent as AgentTemplate
+from tether.embedded import EmbeddedRuntime, default_runtime
+from tether.errors import ConfigError, SessionNotFound
+from tether.records import Principal, SessionKey, SessionRecord, new_session_id, validate_session_id
 
 
-class EmbeddedRuntime:
-    """A :class:`Runtime` driven from any thread through its own loop thread."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-        self.loop = asyncio.new_event_loop()
-        self.runtime = Runtime(data_dir=data_dir)
-        self._thread = threading.Thread(
-            target=self.loop.run_forever, name="tether-runtime", daemon=True
-        )
-        self._thread.start()
+class Session:
+    def __init__(
+        self,
+        session_id: str | None = None,
+        user_id: str | None = None,
+        session_ttl: float | None = None,
+        *,
+        agent_url: str | None = None,
+        timeout: float = 60.0,
+        headers: dict[str, str] | None = None,
+        api_key: str | None = None,
+        agent_name: str | None = None,
+    ) -> None:
+        self.session_id = validate_session_id(session_id) if session_id else new_session_id()
+        self.user_id = user_id or "local"
+        self.session_ttl = session_ttl
+        self.agent_url = agent_url
+        self.agent_name = agent_name
+        self._agent: AgentTemplate | None = None
         self._closed = False
+        if agent_url:
+            from tether.client import AsyncClient, Client
 
-    def _submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+            self._client: Client | None = Client(
+                agent_url, api_key=api_key, timeout=timeout, headers=headers
+            )
+            self._aclient_args: dict[str, Any] = {
+                "api_key": api_key,
+                "timeout": timeout,
+                "headers": headers,
+            }
+            self._async_client_type = AsyncClient
+        else:
+            self._client = None
 
-    def call(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run on the runtime loop and block for the result (not from inside an event loop)."""
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return self._submit(coro).result()
-        coro.close()
-        raise SyncInAsyncContext(
-            "this blocking method was called inside a running event loop; "
-            "use the async twin (achat / astream) instead"
+    # -- where it lives --------------------------------------------------------------------------
+    @property
+    def is_remote(self) -> bool:
+        return self.agent_url is not None
+
+    @property
+    def key(self) -> SessionKey:
+        return SessionKey.of(Principal("local", self.user_id), self.session_id)
+
+    def _rt(self) -> EmbeddedRuntime:
+        if self.is_remote:
+            raise ConfigError("this is a remote session: state lives on the server")
+        return default_runtime()
+
+    def _record(self) -> SessionRecord | None:
+        rt = self._rt()
+        record: SessionRecord | None = rt.call(rt.runtime.store_ready_get(self.key))
+        return record
+
+    def _ensure(self, agent_name: str) -> SessionRecord:
+        rt = self._rt()
+        record: SessionRecord = rt.call(
+            rt.runtime.ensure_session(self.key, agent_name, ttl_seconds=self.session_ttl)
         )
+        return record
 
-    async def acall(self, coro: Coroutine[Any, Any, T]) -> T:
-        # Cancelling the caller cancels the wrapped future, which cancels the task on the
-        # runtime loop; Runtime.wait_or_cancel then cancels the turn itself.
-        return await asyncio.wrap_future(self._submit(coro))
-
-    def chat_sync(
-        self, agent: Agent, message: str, *, session_id: str | None, policy: Policy
-    ) -> str:
-        return self.call(self.runtime.chat(agent, message, session_id=session_id, policy=policy))
-
-    async def chat(
-        self, agent: Agent, message: str, *, session_id: str | None, policy: Policy
-    ) -> str:
-        return await self.acall(
-            self.runtime.chat(agent, message, session_id=session_id, policy=policy)
+    # -- agents and chat -------------------------------------------------------------------------
+    def Agent(
+        self, name: str, instructions: str = "You are a helpful assistant.", **options: Any
+    ) -> AgentTemplate:
+        """An agent whose conversation is this session (PraisonAI's ``session.Agent``)."""
+        agent = AgentTemplate(
+            name=name,
+            instructions=instructions,
+            memory={
+                "session_id": self.session_id,
+                "user_id": self.user_id,
+                "session_ttl": self.session_ttl,
+            },
+            **options,
         )
+        self._agent = agent
+        return agent
 
-    async def stream(
-        self, agent: Agent, message: str, *, session_id: str | None, policy: Policy
-    ) -> AsyncIterator[Event]:
-        caller = asyncio.get_running_loop()
-        queue: asyncio.Queue[Event | BaseException | None] = asyncio.Queue()
+    def _chat_agent(self) -> AgentTemplate:
+        if self._agent is None:
+            self._agent = self.Agent(name=self.agent_name or "assistant")
+        return self._agent
 
-        async def pump() -> None:
+    def chat(self, message: str) -> str:
+        """One turn with this session's agent (or the remote server's)."""
+        if self._client is not None:
+            reply = self._client.chat(
+                message, session_id=self.session_id, agent_name=self.agent_name
+            )
+            return str(reply["response"])
+        agent = self._chat_agent()
+        self._check_alive(self._ensure(agent.name))
+        return agent.chat(message)
+
+    async def achat(self, message: str) -> str:
+        if self.is_remote:
+            assert self.agent_url is not None
+            client = self._async_client_type(self.agent_url, **self._aclient_args)
             try:
-                async for event in self.runtime.stream(
-                    agent, message, session_id=session_id, policy=policy
-                ):
-                    caller.call_soon_threadsafe(queue.put_nowait, event)
-            except BaseException as exc:
-                caller.call_soon_threadsafe(queue.put_nowait, exc)
-                raise
-            caller.call_soon_threadsafe(queue.put_nowait, None)
+                reply = await client.chat(
+                    message, session_id=self.session_id, agent_name=self.agent_name
+                )
+            finally:
+                await client.aclose()
+            return str(reply["response"])
+        agent = self._chat_agent()
+        rt = self._rt()
+        record = await rt.acall(
+            rt.runtime.ensure_session(self.key, agent.name, ttl_seconds=self.session_ttl)
+        )
+        self._check_alive(record)
+        return await agent.achat(message)
 
-        future = self._submit(pump())
-        try:
-            while True:
-                item = await queue.get()
-                if item is None:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            if not future.done():
-                future.cancel()  # the runtime's stream cancels the turn on the way out
+    @staticmethod
+    def _check_alive(record: SessionRecord) -> None:
+        if record.expires_at is not None and record.expires_at <= time.time():
+            raise SessionNotFound("the session has expired")
+
+    chat_async = achat
+
+    # -- state and history -----------------------------------------------------------------------
+    def save_state(self, state: dict[str, Any]) -> None:
+        """Replace the session's small JSON state."""
+        self._ensure(self._chat_agent().name)
+        rt = self._rt()
+        rt.call(rt.runtime.store.update_session(self.key, state=dict(state)))
+
+    def restore_state(self) -> dict[str, Any]:
+        record = self._record()
+        return dict(record.state) if record else {}
+
+    def get_context(self, limit: int = 1000) -> list[dict[str, Any]]:
+        """The conversation so far as chat messages (failed turns' items left out)."""
+        if self._record() is None:
+            return []
+        rt = self._rt()
+        items = rt.call(rt.runtime.store.list_items(self.key, limit=limit))
+        out: list[dict[str, Any]] = []
+        for i in items:
+            if i.excluded or i.kind not in ("user", "assistant"):
+                continue
+            entry: dict[str, Any] = {"role": i.kind, "content": i.content}
+            if not i.complete:
+                entry["complete"] = False
+            out.append(entry)
+        return out
+
+    def is_expired(self) -> bool:
+        remaining = self.time_to_expiry()
+        return remaining is not None and remaining <= 0
+
+    def time_to_expiry(self) -> float | None:
+        """Seconds left before the session expires; None when it has no TTL."""
+        record = self._record()
+        expires = record.expires_at if record else None
+        if expires is None:
+            if self.session_ttl is None or record is not None:
+                return None
+            return self.session_ttl  # not created yet: the whole TTL is ahead
+        return expires - time.time()
+
+    def clear(self) -> None:
+        """Delete this session's history (the session itself stays)."""
+        if self._record() is None:
+            raise SessionNotFound("session not found")
+        rt = self._rt()
+        rt.call(rt.runtime.store.clear_items(self.key))
 
     def close(self) -> None:
-        if self._closed:
-            return
+        """Release the connection of a remote session (local history stays stored)."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
         self._closed = True
-        with contextlib.suppress(Exception):
-            self._submit(self.runtime.close()).result(timeout=30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=5)
-        if not self._thread.is_alive():
-            self.loop.close()
-
-
-def default_runtime() -> EmbeddedRuntime:
-    """The embedded runtime for the current data directory (``TETHER_DATA_DIR``)."""
-    data_dir = default_data_dir().resolve()
-    with _lock:
-        rt = _runtimes.get(data_dir)
-        if rt is None:
-            rt = EmbeddedRuntime(data_dir)
-            _runtimes[data_dir] = rt
-        return rt
-
-
-def shutdown() -> None:
-    """Finish or cancel running turns and close every embedded runtime (runs at exit)."""
-    with _lock:
-        runtimes = list(_runtimes.values())
-        _runtimes.clear()
-    for rt in runtimes:
-        rt.close()
-
-
-atexit.register(shutdown)
