@@ -5,6 +5,7 @@ Reproduce (from the repository root)::
     .venv/bin/python bench/turn_overhead.py            # full run, < 2 min on 2 cores
     .venv/bin/python bench/turn_overhead.py --quick    # a few seconds, for a smoke test
     .venv/bin/python bench/turn_overhead.py --turns 200 --profile
+    .venv/bin/python bench/turn_overhead.py --only-profile --turns 30   # cProfile, SQLite x 64
 
 Every turn goes through the public path (``Runtime.chat``: create-or-get the session, enqueue,
 lease, start, window selection, model step, end, release, wait) with a :class:`ScriptedModel` of
@@ -12,10 +13,12 @@ zero latency, so what is measured is tether's own cost: the scheduler, the turn 
 store. CPU time is ``time.process_time()`` over the measured turns (all threads of the process,
 so the SQLite thread is included) divided by the number of turns.
 
-Two tables:
+The scripted answer is ~40 words, streamed a word at a time like a real model, so each turn
+emits (and persists) ~40 ``message.delta`` events. Two tables:
 
 * **Concurrency**: 1, 16 and 64 sessions, each driven by its own worker doing ``--turns`` turns
   one after the other, on SQLite (a temporary directory) and on the in-memory store (reference).
+  The agent's ``context_budget`` is small and fixed, so prompts do not grow as sessions do.
 * **History length**: one worker on a session whose history was pre-filled with 10 or 10,000
   items (5 or 5,000 completed turns written through the store protocol), with the agent's
   default context window and with a small fixed one (``context_budget``), which sends about the
@@ -32,6 +35,7 @@ import cProfile
 import gc
 import io
 import math
+import os
 import platform
 import pstats
 import sqlite3
@@ -58,6 +62,7 @@ from tether.store.sqlite import SQLiteStore
 from tether.testing.scripted import ScriptedModel, last_user_text
 
 StoreKind = Literal["sqlite", "memory"]
+STORES: tuple[StoreKind, ...] = ("sqlite", "memory")
 
 CPU_TARGET_MS = 1.0
 RATIO_TARGET = 1.3
@@ -74,7 +79,7 @@ ANSWER = (
     "same transaction, so a stale worker cannot write."
 )
 
-console = Console(highlight=False)
+console = Console(highlight=False, width=max(110, Console().width))
 
 
 # -- results -------------------------------------------------------------------------------------
@@ -87,7 +92,10 @@ class Result:
     turns: int
     wall: float
     cpu: float
+    loop_cpu: float
+    """CPU of the event-loop thread alone; the rest of ``cpu`` is the SQLite thread's."""
     latencies: list[float]
+    prompt_messages: list[int]
 
     @property
     def turns_per_s(self) -> float:
@@ -97,6 +105,15 @@ class Result:
     def cpu_ms(self) -> float:
         return 1000 * self.cpu / self.turns
 
+    @property
+    def loop_cpu_ms(self) -> float:
+        return 1000 * self.loop_cpu / self.turns
+
+    @property
+    def prompt(self) -> float:
+        """Mean number of messages in the model request (system + history window + input)."""
+        return sum(self.prompt_messages) / len(self.prompt_messages)
+
     def pct_ms(self, q: float) -> float:
         ordered = sorted(self.latencies)
         index = min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))
@@ -104,17 +121,26 @@ class Result:
 
 
 # -- set-up --------------------------------------------------------------------------------------
-def reply(request: ModelRequest) -> str:
-    """A realistically sized answer (the same size as the pre-filled ones)."""
-    return ANSWER.format(n=len(last_user_text(request)))
+class Responder:
+    """The scripted model's answers: realistically sized (like the pre-filled ones).
+
+    Also notes the size of every prompt it is sent, to show how big the history window was.
+    """
+
+    def __init__(self) -> None:
+        self.prompt_messages: list[int] = []
+
+    def __call__(self, request: ModelRequest) -> str:
+        self.prompt_messages.append(len(request.messages))
+        return ANSWER.format(n=len(last_user_text(request)))
 
 
-def make_agent(context_budget: int | None) -> Agent:
-    return Agent(
-        name="bench",
-        model=ScriptedModel(default=reply),
-        context_budget=context_budget,
+def make_agent(context_budget: int | None) -> tuple[Agent, Responder]:
+    responder = Responder()
+    agent = Agent(
+        name="bench", model=ScriptedModel(default=responder), context_budget=context_budget
     )
+    return agent, responder
 
 
 def make_store(kind: StoreKind, root: Path) -> Store:
@@ -158,7 +184,7 @@ async def prefill(store: Store, key: SessionKey, agent: str, items: int) -> None
 
 # -- measuring -----------------------------------------------------------------------------------
 async def drive(
-    rt: Runtime, agent: Agent, session_ids: list[str], turns: int, latencies: list[float] | None
+    rt: Runtime, agent: Agent, session_ids: list[str], turns: int, out: list[float] | None
 ) -> None:
     """``turns`` turns one after the other, rotating over ``session_ids``."""
     model = agent.model
@@ -167,8 +193,8 @@ async def drive(
         sid = session_ids[n % len(session_ids)]
         start = time.perf_counter()
         await rt.chat(agent, QUESTION.format(n=n), session_id=sid)
-        if latencies is not None:
-            latencies.append(time.perf_counter() - start)
+        if out is not None:
+            out.append(time.perf_counter() - start)
         model.requests.clear()  # ScriptedModel records every request; keep memory flat
 
 
@@ -184,7 +210,7 @@ async def run_config(
     with tempfile.TemporaryDirectory(prefix="tether-bench-") as tmp:
         root = Path(tmp)
         store = make_store(kind, root)
-        agent = make_agent(context_budget)
+        agent, responder = make_agent(context_budget)
         async with Runtime(store, agents=[agent], data_dir=root) as rt:
             # One list of sessions per worker.
             if history is None:
@@ -202,13 +228,19 @@ async def run_config(
             gc.collect()
             if profiler is not None:
                 profiler.enable()
-            cpu0, wall0 = time.process_time(), time.perf_counter()
+            responder.prompt_messages.clear()
+            cpu0, loop0, wall0 = time.process_time(), time.thread_time(), time.perf_counter()
             await asyncio.gather(
-                *(drive(rt, agent, g, turns, lat) for g, lat in zip(groups, per_worker, strict=True))
+                *(
+                    drive(rt, agent, g, turns, lat)
+                    for g, lat in zip(groups, per_worker, strict=True)
+                )
             )
             wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+            loop_cpu = time.thread_time() - loop0
             if profiler is not None:
                 profiler.disable()
+            prompts = list(responder.prompt_messages)
     window = "-" if history is None else ("fixed" if context_budget else "default")
     return Result(
         store=kind,
@@ -218,7 +250,9 @@ async def run_config(
         turns=turns * len(groups),
         wall=wall,
         cpu=cpu,
+        loop_cpu=loop_cpu,
         latencies=[x for lat in per_worker for x in lat],
+        prompt_messages=prompts,
     )
 
 
@@ -245,21 +279,31 @@ async def store_calls_per_turn(kind: StoreKind, turns: int) -> tuple[Counter[str
     with tempfile.TemporaryDirectory(prefix="tether-bench-") as tmp:
         root = Path(tmp)
         store = make_store(kind, root)
-        agent = make_agent(None)
+        agent, _ = make_agent(FIXED_CONTEXT_BUDGET)
         async with Runtime(store, agents=[agent], data_dir=root) as rt:
             await drive(rt, agent, ["calls"], WARMUP_TURNS, None)
             counts = count_store_calls(store)
             await drive(rt, agent, ["calls"], turns, None)
-    return counts, turns
+            measured = Counter(counts)  # before closing the runtime adds its own calls
+    return measured, turns
 
 
 def profile(turns: int) -> None:
     console.print("\n[bold]Profile: SQLite, concurrency 64 (cProfile, event-loop thread only)[/]")
     profiler = cProfile.Profile()
-    asyncio.run(run_config("sqlite", concurrency=64, turns=turns, profiler=profiler))
+    asyncio.run(
+        run_config(
+            "sqlite",
+            concurrency=64,
+            turns=turns,
+            context_budget=FIXED_CONTEXT_BUDGET,
+            profiler=profiler,
+        )
+    )
     out = io.StringIO()
     stats = pstats.Stats(profiler, stream=out)
-    stats.sort_stats("tottime").print_stats(25)
+    stats.sort_stats("tottime").print_stats(20)
+    stats.sort_stats("cumulative").print_stats(r"/tether/", 25)
     console.print(out.getvalue(), markup=False)
     counts, n = asyncio.run(store_calls_per_turn("sqlite", 50))
     table = Table(title="Store calls per turn (SQLite, one session)")
@@ -278,26 +322,40 @@ def verdict(ok: bool) -> str:
 
 def concurrency_table(results: list[Result]) -> Table:
     table = Table(title="Turn overhead by concurrency (0-latency scripted model)")
-    for col in ("store", "sessions", "turns", "turns/s", "p50 ms", "p99 ms", "CPU ms/turn"):
+    cols = (
+        "store",
+        "sessions",
+        "turns",
+        "prompt msgs",
+        "turns/s",
+        "p50 ms",
+        "p99 ms",
+        "CPU ms/turn",
+    )
+    for col in cols:
         table.add_column(col, justify="left" if col == "store" else "right")
+    table.add_column("of which loop | store thread", justify="right")
     for r in results:
         table.add_row(
             r.store + (" (ref)" if r.store == "memory" else ""),
             str(r.concurrency),
             str(r.turns),
+            f"{r.prompt:.0f}",
             f"{r.turns_per_s:,.0f}",
             f"{r.pct_ms(0.50):.2f}",
             f"{r.pct_ms(0.99):.2f}",
             f"{r.cpu_ms:.2f}",
+            f"{r.loop_cpu_ms:.2f} | {max(0.0, r.cpu_ms - r.loop_cpu_ms):.2f}",
         )
     return table
 
 
 def history_table(results: list[Result]) -> Table:
     table = Table(title="Turn overhead by history length (1 session, one turn at a time)")
-    for col in ("store", "window", "history", "turns/s", "p50 ms", "p99 ms", "CPU ms/turn"):
+    cols = ("store", "window", "history", "prompt msgs", "turns/s", "p50 ms", "p99 ms", "CPU ms")
+    for col in cols:
         table.add_column(col, justify="left" if col in ("store", "window") else "right")
-    table.add_column("ratio 10k/10 (p50 | CPU)", justify="right")
+    table.add_column("10k/10: p50, CPU", justify="right")
     base: dict[tuple[str, str], Result] = {}
     for r in results:
         ratio = ""
@@ -306,11 +364,12 @@ def history_table(results: list[Result]) -> Table:
         elif (b := base.get((r.store, r.window))) is not None:
             p50 = r.pct_ms(0.5) / b.pct_ms(0.5)
             cpu = r.cpu_ms / b.cpu_ms
-            ratio = f"{p50:.2f}x | {cpu:.2f}x {verdict(max(p50, cpu) <= RATIO_TARGET)}"
+            ratio = f"{p50:.2f}x, {cpu:.2f}x {verdict(max(p50, cpu) <= RATIO_TARGET)}"
         table.add_row(
             r.store,
             r.window,
             f"{r.history:,}",
+            f"{r.prompt:.0f}",
             f"{r.turns_per_s:,.0f}",
             f"{r.pct_ms(0.50):.2f}",
             f"{r.pct_ms(0.99):.2f}",
@@ -322,16 +381,14 @@ def history_table(results: list[Result]) -> Table:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--turns", type=int, default=None, help="turns per session (default 60)")
+    parser.add_argument("--turns", type=int, default=None, help="turns per session (default 80)")
     parser.add_argument("--quick", action="store_true", help="a short run (10 turns/session)")
     parser.add_argument(
         "--profile", action="store_true", help="also profile SQLite at concurrency 64"
     )
-    parser.add_argument(
-        "--only-profile", action="store_true", help="skip the tables, just profile"
-    )
+    parser.add_argument("--only-profile", action="store_true", help="skip the tables, just profile")
     args = parser.parse_args()
-    turns: int = args.turns or (10 if args.quick else 60)
+    turns: int = args.turns or (10 if args.quick else 80)
     history_turns = turns * (2 if args.quick else 3)
     long_history = 10_000
 
@@ -340,7 +397,8 @@ def main() -> None:
     console.print(
         f"Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}, "
         f"{platform.machine()}, {_cpus()} CPUs; {turns} turns/session, "
-        f"{WARMUP_TURNS} warm-up turns not counted"
+        f"{WARMUP_TURNS} warm-up turns not counted; load average {_load()} "
+        "(CPU times inflate when other processes share the cores)"
     )
     if args.only_profile:
         profile(turns)
@@ -348,13 +406,23 @@ def main() -> None:
 
     started = time.perf_counter()
     conc: list[Result] = []
-    for kind in ("sqlite", "memory"):
+    for kind in STORES:
         for c in (1, 16, 64):
-            conc.append(asyncio.run(run_config(kind, concurrency=c, turns=turns)))
+            conc.append(
+                asyncio.run(
+                    run_config(
+                        kind, concurrency=c, turns=turns, context_budget=FIXED_CONTEXT_BUDGET
+                    )
+                )
+            )
     console.print(concurrency_table(conc))
+    console.print(
+        f"All rows: context_budget={FIXED_CONTEXT_BUDGET} tokens, so the prompt stays the same "
+        "size as sessions grow and the rows differ only in concurrency and store."
+    )
 
     hist: list[Result] = []
-    for kind in ("sqlite", "memory"):
+    for kind in STORES:
         for budget in (None, FIXED_CONTEXT_BUDGET):
             for length in (10, long_history):
                 hist.append(
@@ -370,7 +438,7 @@ def main() -> None:
                 )
     console.print(history_table(hist))
     console.print(
-        f"window: default = what the model's context window leaves (~180 items here); "
+        f"window: default = what the model's context window leaves; "
         f"fixed = context_budget={FIXED_CONTEXT_BUDGET} tokens (~20 items). "
         f"The 10-item rows rotate over sessions so none passes {10 + 2 * SMALL_SESSION_TURNS}."
     )
@@ -381,12 +449,16 @@ def main() -> None:
         f"  CPU per turn, SQLite, 64 sessions: {sqlite64.cpu_ms:.2f} ms "
         f"(target <= {CPU_TARGET_MS:.1f} ms) {verdict(sqlite64.cpu_ms <= CPU_TARGET_MS)}"
     )
-    for window in ("default", "fixed"):
-        small = next(r for r in hist if r.store == "sqlite" and r.window == window and r.history == 10)
-        big = next(r for r in hist if r.store == "sqlite" and r.window == window and r.history != 10)
+    for window, what in (("fixed", "same prompt: cost of length"), ("default", "full window")):
+        small = next(
+            r for r in hist if r.store == "sqlite" and r.window == window and r.history == 10
+        )
+        big = next(
+            r for r in hist if r.store == "sqlite" and r.window == window and r.history != 10
+        )
         ratio = big.cpu_ms / small.cpu_ms
         console.print(
-            f"  10,000 / 10 items, SQLite, {window} window: {ratio:.2f}x CPU, "
+            f"  10,000 / 10 items, SQLite, {window} window ({what}): {ratio:.2f}x CPU, "
             f"{big.pct_ms(0.5) / small.pct_ms(0.5):.2f}x p50 "
             f"(target <= {RATIO_TARGET}x) {verdict(ratio <= RATIO_TARGET)}"
         )
@@ -396,9 +468,14 @@ def main() -> None:
 
 
 def _cpus() -> int:
-    import os
-
     return os.cpu_count() or 1
+
+
+def _load() -> str:
+    try:
+        return f"{os.getloadavg()[0]:.2f}"
+    except OSError:
+        return "?"
 
 
 if __name__ == "__main__":

@@ -126,18 +126,22 @@ class Runtime:
         await self.start()
         self.register(agent)
         key = self.key_for(agent, session_id, principal)
-        record, _ = await self.store.create_session(
-            key, agent.name, ttl_seconds=agent.memory.session_ttl, exist_ok=True
-        )
-        if record.expires_at is not None and record.expires_at <= time.time():
-            raise SessionNotFound("the session has expired")
         # In-process callers wait for room in the queue instead of failing at its bound.
+        wait = math.inf if policy == "enqueue" else 0.0
+        try:
+            # Most turns land on a session that exists: try that first, and create the
+            # session only when the store says it is not there (saves a write per turn).
+            return await self.scheduler.submit(
+                key, message, policy=policy, principal=principal, wait_for_slot=wait
+            )
+        except SessionNotFound:
+            record, created = await self.store.create_session(
+                key, agent.name, ttl_seconds=agent.memory.session_ttl, exist_ok=True
+            )
+            if not created and record.expires_at is not None and record.expires_at <= time.time():
+                raise
         return await self.scheduler.submit(
-            key,
-            message,
-            policy=policy,
-            principal=principal,
-            wait_for_slot=math.inf if policy == "enqueue" else 0.0,
+            key, message, policy=policy, principal=principal, wait_for_slot=wait
         )
 
     async def chat(

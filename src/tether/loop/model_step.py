@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from tenacity import (
@@ -44,9 +45,17 @@ async def model_step(ctx: TurnContext, state: TurnState, tools: tuple[ToolSpec, 
         max_output_tokens=ctx.agent.max_output_tokens,
         temperature=ctx.agent.temperature,
     )
+    try:
+        return await _stream_once(ctx, state, request)
+    except ModelError as exc:
+        if not exc.transient or ctx.agent.retry.attempts <= 1:
+            raise
+    # The first attempt failed transiently: the remaining attempts go through tenacity (built
+    # only now, so the common path pays nothing for it).
     policy = ctx.agent.retry
+    await asyncio.sleep(policy.initial_backoff)
     retrying = AsyncRetrying(
-        stop=stop_after_attempt(max(1, policy.attempts)),
+        stop=stop_after_attempt(policy.attempts - 1),
         wait=wait_exponential_jitter(multiplier=policy.initial_backoff, max=policy.max_backoff),
         retry=retry_if_exception(_retryable),
         reraise=True,

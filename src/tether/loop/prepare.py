@@ -15,7 +15,8 @@ from tether.models.base import Message, ToolCall
 from tether.records import Item
 
 INTERRUPTED_MARK = "[This reply was interrupted before it was finished.]"
-PAGE = 64
+FIRST_PAGE = 16
+MAX_PAGE = 256
 # Conservative characters-per-token: real tokenizers average ~4 on English; estimating low
 # keeps a prompt from overflowing a small context window.
 CHARS_PER_TOKEN = 3.5
@@ -40,8 +41,11 @@ async def select_window(history: HistoryReader, before_seq: int, budget: int) ->
     used = 0
     cursor = before_seq
     full = False
+    # Small first page, doubling: a typical window is a few dozen items, and reading a page
+    # costs in proportion to its size, not to the session's length.
+    size = FIRST_PAGE
     while not full:
-        page = await history.recent(cursor, PAGE)
+        page = await history.recent(cursor, size)
         for item in page:
             cost = item_tokens(item)
             if used + cost > budget:
@@ -49,9 +53,10 @@ async def select_window(history: HistoryReader, before_seq: int, budget: int) ->
                 break
             chosen.append(item)
             used += cost
-        if len(page) < PAGE:
+        if len(page) < size:
             break
         cursor = page[-1].seq
+        size = min(size * 2, MAX_PAGE)
     chosen.reverse()
     return _paired(chosen)
 

@@ -159,7 +159,8 @@ class Store(Protocol):
         """Queue a turn at the next ``seq`` and write its ``turn.queued`` event, atomically.
 
         ``reject``: SessionBusy if any turn is queued or running. ``enqueue``: QueueFull when
-        ``max_queue`` turns are already queued. Raises SessionNotFound for an unknown session.
+        ``max_queue`` turns are already queued. Raises SessionNotFound for an unknown session
+        and for one past its ``expires_at``.
         """
         ...
 

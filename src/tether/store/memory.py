@@ -15,7 +15,6 @@ from typing import Any
 
 from tether.errors import Conflict, QueueFull, SessionBusy, SessionNotFound, StaleLease
 from tether.records import (
-    ACTIVE_STATUSES,
     Event,
     Item,
     Lease,
@@ -44,6 +43,8 @@ class _Session:
     items: list[Item] = field(default_factory=list)
     turns: dict[str, Turn] = field(default_factory=dict)
     turn_order: list[str] = field(default_factory=list)
+    active: list[str] = field(default_factory=list)
+    """Ids of queued and running turns in seq order (kept so no lookup scans all turns)."""
     events: dict[str, list[Event]] = field(default_factory=dict)
     next_turn_seq: int = 1
     next_item_seq: int = 1
@@ -168,7 +169,7 @@ class MemoryStore:
 
     async def clear_items(self, key: SessionKey) -> int:
         s = self._get(key)
-        active = [t for t in s.turns.values() if t.status in ACTIVE_STATUSES]
+        active = [s.turns[t] for t in s.active]
         if active:
             raise SessionBusy("a turn is queued or running", busy_turn_id=active[0].id)
         n = len(s.items)
@@ -186,9 +187,11 @@ class MemoryStore:
         max_queue: int = DEFAULT_MAX_QUEUE,
     ) -> Turn:
         s = self._get(key)
+        if s.record.expires_at is not None and s.record.expires_at <= time.time():
+            raise SessionNotFound("the session has expired")
         if turn_id in s.turns:
             raise Conflict(f"turn {turn_id} already exists")
-        active = [s.turns[t] for t in s.turn_order if s.turns[t].status in ACTIVE_STATUSES]
+        active = [s.turns[t] for t in s.active]
         if policy == "reject" and active:
             raise SessionBusy("a turn is already queued or running", busy_turn_id=active[0].id)
         queued = [t for t in active if t.status == "queued"]
@@ -216,6 +219,7 @@ class MemoryStore:
         s.next_turn_seq += 1
         s.turns[turn_id] = turn
         s.turn_order.append(turn_id)
+        s.active.append(turn_id)
         s.events[turn_id] = [Event(turn_id, 1, "turn.queued", {"seq": turn.seq}, now)]
         return turn
 
@@ -232,7 +236,7 @@ class MemoryStore:
 
     async def active_turns(self, key: SessionKey) -> list[Turn]:
         s = self._get(key)
-        return [s.turns[t] for t in s.turn_order if s.turns[t].status in ACTIVE_STATUSES]
+        return [s.turns[t] for t in s.active]
 
     async def cancel_queued_turn(self, key: SessionKey, turn_id: str, reason: str) -> Turn | None:
         s = self._get(key)
@@ -396,13 +400,15 @@ class MemoryStore:
             ended_at=time.time(),
         )
         s.turns[turn.id] = done
+        if turn.id in s.active:
+            s.active.remove(turn.id)
         s.events.setdefault(turn.id, []).extend(extra_events)
         return done
 
     async def recover(self, lease: Lease) -> list[Turn]:
         s = self._fenced(lease)
         out = []
-        for tid in list(s.turn_order):
+        for tid in list(s.active):
             turn = s.turns[tid]
             if turn.status != "running":
                 continue
@@ -439,7 +445,7 @@ class MemoryStore:
 
     async def session_stats(self, key: SessionKey) -> SessionStats:
         s = self._get(key)
-        active = sum(1 for t in s.turns.values() if t.status in ACTIVE_STATUSES)
+        active = len(s.active)
         return SessionStats(len(s.items), len(s.turns), active)
 
     async def create_api_key(self, key: ApiKey) -> None:
@@ -464,11 +470,7 @@ class MemoryStore:
         return sum(1 for k in self._keys.values() if k.revoked_at is None)
 
     async def sessions_needing_work(self) -> list[SessionKey]:
-        return [
-            k
-            for k, s in self._sessions.items()
-            if any(t.status in ACTIVE_STATUSES for t in s.turns.values())
-        ]
+        return [k for k, s in self._sessions.items() if s.active]
 
 
 def _terminal(s: _Session, turn: Turn, ending: TurnEnding) -> Event:

@@ -128,6 +128,43 @@ def _usage_json(u: Usage) -> str:
     )
 
 
+def _event_rows(events: Sequence[NewEvent]) -> list[tuple[int, int | None, str, str]]:
+    """``(seq, last_seq, type, data)`` rows: consecutive text deltas are folded into one row.
+
+    A streamed reply is hundreds of one-word events; storing them as one row per commit keeps
+    the cost of streaming off the write path while every event keeps its own seq for resume.
+    """
+    rows: list[tuple[int, int | None, str, str]] = []
+    run: list[NewEvent] = []
+
+    def flush() -> None:
+        if len(run) == 1:
+            rows.append((run[0].seq, None, run[0].type, json.dumps(run[0].data)))
+        elif run:
+            texts = [e.data.get("text", "") for e in run]
+            rows.append((run[0].seq, run[-1].seq, "message.delta", json.dumps({"texts": texts})))
+        run.clear()
+
+    for e in events:
+        foldable = e.type == "message.delta" and set(e.data) == {"text"}
+        if foldable and (not run or run[-1].seq + 1 == e.seq):
+            run.append(e)
+            continue
+        flush()
+        if foldable:
+            run.append(e)
+        else:
+            rows.append((e.seq, None, e.type, json.dumps(e.data)))
+    flush()
+    return rows
+
+
+def _statements(sql: str) -> list[str]:
+    """Split a migration into statements; ``--`` comments go first (they may hold a ';')."""
+    lines = [line.split("--", 1)[0] for line in sql.splitlines()]
+    return [st.strip() for st in "\n".join(lines).split(";") if st.strip()]
+
+
 class SQLiteStore:
     def __init__(self, path: str | Path, *, synchronous: str = "NORMAL") -> None:
         self.path = Path(path)
@@ -190,9 +227,8 @@ class SQLiteStore:
             current = row[0] or 0
             for version, sql in MIGRATIONS:
                 if version > current:
-                    for statement in sql.split(";"):
-                        if statement.strip():
-                            conn.execute(statement)
+                    for statement in _statements(sql):
+                        conn.execute(statement)
                     conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
         except BaseException:
             conn.execute("ROLLBACK")
@@ -405,7 +441,15 @@ class SQLiteStore:
         max_queue: int = DEFAULT_MAX_QUEUE,
     ) -> Turn:
         def do(c: sqlite3.Connection) -> Turn:
-            pk = self._pk(c, key)
+            row = c.execute(
+                f"SELECT pk, expires_at FROM sessions WHERE {_KEY_WHERE}",
+                (key.tenant, key.owner, key.session_id),
+            ).fetchone()
+            if row is None:
+                raise SessionNotFound("session not found")
+            if row[1] is not None and row[1] <= time.time():
+                raise SessionNotFound("the session has expired")
+            pk = int(row[0])
             if policy == "reject":
                 self._raise_if_active(c, pk)
             queued = c.execute(
@@ -635,10 +679,17 @@ class SQLiteStore:
                 rows,
             )
         if events:
+            (last,) = c.execute(
+                "SELECT COALESCE(MAX(COALESCE(last_seq, seq)), 0) FROM events WHERE turn_id = ?",
+                (turn_id,),
+            ).fetchone()
+            if any(e.seq <= last for e in events):
+                raise Conflict(f"an event seq of turn {turn_id} was already written")
             try:
                 c.executemany(
-                    "INSERT INTO events (turn_id, seq, type, data, created_at) VALUES (?,?,?,?,?)",
-                    [(turn_id, e.seq, e.type, json.dumps(e.data), now) for e in events],
+                    "INSERT INTO events (turn_id, seq, last_seq, type, data, created_at)"
+                    " VALUES (?,?,?,?,?,?)",
+                    [(turn_id, *row, now) for row in _event_rows(events)],
                 )
             except sqlite3.IntegrityError as exc:
                 raise Conflict(f"an event seq of turn {turn_id} was already written") from exc
@@ -722,7 +773,8 @@ class SQLiteStore:
         )
         if write_terminal:
             (last,) = c.execute(
-                "SELECT COALESCE(MAX(seq), 0) FROM events WHERE turn_id = ?", (turn.id,)
+                "SELECT COALESCE(MAX(COALESCE(last_seq, seq)), 0) FROM events WHERE turn_id = ?",
+                (turn.id,),
             ).fetchone()
             c.execute(
                 "INSERT INTO events (turn_id, seq, type, data, created_at) VALUES (?,?,?,?,?)",
@@ -752,6 +804,18 @@ class SQLiteStore:
         )
 
     async def recover(self, lease: Lease) -> list[Turn]:
+        def nothing_to_do(c: sqlite3.Connection) -> bool:
+            # Only a lease holder starts turns, so while we hold the lease no turn can start
+            # running behind this read: "nothing running" stays true without a write lock.
+            pk = self._fenced_pk(c, lease)
+            row = c.execute(
+                "SELECT 1 FROM turns WHERE session_pk = ? AND status = 'running' LIMIT 1", (pk,)
+            ).fetchone()
+            return row is None
+
+        if await self._run(nothing_to_do):
+            return []
+
         def do(c: sqlite3.Connection) -> list[Turn]:
             pk = self._fenced_pk(c, lease)
             rows = c.execute(
@@ -799,12 +863,20 @@ class SQLiteStore:
             except SessionNotFound:
                 return []
             rows = c.execute(
-                "SELECT e.seq, e.type, e.data, e.created_at FROM events e"
-                " JOIN turns t ON t.id = e.turn_id"
-                " WHERE e.turn_id = ? AND t.session_pk = ? AND e.seq > ? ORDER BY e.seq LIMIT ?",
+                "SELECT e.seq, e.last_seq, e.type, e.data, e.created_at FROM events e"
+                " JOIN turns t ON t.id = e.turn_id WHERE e.turn_id = ? AND t.session_pk = ?"
+                " AND COALESCE(e.last_seq, e.seq) > ? ORDER BY e.seq LIMIT ?",
                 (turn_id, pk, after_seq, limit),
             ).fetchall()
-            return [Event(turn_id, r[0], r[1], json.loads(r[2]), r[3]) for r in rows]
+            out: list[Event] = []
+            for seq, last_seq, type_, data, created in rows:
+                if last_seq is None:
+                    out.append(Event(turn_id, seq, type_, json.loads(data), created))
+                    continue
+                for offset, text in enumerate(json.loads(data)["texts"]):
+                    if seq + offset > after_seq:
+                        out.append(Event(turn_id, seq + offset, type_, {"text": text}, created))
+            return out[:limit]
 
         return await self._run(do)
 

@@ -42,7 +42,9 @@ MIGRATIONS: list[tuple[int, str]] = [
             ended_at    REAL,
             UNIQUE (session_pk, seq)
         );
-        -- Queued and running turns are few, so this keeps "what is active here" an index probe.
+        -- Per-session lookups by status (queued, running) are index probes, however many
+        -- turns a session has had, and the partial index serves the global "who has work" scan.
+        CREATE INDEX turns_by_status ON turns (session_pk, status, seq);
         CREATE INDEX turns_active ON turns (session_pk, seq)
             WHERE status IN ('queued', 'running');
         CREATE TABLE items (
@@ -61,9 +63,12 @@ MIGRATIONS: list[tuple[int, str]] = [
             PRIMARY KEY (session_pk, seq)
         ) WITHOUT ROWID;
         CREATE INDEX items_turn ON items (turn_id);
+        -- A row is one event, or a run of message.delta events with consecutive seqs from
+        -- seq to last_seq (data holds their texts): a streamed reply is a row per commit.
         CREATE TABLE events (
             turn_id     TEXT NOT NULL REFERENCES turns(id) ON DELETE CASCADE,
             seq         INTEGER NOT NULL,
+            last_seq    INTEGER,
             type        TEXT NOT NULL,
             data        TEXT NOT NULL,
             created_at  REAL NOT NULL,

@@ -976,3 +976,39 @@ class StoreConformance:
         assert await store.list_events(k, "unknown") == []
         for other in foreign:
             assert await store.list_events(other, "t1") == []
+
+    async def test_streamed_deltas_replay_one_by_one(self, store: Store) -> None:
+        """Backends may pack text deltas; every delta still has its own seq for resume."""
+        k = await new_session(store)
+        lease = await running_turn(store, k, "t1")
+        words = [f"w{n} " for n in range(10)]
+        batch = [ev(3 + n, "message.delta", text=w) for n, w in enumerate(words)]
+        batch.append(ev(13, "tool.call", name="lookup"))
+        batch += [ev(14 + n, "message.delta", text=f"x{n}") for n in range(3)]
+        await store.append(lease, "t1", [], batch)
+        await store.append(lease, "t1", [], [ev(17, "message.delta", text="tail")])
+        events = await store.list_events(k, "t1")
+        assert [e.seq for e in events] == list(range(1, 18))
+        deltas = [e.data["text"] for e in events if e.type == "message.delta"]
+        assert deltas == [*words, "x0", "x1", "x2", "tail"]
+        for after in (0, 4, 7, 12, 13, 15, 16):
+            resumed = await store.list_events(k, "t1", after_seq=after)
+            assert [e.seq for e in resumed] == list(range(after + 1, 18)), after
+        assert [e.seq for e in await store.list_events(k, "t1", after_seq=5, limit=4)] == [
+            6,
+            7,
+            8,
+            9,
+        ]
+        before = await snapshot(store, k)
+        with pytest.raises(Conflict):  # inside an earlier run of deltas
+            await store.append(lease, "t1", [], [ev(8, "message.delta", text="again")])
+        assert await snapshot(store, k) == before
+
+    async def test_enqueue_on_an_expired_session_is_not_found(self, store: Store) -> None:
+        k = key("short-lived")
+        await store.create_session(k, "assistant", ttl_seconds=0.05)
+        await asyncio.sleep(0.1)
+        with pytest.raises(SessionNotFound):
+            await store.enqueue_turn(k, turn_id="t1", input="late", policy="enqueue")
+        assert await store.list_turns(k) == []
