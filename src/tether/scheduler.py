@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import secrets
 import socket
@@ -113,7 +114,9 @@ class Scheduler:
         self._leases: dict[SessionKey, Lease] = {}
         self._running: dict[str, _Running] = {}
         self._feeds: dict[str, TurnFeed] = {}
-        self._waiters: dict[str, list[asyncio.Future[Turn]]] = {}
+        # Turns accepted here and not yet ended: their key (so a caller naming the turn under
+        # another key learns nothing) and the futures of callers waiting for the end.
+        self._waiters: dict[str, tuple[SessionKey, list[asyncio.Future[Turn]]]] = {}
         self._slot_freed: dict[SessionKey, asyncio.Event] = {}
         self._slot_waiters: dict[SessionKey, int] = {}
         self._principals: dict[SessionKey, Principal] = {}
@@ -129,16 +132,22 @@ class Scheduler:
 
     async def close(self, drain_timeout: float = 10.0) -> None:
         """Stop taking turns; let running ones finish up to ``drain_timeout``, then cancel them."""
+        # Safe to call again while a first call drains (the server starts draining when the
+        # shutdown signal arrives, and its lifespan closes the runtime later): every call waits
+        # for the same worker tasks.
         self._closing = True
-        workers = list(self._workers.values())
+        workers = [w for w in self._workers.values() if not w.done()]
         if workers:
             _, pending = await asyncio.wait(workers, timeout=drain_timeout)
             if pending:
                 for running in list(self._running.values()):
                     running.ctx.request_cancel("cancelled", "shutdown")
-                await asyncio.wait(pending, timeout=5.0)
-                for task in pending:
+                _, stuck = await asyncio.wait(pending, timeout=5.0)
+                for task in stuck:
                     task.cancel()
+                if stuck:
+                    # The store closes after this returns: let the workers unwind first.
+                    await asyncio.wait(stuck, timeout=1.0)
         if self._heartbeat is not None:
             self._heartbeat.cancel()
             await asyncio.gather(self._heartbeat, return_exceptions=True)
@@ -157,8 +166,9 @@ class Scheduler:
 
         When the session's queue is full, a caller that is going to wait for the turn anyway
         may wait up to ``wait_for_slot`` seconds for room (backpressure) instead of getting
-        QueueFull at once. Those waiting callers are bounded too (``max_queue`` per session),
-        so memory stays bounded however many requests pile up.
+        QueueFull at once. Callers with a finite wait (requests) are bounded too, at
+        ``max_queue`` per session, so a flood of requests cannot pile up without limit; an
+        infinite wait is for in-process callers, each of which is already a blocked caller.
         """
         if self._closing:
             raise ShuttingDown("the server is shutting down; retry on another node")
@@ -182,7 +192,8 @@ class Scheduler:
                     if remaining <= 0:
                         raise
                     if not waiting:
-                        if self._slot_waiters.get(key, 0) >= self.max_queue:
+                        bounded = wait_for_slot != math.inf
+                        if bounded and self._slot_waiters.get(key, 0) >= self.max_queue:
                             raise
                         self._slot_waiters[key] = self._slot_waiters.get(key, 0) + 1
                         waiting = True
@@ -198,7 +209,7 @@ class Scheduler:
                     self._slot_waiters[key] = left
                 else:
                     del self._slot_waiters[key]
-        self._waiters.setdefault(turn.id, [])
+        self._waiters.setdefault(turn.id, (key, []))
         if policy in ("interrupt", "rollback"):
             status = "interrupted" if policy == "interrupt" else "rolled_back"
             for running in list(self._running.values()):
@@ -280,6 +291,7 @@ class Scheduler:
         for turn in await self.store.recover(lease):
             log.warning("turn %s ended failed/owner_lost: its process died", turn.id)
             self._resolve(turn)
+        record = None  # read once per lease: a session's agent does not change under it
         while True:
             self._dirty.discard(key)
             active = await self.store.active_turns(key)
@@ -288,12 +300,13 @@ class Scheduler:
                 return
             if self._closing:
                 return
-            await self._run(lease, queued[0])
+            if record is None:
+                record = await self.store.get_session(key)
+            await self._run(lease, queued[0], record.agent if record is not None else None)
 
-    async def _run(self, lease: Lease, turn: Turn) -> None:
+    async def _run(self, lease: Lease, turn: Turn, agent_name: str | None) -> None:
         key = turn.key
-        record = await self.store.get_session(key)
-        agent = self._agents(record.agent) if record is not None else None
+        agent = self._agents(agent_name) if agent_name is not None else None
         feed = TurnFeed(turn.id)
         self._feeds[turn.id] = feed
         sink = FencedSink(self.store, lease, turn.id, feed)
@@ -303,7 +316,7 @@ class Scheduler:
                 ending = TurnEnding(
                     "failed",
                     "agent_not_found",
-                    error=f"agent {record.agent if record else '?'} is not served",
+                    error=f"agent {agent_name or '?'} is not served",
                 )
                 done = await self._end(sink, turn, ending, [])
                 return
@@ -345,7 +358,8 @@ class Scheduler:
         return await self.store.end_turn(sink.lease, turn.id, ending, items, events)
 
     def _resolve(self, turn: Turn) -> None:
-        for fut in self._waiters.pop(turn.id, []):
+        _, futures = self._waiters.pop(turn.id, (turn.key, []))
+        for fut in futures:
             if not fut.done():
                 fut.set_result(turn)
 
@@ -374,15 +388,18 @@ class Scheduler:
     async def wait(self, key: SessionKey, turn_id: str) -> Turn:
         """The turn once it has ended (bound it with ``asyncio.timeout``)."""
         while True:
-            turn = await self.store.get_turn(key, turn_id)
-            if turn is None:
-                raise TurnNotFound("turn not found")
-            if turn.ended:
-                return turn
-            waiters = self._waiters.get(turn_id)
-            if waiters is not None:
+            local = self._waiters.get(turn_id)
+            if local is None or local[0] != key:
+                turn = await self.store.get_turn(key, turn_id)
+                if turn is None:
+                    raise TurnNotFound("turn not found")
+                if turn.ended:
+                    return turn
+                local = self._waiters.get(turn_id)
+            if local is not None and local[0] == key:
+                # Accepted here and not ended: its end resolves this future, no store reads.
                 fut: asyncio.Future[Turn] = asyncio.get_running_loop().create_future()
-                waiters.append(fut)
+                local[1].append(fut)
                 return await fut
             # Run by another process: poll the store.
             await asyncio.sleep(0.05)
@@ -443,6 +460,11 @@ class Scheduler:
                         yield e
                     return
                 continue
+            if self._closing:
+                # Queued here, but this process takes no more turns: end the stream cleanly,
+                # without a terminal event, so the client re-attaches (Last-Event-ID) to
+                # whichever process runs the turn, instead of being cut off at exit.
+                return
             await asyncio.sleep(0.05)
 
     def running_turns(self) -> list[Turn]:
