@@ -96,3 +96,22 @@ def test_dead_owner_detection() -> None:
     assert not owner_is_dead(f"n|some-other-host|{proc.pid}|abcd")
     assert not owner_is_dead("garbage")
     assert LOCAL_PRINCIPAL.is_admin
+
+
+async def test_worker_keeps_the_lease_briefly_between_turns(store: Store) -> None:
+    agent = Agent(name="a", model=ScriptedModel(default="ok"))
+    rt = Runtime(store, agents=[agent])
+    async with rt:
+        rt.scheduler.linger = 0.3
+        key = SessionKey("local", "local", "linger")
+        await store.create_session(key, "a")
+        first = await rt.scheduler.submit(key, "one")
+        await rt.scheduler.wait(key, first.id)
+        held = await store.lease_holder(key)
+        assert held == rt.scheduler.owner  # still ours, lingering
+        token = rt.scheduler._leases[key].token
+        second = await rt.scheduler.submit(key, "two")
+        await rt.scheduler.wait(key, second.id)
+        assert rt.scheduler._leases[key].token == token  # reused, not re-acquired
+        await wait_until(lambda: key not in rt.scheduler._leases, within=2)
+        assert await store.lease_holder(key) is None  # given up once idle

@@ -100,6 +100,7 @@ class Scheduler:
         approver: Approver | None = None,
         workspace_root: Path | None = None,
         default_model: str | None = None,
+        linger: float = 0.25,
     ) -> None:
         self.store = store
         self._agents = agents
@@ -119,6 +120,8 @@ class Scheduler:
         self._waiters: dict[str, tuple[SessionKey, list[asyncio.Future[Turn]]]] = {}
         self._slot_freed: dict[SessionKey, asyncio.Event] = {}
         self._slot_waiters: dict[SessionKey, int] = {}
+        self._kicked: dict[SessionKey, asyncio.Event] = {}
+        self.linger = linger
         self._principals: dict[SessionKey, Principal] = {}
         self._heartbeat: asyncio.Task[None] | None = None
         self._closing = False
@@ -136,6 +139,8 @@ class Scheduler:
         # shutdown signal arrives, and its lifespan closes the runtime later): every call waits
         # for the same worker tasks.
         self._closing = True
+        for kicked in self._kicked.values():
+            kicked.set()  # lingering workers give their leases up now
         workers = [w for w in self._workers.values() if not w.done()]
         if workers:
             _, pending = await asyncio.wait(workers, timeout=drain_timeout)
@@ -222,6 +227,9 @@ class Scheduler:
         worker = self._workers.get(key)
         if worker is not None and not worker.done():
             self._dirty.add(key)  # the worker re-reads the queue before it gives up the session
+            kicked = self._kicked.get(key)
+            if kicked is not None:
+                kicked.set()
             return
         self._workers[key] = asyncio.create_task(self._work(key), name="tether-worker")
 
@@ -235,6 +243,8 @@ class Scheduler:
                 self._leases[key] = lease
                 try:
                     await self._drain(key, lease)
+                    while await self._linger(key):
+                        await self._drain(key, lease)
                 except StaleLease:
                     log.warning("lost the lease of a session mid-turn; stopped without writing")
                 finally:
@@ -254,6 +264,26 @@ class Scheduler:
         except Exception:
             log.exception("session worker failed")
             self._workers.pop(key, None)
+
+    async def _linger(self, key: SessionKey) -> bool:
+        """Keep the lease a moment after the queue empties; True if a new turn came in.
+
+        A conversation's next turn often follows within moments: holding on saves taking and
+        giving up the lease (two write transactions) per turn. Turns submitted in this process
+        wake the worker at once; the linger is short so another node waits little for it.
+        """
+        if self._closing or self.linger <= 0:
+            return False
+        if key in self._dirty:
+            return True
+        kicked = self._kicked[key] = asyncio.Event()
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.linger):
+                    await kicked.wait()
+        finally:
+            self._kicked.pop(key, None)
+        return key in self._dirty and not self._closing
 
     async def _release(self, lease: Lease) -> None:
         try:
