@@ -31,3 +31,19 @@ def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> StoreFactory:
 @pytest.fixture
 def store(make_store: StoreFactory) -> Store:
     return make_store()
+
+
+@pytest.fixture(scope="session")
+def postgres_database() -> Iterator[str]:
+    """A PostgreSQL database of its own for this test session (skips without a server)."""
+    from tests.conformance.postgres_db import session_database
+
+    yield from session_database()
+
+
+@pytest.fixture
+def postgres_url(postgres_database: str) -> Iterator[str]:
+    """A PostgreSQL URL whose ``search_path`` is a fresh, empty schema of this test."""
+    from tests.conformance.postgres_db import fresh_schema
+
+    yield from fresh_schema(postgres_database)

@@ -10,10 +10,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
+import math
+import signal
+import socket
 import sys
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from tether.agent import Agent
@@ -22,7 +28,10 @@ from tether.server.settings import Settings
 from tether.store import open_store_url
 
 if TYPE_CHECKING:
+    import uvicorn
     from fastapi import FastAPI
+
+    from tether.scheduler import Scheduler
 
 
 class App:
@@ -48,9 +57,11 @@ class App:
         data_dir: str | Path | None = None,
         model: str | None = None,
         insecure: bool = False,
+        drain_timeout: float | None = None,
         log_level: str = "info",
     ) -> None:
-        """Run the server until SIGINT/SIGTERM (blocking)."""
+        """Run the server until SIGINT/SIGTERM (blocking); then running turns get
+        ``drain_timeout`` seconds (default 10) to finish before they are cancelled."""
         settings = Settings.from_env(
             host=host,
             port=port,
@@ -58,6 +69,7 @@ class App:
             data_dir=data_dir,
             model=model,
             insecure=insecure or None,
+            drain_timeout=drain_timeout,
         )
         serve(settings, self.agents, log_level=log_level)
 
@@ -66,20 +78,69 @@ AgentOS = App
 
 
 def serve(settings: Settings, agents: Sequence[Agent], *, log_level: str = "info") -> None:
+    """Serve until SIGTERM/SIGINT, then drain: running turns get ``drain_timeout`` seconds to
+    finish and are then cancelled (reason ``shutdown``); the process exits 0."""
     import uvicorn
 
     from tether.server.app import create_app
 
     check_bind(settings)
     app = create_app(settings, agents)
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
         log_level=log_level,
-        timeout_graceful_shutdown=int(settings.drain_timeout) + 1,
+        # Streams of running turns end once the drain has ended their turns; this bound only
+        # cuts the ones that cannot end here (turns queued behind them, or run elsewhere).
+        timeout_graceful_shutdown=math.ceil(settings.drain_timeout) + 6,
         access_log=False,
     )
+    server = _draining_server(config, app.state.tether.runtime.scheduler, settings.drain_timeout)
+    with _sigterm_exits_cleanly(), contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    if not server.started:
+        raise SystemExit(3)  # uvicorn's STARTUP_FAILURE (it has logged why)
+
+
+def _draining_server(config: uvicorn.Config, scheduler: Scheduler, drain_timeout: float) -> Any:
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        """Starts draining the scheduler the moment shutdown begins.
+
+        uvicorn first waits for open connections, and only then runs the app's lifespan
+        shutdown (which drains the scheduler). An SSE stream of a running turn stays open until
+        its turn ends, so without this the server would sit out its whole grace period before
+        even asking the turn to stop, and cut the client off without the turn's terminal event.
+        """
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            # The lifespan's own close() joins this one: both wait for the same worker tasks.
+            draining = asyncio.ensure_future(scheduler.close(drain_timeout))
+            try:
+                await super().shutdown(sockets)
+            finally:
+                await asyncio.gather(draining, return_exceptions=True)
+
+    return DrainingServer(config)
+
+
+@contextlib.contextmanager
+def _sigterm_exits_cleanly() -> Iterator[None]:
+    """uvicorn re-raises the signal it shut down for; after a drain, SIGTERM is a clean exit."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def exit_cleanly(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(0)
+
+    previous = signal.signal(signal.SIGTERM, exit_cleanly)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def check_bind(settings: Settings) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -13,23 +13,25 @@ from tether.errors import ConfigError, TetherError
 from tether.records import LOCAL_PRINCIPAL, SessionKey, new_session_id
 from tether.server.settings import Settings
 
+if TYPE_CHECKING:
+    from tether.client import Client
+
 PROMPT = "you> "
 EXIT = {"/exit", "/quit"}
 
 
 def _show_event(out: Console, kind: str, data: dict[str, Any]) -> None:
+    # Everything that comes from the model, a tool or the server is printed as plain text:
+    # brackets in it are not rich markup (and "[/x]" would otherwise crash the chat).
     if kind == "message.delta":
         out.print(data.get("text", ""), end="", markup=False, highlight=False)
     elif kind == "tool.call":
-        out.print(f"\n[yellow]→ {data.get('name')}({data.get('arguments')})[/]")
+        out.print()
+        out.print(f"→ {data.get('name')}({data.get('arguments')})", style="yellow", markup=False)
     elif kind == "tool.result":
         text = str(data.get("output", ""))
-        out.print(f"[yellow]← {text[:200]}[/]", markup=True)
-    elif kind == "tool.approval_requested":
-        out.print(
-            f"[red]approval requested for {data.get('name')}: refused "
-            "(no approver in the terminal)[/]"
-        )
+        out.print(f"← {text[:200]}", style="yellow", markup=False)
+    # tool.approval_requested: the chat asks the user (see _approval_question), nothing to show.
     elif kind == "turn.ended":
         status = data.get("status")
         if status == "completed":
@@ -37,32 +39,69 @@ def _show_event(out: Console, kind: str, data: dict[str, Any]) -> None:
         else:
             reason = data.get("reason")
             error = f": {data['error']}" if data.get("error") else ""
-            out.print(f"\n[red]turn {status} ({reason}){error}[/]")
+            out.print()
+            out.print(f"turn {status} ({reason}){error}", style="red", markup=False)
 
 
-async def _ainput(prompt: str) -> str:
-    """input() on a daemon thread, so leaving the chat never waits for a blocked read."""
-    loop = asyncio.get_running_loop()
-    fut: asyncio.Future[str] = loop.create_future()
+def _approval_question(name: object, arguments: object) -> str:
+    return f"approve {name}({arguments})? [y/N] "
 
-    def deliver(line: str | None, error: BaseException | None) -> None:
-        if fut.done():
-            return
-        if error is not None:
-            fut.set_exception(error)
-        else:
-            fut.set_result(line or "")
 
-    def read() -> None:
+def _approves(answer: str) -> bool:
+    return answer.strip().lower() in ("y", "yes")
+
+
+class _Terminal:
+    """Reads lines on a daemon thread, so leaving the chat never waits for a blocked read.
+
+    There is only ever one read in flight. A caller that stops waiting (Ctrl-C cancels a
+    turn while its approval question is open) leaves that read to the next caller, whose
+    prompt is printed instead: the line typed next is never swallowed by an abandoned read.
+    """
+
+    def __init__(self, out: Console) -> None:
+        self._out = out
+        self._reading: asyncio.Future[str] | None = None
+
+    async def read(self, prompt: str) -> str:
+        reading = self._reading
+        if reading is None:
+            reading = self._reading = self._start(prompt)
+        elif not reading.done():
+            self._out.print(prompt, end="", markup=False, highlight=False)
         try:
-            line = input(prompt)
-        except BaseException as exc:  # EOFError, KeyboardInterrupt: hand them to the loop
-            loop.call_soon_threadsafe(deliver, None, exc)
-            return
-        loop.call_soon_threadsafe(deliver, line, None)
+            # Shielded: cancelling this caller must not cancel the read (see the class doc).
+            line = await asyncio.shield(reading)
+        except asyncio.CancelledError:
+            raise  # the read stays in flight for the next caller
+        except BaseException:
+            self._reading = None
+            raise
+        self._reading = None
+        return line
 
-    threading.Thread(target=read, daemon=True).start()
-    return await fut
+    def _start(self, prompt: str) -> asyncio.Future[str]:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[str] = loop.create_future()
+
+        def deliver(line: str | None, error: BaseException | None) -> None:
+            if fut.done():
+                return
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(line or "")
+
+        def read() -> None:
+            try:
+                line = input(prompt)
+            except BaseException as exc:  # EOFError, KeyboardInterrupt: hand them to the loop
+                loop.call_soon_threadsafe(deliver, None, exc)
+                return
+            loop.call_soon_threadsafe(deliver, line, None)
+
+        threading.Thread(target=read, daemon=True).start()
+        return fut
 
 
 def chat_local(
@@ -76,6 +115,7 @@ def chat_local(
     from tether.runtime import Runtime
     from tether.server.app import default_agent
     from tether.store import open_store_url
+    from tether.tools.approval import ApprovalRequest
 
     agents = load_agents(target) if target else [default_agent(settings)]
     agent = next((a for a in agents if a.name == (agent_name or agents[0].name)), None)
@@ -83,6 +123,14 @@ def chat_local(
         raise ConfigError(f"no agent named {agent_name!r}")
     sid = session_id or new_session_id()
     key = SessionKey.of(LOCAL_PRINCIPAL, sid)
+    terminal = _Terminal(out)
+
+    async def ask(request: ApprovalRequest) -> bool:
+        try:
+            answer = await terminal.read(_approval_question(request.tool_name, request.arguments))
+        except EOFError:
+            return False
+        return _approves(answer)
 
     async def main() -> None:
         runtime = Runtime(
@@ -90,19 +138,21 @@ def chat_local(
             data_dir=settings.data_dir,
             agents=agents,
             default_model=settings.model,
+            approver=ask,
         )
         async with runtime:
             record, created = await runtime.store.create_session(key, agent.name, exist_ok=True)
             verb = "new session" if created else "resuming session"
             out.print(
-                f"[dim]{verb} {sid} with {record.agent} "
-                f"(resume with --session {sid}; /exit to leave)[/]"
+                f"{verb} {sid} with {record.agent} (resume with --session {sid}; /exit to leave)",
+                style="dim",
+                markup=False,
             )
             loop = asyncio.get_running_loop()
             cancels: set[asyncio.Future[Any]] = set()  # keeps cancel tasks referenced
             while True:
                 try:
-                    line = (await _ainput(PROMPT)).strip()
+                    line = (await terminal.read(PROMPT)).strip()
                 except (EOFError, KeyboardInterrupt):
                     out.print()
                     return
@@ -140,8 +190,10 @@ def chat_remote(
         session = client.ensure_session(session_id, agent_name)
         sid = session["session_id"]
         out.print(
-            f"[dim]session {sid} with {session['agent']} on {url} "
-            f"(resume with --session {sid}; /exit to leave)[/]"
+            f"session {sid} with {session['agent']} on {url} "
+            f"(resume with --session {sid}; /exit to leave)",
+            style="dim",
+            markup=False,
         )
         while True:
             try:
@@ -156,8 +208,24 @@ def chat_remote(
             try:
                 for event in client.stream_turn(sid, line):
                     _show_event(out, event.type, event.data)
+                    if event.type == "tool.approval_requested":
+                        _decide_remote(out, client, sid, event.id, event.data)
             except KeyboardInterrupt:
                 # Closing the stream cancels the turn (on_disconnect=cancel).
-                out.print("\n[red]cancelled[/]")
+                out.print()
+                out.print("cancelled", style="red")
             except TetherError as exc:
-                out.print(f"[red]{exc}[/]")
+                out.print(str(exc), style="red", markup=False)
+
+
+def _decide_remote(
+    out: Console, client: Client, session_id: str, event_id: str, data: dict[str, Any]
+) -> None:
+    """Ask the user, and send the answer to the server, which is waiting for it."""
+    try:
+        approve = _approves(input(_approval_question(data.get("name"), data.get("arguments"))))
+    except EOFError:
+        approve = False
+    turn_id = event_id.rpartition(":")[0]
+    if not client.decide(session_id, turn_id, str(data.get("call_id")), approve):
+        out.print("too late: the server had already refused the call", style="red")

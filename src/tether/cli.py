@@ -41,31 +41,31 @@ out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
 HostOpt = Annotated[
-    str | None, typer.Option(help="Address to bind [env TETHER_HOST; default 127.0.0.1].")
+    str | None, typer.Option(help="Address to bind (env TETHER_HOST; default 127.0.0.1).")
 ]
-PortOpt = Annotated[int | None, typer.Option(help="Port [env TETHER_PORT; default 8000].")]
+PortOpt = Annotated[int | None, typer.Option(help="Port (env TETHER_PORT; default 8000).")]
 StoreOpt = Annotated[
     str | None,
     typer.Option(
-        help="SQLite path or postgresql:// URL [env TETHER_STORE; default DATA_DIR/tether.db]."
+        help="SQLite path or postgresql:// URL (env TETHER_STORE; default DATA_DIR/tether.db)."
     ),
 ]
 ModelOpt = Annotated[
     str | None,
     typer.Option(
-        help="Default model spec: local, openai:<model>, ollama:<model> [env TETHER_MODEL]."
+        help="Default model spec: local, openai:<model>, ollama:<model> (env TETHER_MODEL)."
     ),
 ]
 DataDirOpt = Annotated[
     Path | None,
-    typer.Option("--data-dir", help="Data directory [env TETHER_DATA_DIR; default ./.tether]."),
+    typer.Option("--data-dir", help="Data directory (env TETHER_DATA_DIR; default ./.tether)."),
 ]
 UrlOpt = Annotated[
     str | None, typer.Option(help="A tether server's URL (default: the local store).")
 ]
 KeyOpt = Annotated[
     str | None,
-    typer.Option("--key", help="API key for --url [env TETHER_API_KEY].", envvar="TETHER_API_KEY"),
+    typer.Option("--key", help="API key for --url.", envvar="TETHER_API_KEY"),
 ]
 
 
@@ -121,7 +121,16 @@ def serve(
             help="Allow a non-loopback bind with no API keys (everyone gets full access)."
         ),
     ] = False,
-    node: Annotated[str | None, typer.Option(help="Stable node name [env TETHER_NODE].")] = None,
+    node: Annotated[str | None, typer.Option(help="Stable node name (env TETHER_NODE).")] = None,
+    drain_timeout: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            envvar="TETHER_DRAIN_TIMEOUT",
+            help="Seconds running turns get to finish on SIGTERM/SIGINT before they are "
+            "cancelled with reason 'shutdown' (default 10).",
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
 ) -> None:
     """Run the HTTP server (SQLite under ./.tether and the embedded model by default)."""
@@ -138,6 +147,7 @@ def serve(
             data_dir=data_dir,
             insecure=insecure or None,
             node=node,
+            drain_timeout=drain_timeout,
         )
         agents = load_agents(target) if target else [default_agent(settings)]
         err.print(
@@ -338,6 +348,15 @@ def keys_create(
     """Create an API key; it is printed once, as the last word of the last line."""
     from tether.server.auth import mint_key
 
+    for label, value in (("--user", user), ("--tenant", tenant)):
+        # A principal is a namespace: an empty or blank name would be a shared, unnamed one.
+        if (
+            not value
+            or len(value) > 128
+            or not value.isprintable()
+            or any(c.isspace() for c in value)
+        ):
+            raise fail(f"{label} must be 1-128 printable characters without spaces")
     new = mint_key(user, tenant, admin=admin)
 
     async def save() -> None:

@@ -141,6 +141,15 @@ class Client:
         created: dict[str, Any] = self.request("POST", "/v1/sessions", json=body)
         return created
 
+    def decide(self, session_id: str, turn_id: str, call_id: str, approve: bool) -> bool:
+        """Approve or refuse a call the turn waits on; False when it was not waiting any more."""
+        result: dict[str, Any] = self.request(
+            "POST",
+            f"/v1/sessions/{session_id}/turns/{turn_id}/decisions",
+            json={"call_id": call_id, "approve": approve},
+        )
+        return bool(result["accepted"])
+
     def stream_turn(
         self, session_id: str, message: str, *, policy: str = "enqueue"
     ) -> Iterator[RemoteEvent]:
@@ -204,6 +213,15 @@ class AsyncClient:
             body["agent_name"] = agent_name
         result: dict[str, Any] = await self.request("POST", "/api/chat", json=body)
         return result
+
+    async def decide(self, session_id: str, turn_id: str, call_id: str, approve: bool) -> bool:
+        """Approve or refuse a call the turn waits on; False when it was not waiting any more."""
+        result: dict[str, Any] = await self.request(
+            "POST",
+            f"/v1/sessions/{session_id}/turns/{turn_id}/decisions",
+            json={"call_id": call_id, "approve": approve},
+        )
+        return bool(result["accepted"])
 
     async def stream_turn(
         self, session_id: str, message: str, *, policy: str = "enqueue"

@@ -19,6 +19,7 @@ class TurnFeed:
         self.events: list[Event] = []
         self.closed = False
         self._changed = asyncio.Event()
+        self._waiting = 0
 
     def publish(self, event: Event) -> None:
         self.events.append(event)
@@ -29,7 +30,10 @@ class TurnFeed:
         self._wake()
 
     def _wake(self) -> None:
-        # Waiters hold the old Event; replacing it makes each wake-up one-shot without a lock.
+        # Most events have no follower waiting: skip the Event churn then. Waiters hold the old
+        # Event; replacing it makes each wake-up one-shot without a lock.
+        if not self._waiting:
+            return
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
@@ -48,4 +52,8 @@ class TurnFeed:
                     yield event
             if self.closed:
                 return
-            await self._changed.wait()
+            self._waiting += 1
+            try:
+                await self._changed.wait()
+            finally:
+                self._waiting -= 1

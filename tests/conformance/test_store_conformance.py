@@ -7,17 +7,25 @@ from pathlib import Path
 
 import pytest
 
-from tether.store import MemoryStore, SQLiteStore
+from tether.store import MemoryStore, PostgresStore, SQLiteStore
 from tether.store.base import Store
 from tether.testing.conformance import StoreConformance
 
 
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    """A fresh, unopened store; the PostgreSQL one lives in a schema of its own."""
+    if request.param == "memory":
+        return MemoryStore()
+    if request.param == "sqlite":
+        return SQLiteStore(tmp_path / "t.db")
+    # Asked for only here, so the memory and SQLite runs never need a PostgreSQL server.
+    return PostgresStore(request.getfixturevalue("postgres_url"))
+
+
 class TestStoreConformance(StoreConformance):
-    @pytest.fixture(params=["memory", "sqlite"])
-    async def store(self, request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-        backend: Store = (
-            MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "t.db")
-        )
+    @pytest.fixture
+    async def store(self, backend: Store) -> AsyncIterator[Store]:
         await backend.open()
         try:
             yield backend

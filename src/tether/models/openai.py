@@ -8,12 +8,14 @@ two retry layers would multiply attempts and hide failures. Every SDK error leav
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx2
 import openai
-from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
+from openai.types.chat import ChatCompletionMessageParam
 
 from tether.errors import ConfigError, ModelError
 from tether.models.base import (
@@ -112,63 +114,103 @@ class OpenAIModel:
         if client is not None:
             await client.close()
 
+    def _body(self, request: ModelRequest) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": [_to_openai(m) for m in request.messages],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if request.tools:
+            body["tools"] = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": t.name,
+                        "description": t.description,
+                        "parameters": t.parameters,
+                    },
+                }
+                for t in request.tools
+            ]
+        if request.temperature is not None:
+            body["temperature"] = request.temperature
+        limit = request.max_output_tokens
+        if limit is not None:
+            body["max_completion_tokens" if self._official else "max_tokens"] = limit
+        return body
+
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
         ensure_requests_allowed(self._name)
         client = self._get_client()
-        tools: list[ChatCompletionToolParam] = [
-            {
-                "type": "function",
-                "function": {
-                    "name": t.name,
-                    "description": t.description,
-                    "parameters": t.parameters,
-                },
-            }
-            for t in request.tools
-        ]
-        limit = request.max_output_tokens
+        body = self._body(request)
+        # The SDK does the HTTP (auth, base URL, timeouts, status errors), but the body is
+        # already in wire shape and the chunks are read as plain JSON: its per-request
+        # parameter transform and per-chunk model objects cost several ms of CPU a turn.
         try:
-            sdk_stream = await client.chat.completions.create(
-                model=self.model,
-                messages=[_to_openai(m) for m in request.messages],
-                stream=True,
-                stream_options={"include_usage": True},
-                tools=tools or openai.omit,
-                temperature=openai.omit if request.temperature is None else request.temperature,
-                max_completion_tokens=openai.omit if limit is None or not self._official else limit,
-                max_tokens=openai.omit if limit is None or self._official else limit,
+            response = await client.post(
+                "/chat/completions", body=body, cast_to=httpx2.Response, stream=True
             )
         except openai.OpenAIError as exc:
             raise self._error(exc) from exc
 
         usage: Usage | None = None
         finish: FinishReason | None = None
-        # ``async with`` closes the HTTP response however the generator ends: exhausted, failed,
-        # or closed/cancelled by a consumer that stopped iterating. That releases the connection.
-        async with sdk_stream:
-            try:
-                async for chunk in sdk_stream:
-                    if chunk.usage is not None:
-                        # Some servers repeat running totals; the last one wins.
-                        usage = Usage(chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
-                    for choice in chunk.choices:
-                        if choice.index != 0:
-                            continue  # only one choice (n=1) is ever requested
-                        delta = choice.delta
-                        if delta.content:
-                            yield TextDelta(delta.content)
-                        for call in delta.tool_calls or ():
-                            fn = call.function
-                            yield ToolCallDelta(
-                                index=call.index,
-                                id=call.id or None,
-                                name=(fn.name or None) if fn else None,
-                                arguments=(fn.arguments or "") if fn else "",
-                            )
-                        if choice.finish_reason is not None:
-                            finish = _FINISH_REASONS.get(choice.finish_reason, "other")
-            except openai.OpenAIError as exc:
-                raise self._error(exc) from exc
+        try:
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue  # blank separators, comments (": ping"), event names
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                try:
+                    chunk = json.loads(data)
+                except ValueError:
+                    raise ModelError(
+                        f"{self._name}: the stream sent invalid JSON", transient=True
+                    ) from None
+                error = chunk.get("error")
+                if error:
+                    detail = error.get("message") if isinstance(error, dict) else str(error)
+                    raise ModelError(
+                        f"{self._name}: stream error: {_clip(str(detail))}", transient=True
+                    )
+                raw_usage = chunk.get("usage")
+                if raw_usage:
+                    # Some servers repeat running totals; the last one wins.
+                    usage = Usage(
+                        int(raw_usage.get("prompt_tokens") or 0),
+                        int(raw_usage.get("completion_tokens") or 0),
+                    )
+                for choice in chunk.get("choices") or ():
+                    if choice.get("index", 0) != 0:
+                        continue  # only one choice (n=1) is ever requested
+                    delta = choice.get("delta") or {}
+                    content = delta.get("content")
+                    if content:
+                        yield TextDelta(content)
+                    for call in delta.get("tool_calls") or ():
+                        fn = call.get("function") or {}
+                        yield ToolCallDelta(
+                            index=int(call.get("index", 0)),
+                            id=call.get("id") or None,
+                            name=fn.get("name") or None,
+                            arguments=fn.get("arguments") or "",
+                        )
+                    reason = choice.get("finish_reason")
+                    if reason is not None:
+                        finish = _FINISH_REASONS.get(reason, "other")
+        except httpx2.TimeoutException as exc:
+            raise ModelError(f"{self._name}: the stream timed out", transient=True) from exc
+        except httpx2.TransportError as exc:
+            raise ModelError(
+                f"{self._name}: the connection broke mid-answer: {type(exc).__name__}",
+                transient=True,
+            ) from exc
+        finally:
+            # However the generator ends (exhausted, failed, closed by a consumer that stopped
+            # iterating), the response is closed and its connection released.
+            await response.aclose()
         if finish is None:
             # A stream that stops without a finish_reason was cut (proxy, server crash, dropped
             # connection): the answer is incomplete, and asking again may well work.

@@ -36,19 +36,34 @@ class BodyLimit:
                 await self._reject(send)
                 return
         seen = 0
+        too_large = False
+        started = False
 
         async def limited() -> Message:
-            nonlocal seen
+            nonlocal seen, too_large
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.limit:
+                    too_large = True
                     raise _TooLarge
             return message
 
+        async def guarded(message: Message) -> None:
+            nonlocal started
+            if too_large:
+                # The app's answer to a body we cut short (FastAPI turns the error it got
+                # from ``receive`` into a 400): the caller gets our 413 instead.
+                return
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
         try:
-            await self.app(scope, limited, send)
-        except _TooLarge:
+            await self.app(scope, limited, guarded)
+        except Exception:
+            if not too_large:
+                raise
+        if too_large and not started:
             await self._reject(send)
 
     async def _reject(self, send: Send) -> None:
@@ -107,8 +122,10 @@ def create_app(settings: Settings | None = None, agents: Sequence[Agent] | None 
     )
     app.state.tether = state
     problems.install(app)
-    for module in (meta, sessions, turns, chat):
-        app.include_router(module.router)
+    routers = [meta.router, sessions.router, turns.router, chat.router]
+    for router in routers:
+        app.include_router(router)
+    problems.document(app, [route for router in routers for route in router.routes])
     app.add_middleware(BodyLimit, limit=settings.limits.max_body_bytes)
     return app
 

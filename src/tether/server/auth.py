@@ -6,7 +6,8 @@
   bits; the store keeps only their SHA-256 (a slow password hash buys nothing for random keys).
 
 Whether any key exists is cached for a second, so keys created by ``tether keys create`` in
-another process take effect without a restart.
+another process take effect without a restart. A revoked key still counts as existing: revoking
+the last key must not quietly reopen the server to callers with no credentials (fail closed).
 """
 
 from __future__ import annotations
@@ -64,7 +65,11 @@ class Authenticator:
         checked, exist = self._keys_exist
         now = time.monotonic()
         if now - checked > _CACHE_SECONDS:
-            exist = await self._store.count_api_keys() > 0
+            # Active keys are counted cheaply; only when there are none do we look for
+            # revoked ones (a short list: the no-active-key case).
+            exist = (
+                await self._store.count_api_keys() > 0 or len(await self._store.list_api_keys()) > 0
+            )
             self._keys_exist = (now, exist)
         return exist
 

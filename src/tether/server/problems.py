@@ -7,12 +7,16 @@ Error bodies never carry stack traces or raw exception text from inside the serv
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
+from starlette.routing import BaseRoute
 
 from tether.errors import (
     Conflict,
@@ -21,10 +25,12 @@ from tether.errors import (
     NotFound,
     QueueFull,
     SessionBusy,
+    ShuttingDown,
     StoreError,
     TetherError,
     TooLarge,
 )
+from tether.server.schemas import ProblemOut
 
 log = logging.getLogger("tether.server")
 
@@ -75,6 +81,7 @@ _MAP: list[tuple[type[TetherError], int, str, str]] = [
     (TooLarge, 413, "too-large", "Payload too large"),
     (InvalidInput, 400, "invalid-input", "Invalid input"),
     (StoreError, 503, "store-unavailable", "Store unavailable"),
+    (ShuttingDown, 503, "shutting-down", "Shutting down"),
     (ModelError, 502, "model-error", "Model error"),
 ]
 
@@ -129,6 +136,11 @@ def install(app: FastAPI) -> None:
     async def http_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         headers = dict(exc.headers) if exc.headers else None
+        if exc.status_code == 400:
+            # FastAPI's only 400: a JSON body its parser gave up on (too deeply nested, say).
+            return problem_response(
+                400, "malformed-json", "Malformed JSON", "the request body is not valid JSON"
+            )
         kinds = {404: "not-found", 405: "method-not-allowed", 413: "too-large"}
         kind = kinds.get(exc.status_code, f"http-{exc.status_code}")
         detail = "not found" if exc.status_code == 404 else str(exc.detail)
@@ -145,3 +157,139 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, validation)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(Exception, unexpected)
+
+
+# -- OpenAPI ------------------------------------------------------------------------------------
+_REF = {"$ref": "#/components/schemas/Problem"}
+SSE = "text/event-stream"
+# Before OpenAPI 3.2, the ``schema`` of an event stream describes each of its events.
+_EVENT_REF = {"$ref": "#/components/schemas/ServerSentEvent"}
+_EVENT: dict[str, Any] = {
+    "title": "ServerSentEvent",
+    "description": "One frame of a turn's event stream (``: ping`` comments come between).",
+    "type": "object",
+    "required": ["id", "event", "data"],
+    "properties": {
+        "id": {
+            "type": "string",
+            "pattern": "^[^:]+:[0-9]+$",
+            "description": "``<turn id>:<seq>``: send it back as Last-Event-ID to resume.",
+        },
+        "event": {
+            "type": "string",
+            "pattern": "^[a-z_]+[.][a-z_]+$",
+            "description": "turn.queued, turn.started, message.delta, message.completed, "
+            "tool.call, tool.approval_requested, tool.result, memory.recalled, "
+            "context.compacted, or turn.ended (the last, exactly once).",
+        },
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "contentSchema": {"type": "object"},
+        },
+    },
+}
+DESCRIPTIONS: dict[int, str] = {
+    400: "malformed JSON, or an invalid session id",
+    401: "no credentials, or an unknown or revoked API key",
+    404: "unknown or not yours (indistinguishable)",
+    409: "conflict",
+    413: "the body, message or metadata is over its size bound",
+    422: "the body, query or headers do not match the schema",
+    429: "the session's queue of turns is full",
+    502: "the model provider failed",
+    503: "the store is unreachable",
+}
+
+
+def responses(*codes: int, **described: str) -> dict[int | str, dict[str, Any]]:
+    """Error responses for a route decorator, e.g. ``responses(404, e409="the id is taken")``."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for code in codes:
+        out[code] = {"description": DESCRIPTIONS.get(code, "error")}
+    for name, text in described.items():
+        out[int(name.removeprefix("e"))] = {"description": text}
+    for entry in out.values():
+        entry["content"] = {PROBLEM_JSON: {"schema": _REF}}
+    return out
+
+
+def _uses(dependant: Dependant, names: set[str]) -> set[str]:
+    """Which of the dependencies named ``names`` the route resolves, however deeply.
+
+    By name, because ``deps`` (which defines them) imports this module through ``auth``.
+    """
+    found = {getattr(d.call, "__name__", "") for d in dependant.dependencies} & names
+    for sub in dependant.dependencies:
+        found |= _uses(sub, names)
+    return found
+
+
+def _implied(route: APIRoute) -> set[int]:
+    """The errors every route of this shape can answer, whatever its decorator says."""
+    dependant = route.dependant
+    uses = _uses(dependant, {"principal", "state_of", "session_key", "own_session"})
+    codes: set[int] = set()
+    if "principal" in uses:
+        codes.add(401)
+    if "state_of" in uses:
+        codes.add(503)
+    if "session_key" in uses:
+        codes.add(400)
+    if "own_session" in uses:
+        codes.add(404)
+    if route.body_field is not None:
+        codes |= {400, 413, 422}
+    if dependant.query_params or dependant.header_params:
+        codes.add(422)
+    return codes
+
+
+def document(app: FastAPI, api_routes: Iterable[BaseRoute]) -> None:
+    """Make ``/openapi.json`` say what the API does: every error is problem+json, listed.
+
+    FastAPI documents validation errors as its own ``HTTPValidationError`` JSON; ours are
+    problems. And some errors come from the route's shape rather than its code (401 from the
+    principal, 400 from a session id, 413 from the body limit): they are added here so that no
+    route can forget them. ``api_routes`` are the included routers' routes (FastAPI wraps
+    included routers, so ``app.routes`` does not list them).
+    """
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = build()
+        routes = {
+            (method.lower(), r.path): r
+            for r in api_routes
+            if isinstance(r, APIRoute)
+            for method in r.methods or ()
+        }
+        for path, item in schema.get("paths", {}).items():
+            for method, op in item.items():
+                route = routes.get((method, path))
+                documented = op.setdefault("responses", {})
+                implied = _implied(route) if route else set()
+                if 422 not in implied and documented.get("422", {}).get("description") == (
+                    "Validation Error"
+                ):
+                    # FastAPI adds a 422 to every route with parameters; a bare path string
+                    # cannot fail validation.
+                    del documented["422"]
+                for code in sorted(implied):
+                    documented.setdefault(str(code), {"description": DESCRIPTIONS[code]})
+                for code, response in documented.items():
+                    if code.isdigit() and int(code) >= 400:
+                        response["content"] = {PROBLEM_JSON: {"schema": _REF}}
+                    elif SSE in response.get("content", {}):
+                        response["content"][SSE] = {"schema": _EVENT_REF}
+                op["responses"] = dict(sorted(documented.items()))
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for unused in ("HTTPValidationError", "ValidationError"):
+            components.pop(unused, None)
+        components["Problem"] = ProblemOut.model_json_schema()
+        components["ServerSentEvent"] = _EVENT
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

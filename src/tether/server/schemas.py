@@ -10,6 +10,11 @@ from tether.records import Item, SessionRecord, Turn
 
 SESSION_ID = r"^[A-Za-z0-9._:-]{1,128}$"
 
+# Session ids are documented with their pattern but checked by the route, so that a bad id
+# answers 400 ``invalid-input`` wherever it appears (path, body), never a 422 in one place and
+# a 400 in another.
+_SESSION_ID_DOC: dict[str, Any] = {"pattern": SESSION_ID, "minLength": 1, "maxLength": 128}
+
 
 class Wire(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -28,7 +33,11 @@ class AgentList(BaseModel):
 
 class SessionCreate(Wire):
     agent: str | None = Field(None, description="Agent name; default: the only or first agent.")
-    session_id: str | None = Field(None, pattern=SESSION_ID, description="Omit for a new id.")
+    session_id: str | None = Field(
+        None,
+        description="1-128 of [A-Za-z0-9._:-]; omit for a new, unguessable id.",
+        json_schema_extra=_SESSION_ID_DOC,
+    )
     metadata: dict[str, Any] = Field(default_factory=dict)
     ttl_seconds: float | None = Field(None, gt=0, le=10 * 365 * 86400)
 
@@ -179,15 +188,29 @@ class ChatRequest(Wire):
     """PraisonAI AgentOS's ``/api/chat`` request."""
 
     model_config = ConfigDict(extra="ignore")
-    message: str = Field(..., min_length=1)
-    session_id: str | None = None
-    agent_name: str | None = None
+    message: str = Field(..., min_length=1, description="The user's message (user role only).")
+    session_id: str | None = Field(
+        None,
+        description="Continue (or start) this session of yours; omit (or empty) for a fresh one.",
+        json_schema_extra={"pattern": "^[A-Za-z0-9._:-]{0,128}$", "maxLength": 128},
+    )
+    agent_name: str | None = Field(None, description="Default: the server's first agent.")
 
 
 class ChatResponse(BaseModel):
     response: str
     agent_name: str
     session_id: str
+
+
+class ProblemOut(BaseModel):
+    """RFC 9457 problem details; some types add members (``errors``, ``busy_turn_id``, ``turn``)."""
+
+    model_config = ConfigDict(extra="allow", title="Problem")
+    type: str = Field(..., description="A stable URI naming the kind of problem.")
+    title: str
+    status: int
+    detail: str
 
 
 class Health(BaseModel):

@@ -56,6 +56,13 @@ class Settings:
             values["model"] = env["TETHER_MODEL"]
         if env.get("TETHER_NODE"):
             values["node"] = env["TETHER_NODE"]
+        if env.get("TETHER_DRAIN_TIMEOUT"):
+            try:
+                values["drain_timeout"] = float(env["TETHER_DRAIN_TIMEOUT"])
+            except ValueError:
+                raise ConfigError(
+                    f"TETHER_DRAIN_TIMEOUT={env['TETHER_DRAIN_TIMEOUT']!r} is not a number"
+                ) from None
         values.update({k: v for k, v in overrides.items() if v is not None})
         if "data_dir" in values and not isinstance(values["data_dir"], Path):
             values["data_dir"] = Path(str(values["data_dir"]))

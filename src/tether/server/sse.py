@@ -15,6 +15,8 @@ from tether.errors import InvalidInput
 from tether.records import Event
 
 PING_SECONDS = 15.0
+MAX_SEQ = 2**63 - 1
+"""The largest seq a cursor may name: beyond it no stored integer exists (SQLite, PostgreSQL)."""
 
 
 def frame(event: Event) -> bytes:
@@ -26,8 +28,11 @@ def resume_point(turn_id: str, last_event_id: str | None, after: int | None) -> 
     """The seq to resume after, from ``Last-Event-ID`` (``<turn>:<seq>``) or ``?after=``."""
     if last_event_id:
         tid, sep, seq = last_event_id.strip().rpartition(":")
-        if not sep or tid != turn_id or not seq.isdigit():
+        # ASCII digits only: str.isdigit() also accepts "²", which int() refuses.
+        if not sep or tid != turn_id or not (seq.isascii() and seq.isdigit()):
             raise InvalidInput("Last-Event-ID must be '<turn id>:<seq>' of this turn")
+        if len(seq) > 19 or int(seq) > MAX_SEQ:
+            raise InvalidInput(f"the seq of Last-Event-ID must be at most {MAX_SEQ}")
         return int(seq)
     return after or 0
 

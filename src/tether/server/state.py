@@ -32,6 +32,7 @@ class ServerState:
         task.add_done_callback(self.background.discard)
 
 
-def state_of(request: Request) -> ServerState:
+async def state_of(request: Request) -> ServerState:
+    # async although it does no I/O: FastAPI runs sync dependencies in a worker thread.
     st: ServerState = request.app.state.tether
     return st

@@ -201,7 +201,10 @@ class FakeOpenAIServer:
 
     def _bind(self) -> socket.socket:
         # Binding here (not in uvicorn) gives the real port at once, even for port 0.
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY on accepted connections only when
+        # the listening socket says it is TCP; without it every streamed answer waits ~40 ms
+        # for a delayed ACK (Nagle), which would make the fake look slow.
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((self.host, self._requested_port))

@@ -2,8 +2,9 @@
 
 ``{message, session_id?, agent_name?}`` → ``{response, agent_name, session_id}``. A supplied
 session id continues (or mints) that session *in the caller's namespace* and is echoed verbatim;
-an omitted or empty one starts a fresh session. Unlike the original, history persists, turns on
-one session are serialized, and nobody reaches anybody else's session.
+an omitted, null or empty one starts a fresh session (as PraisonAI clients expect), and any other
+invalid one is a 400: ids are never silently rewritten. Unlike the original, history persists,
+turns on one session are serialized, and nobody reaches anybody else's session.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from starlette.responses import JSONResponse, Response
 
 from tether.errors import AgentNotFound, Conflict, InvalidInput
 from tether.records import SessionKey, new_session_id
-from tether.server.deps import Caller, State, check_message
+from tether.server.deps import Caller, State, check_message, drop_if_expired
+from tether.server.problems import responses
 from tether.server.routes.outcomes import turn_problem
 from tether.server.routes.turns import wait_for_turn
 from tether.server.schemas import ChatRequest, ChatResponse
@@ -24,12 +26,17 @@ router = APIRouter(tags=["compatibility"])
 @router.post(
     "/api/chat",
     response_model=ChatResponse,
-    responses={
-        400: {"description": "no agents, or a bad session id"},
-        404: {"description": "unknown agent"},
-        409: {"description": "the session belongs to another agent"},
-        502: {"description": "the model provider failed"},
-    },
+    responses=responses(
+        429,
+        502,
+        e400="malformed JSON, an invalid session id, or a server with no agents",
+        e404="no such agent",
+        e409="the session belongs to another agent, or the turn was cancelled or interrupted",
+        e413="the body or message is over its size bound",
+        e422="the body does not match the schema, or the turn hit a limit",
+        e500="the turn failed inside the server",
+        e503="the store is unreachable, or the server running the turn stopped",
+    ),
 )
 async def chat(body: ChatRequest, request: Request, st: State, caller: Caller) -> Response:
     """Send a message and get the agent's reply."""
@@ -41,6 +48,7 @@ async def chat(body: ChatRequest, request: Request, st: State, caller: Caller) -
     check_message(st, body.message)
     session_id = body.session_id or new_session_id()
     key = SessionKey.of(caller, session_id)
+    await drop_if_expired(st, key)
     record, _ = await st.runtime.store.create_session(key, agent_name, exist_ok=True)
     if record.agent != agent_name:
         raise Conflict(f"session {session_id!r} belongs to agent {record.agent!r}")

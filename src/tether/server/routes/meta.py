@@ -6,6 +6,7 @@ from fastapi import APIRouter
 
 from tether.models.base import Model
 from tether.server.deps import Caller, State
+from tether.server.problems import responses
 from tether.server.schemas import AgentList, AgentOut, Health
 
 router = APIRouter()
@@ -17,7 +18,7 @@ async def healthz() -> Health:
     return Health(status="ok")
 
 
-@router.get("/readyz", tags=["health"], responses={503: {"description": "store unreachable"}})
+@router.get("/readyz", tags=["health"], responses=responses(503))
 async def readyz(st: State) -> Health:
     """Readiness: the store answers."""
     await st.runtime.store.ping()

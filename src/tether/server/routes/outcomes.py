@@ -20,10 +20,14 @@ _OUTCOMES: dict[str, tuple[int, str, str]] = {
 }
 
 
+def _stopped_by_server(turn: Turn) -> bool:
+    return turn.reason in ("owner_lost", "lease_lost", "shutdown")
+
+
 def failed_status(turn: Turn) -> tuple[int, str, str]:
     if turn.reason == "model_error":
         return 502, "turn-failed", "Turn failed: the model provider failed"
-    if turn.reason in ("owner_lost", "lease_lost", "shutdown"):
+    if _stopped_by_server(turn):
         return 503, "turn-failed", "Turn failed: the server running it stopped"
     return 500, "turn-failed", "Turn failed"
 
@@ -31,6 +35,9 @@ def failed_status(turn: Turn) -> tuple[int, str, str]:
 def turn_problem(turn: Turn, **extra: Any) -> JSONResponse:
     if turn.status == "failed":
         status, kind, title = failed_status(turn)
+    elif turn.status == "cancelled" and _stopped_by_server(turn):
+        # Not the client's doing: the server shut down under it. Retry elsewhere or later.
+        status, kind, title = 503, "turn-cancelled", "Turn cancelled: the server shut down"
     else:
         status, kind, title = _OUTCOMES.get(turn.status, (500, "turn-failed", "Turn failed"))
     detail = f"the turn ended {turn.status} ({turn.reason})"

@@ -9,7 +9,8 @@ from fastapi import APIRouter, Query, Response
 
 from tether.errors import AgentNotFound, InvalidInput, TooLarge
 from tether.records import SessionKey, new_session_id
-from tether.server.deps import Caller, Key, OwnSession, State
+from tether.server.deps import Caller, Key, OwnSession, State, drop_if_expired, expired
+from tether.server.problems import responses
 from tether.server.schemas import (
     ItemOut,
     ItemPage,
@@ -22,19 +23,43 @@ from tether.server.state import ServerState
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
-NOT_FOUND: dict[int | str, dict[str, Any]] = {
-    404: {"description": "unknown or not yours (indistinguishable)"}
-}
+NOT_FOUND = responses(404)
+MAX_SEQ = 2**63 - 1
+"""Cursors are sequence numbers, stored as 64-bit integers."""
 
 
-def _check_metadata(st: ServerState, metadata: dict[str, object] | None) -> None:
-    if metadata is None:
+MAX_DEPTH = 32
+"""How deeply metadata and state may nest (JSON encoders, ours and clients', have limits)."""
+
+
+def _depth(value: object) -> int:
+    deepest, level = 0, [value]
+    while level:
+        deepest += 1
+        level = [
+            child
+            for v in level
+            if isinstance(v, dict | list)
+            for child in (v.values() if isinstance(v, dict) else v)
+        ]
+    return deepest
+
+
+def _check_metadata(st: ServerState, what: str, value: dict[str, Any] | None) -> None:
+    """Plain JSON (Python's parser lets NaN and Infinity through), not too deep, within the
+    size bound."""
+    if value is None:
         return
-    size = len(json.dumps(metadata))
-    if size > st.settings.limits.max_metadata_bytes:
-        raise TooLarge(
-            f"metadata is {size} bytes; the limit is {st.settings.limits.max_metadata_bytes}"
-        )
+    if _depth(value) > MAX_DEPTH:
+        raise InvalidInput(f"{what} nests deeper than {MAX_DEPTH} levels")
+    try:
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    except ValueError:
+        raise InvalidInput(f"{what} must be plain JSON (no NaN or Infinity)") from None
+    size = len(text.encode())
+    limit = st.settings.limits.max_metadata_bytes
+    if size > limit:
+        raise TooLarge(f"{what} is {size} bytes; the limit is {limit}")
 
 
 async def _detailed(st: ServerState, key: SessionKey) -> SessionOut:
@@ -49,16 +74,22 @@ async def _detailed(st: ServerState, key: SessionKey) -> SessionOut:
     )
 
 
-@router.post("", status_code=201, responses={409: {"description": "the id is taken"}})
+@router.post(
+    "",
+    status_code=201,
+    responses=responses(e404="no such agent", e409="you already have a session with this id"),
+)
 async def create_session(body: SessionCreate, st: State, caller: Caller) -> SessionOut:
     """Create a session for one of the server's agents (default: the first)."""
     if not st.agents:
         raise InvalidInput("this server has no agents")
+    # An empty id is a bad id, not a request for a new one: ids are never silently rewritten.
+    key = SessionKey.of(caller, new_session_id() if body.session_id is None else body.session_id)
     agent = body.agent or st.agents[0].name
     if agent not in st.runtime.agents:
         raise AgentNotFound(f"no agent named {agent!r}")
-    _check_metadata(st, body.metadata)
-    key = SessionKey.of(caller, body.session_id or new_session_id())
+    _check_metadata(st, "metadata", body.metadata)
+    await drop_if_expired(st, key)
     record, _ = await st.runtime.store.create_session(
         key, agent, metadata=body.metadata, ttl_seconds=body.ttl_seconds
     )
@@ -72,14 +103,17 @@ async def list_sessions(
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: Annotated[str | None, Query(max_length=128)] = None,
 ) -> SessionPage:
-    """The caller's sessions, by id; pass ``next_cursor`` back as ``cursor`` for the next page."""
+    """The caller's sessions, by id; pass ``next_cursor`` back as ``cursor`` for the next page.
+
+    Expired sessions are left out (they answer 404), so a page may hold fewer than ``limit``.
+    """
     records = await st.runtime.store.list_sessions(
         caller.tenant, caller.user, limit=limit + 1, after=cursor
     )
     page = records[:limit]
     more = len(records) > limit
     return SessionPage(
-        data=[SessionOut.of(r) for r in page],
+        data=[SessionOut.of(r) for r in page if not expired(r)],
         next_cursor=page[-1].key.session_id if more and page else None,
     )
 
@@ -90,11 +124,13 @@ async def get_session(st: State, key: Key, _: OwnSession) -> SessionOut:
     return await _detailed(st, key)
 
 
-@router.patch("/{sid}", responses={**NOT_FOUND, 409: {"description": "revision moved"}})
+@router.patch(
+    "/{sid}", responses=responses(404, e409="expected_revision is not the current revision")
+)
 async def patch_session(body: SessionPatch, st: State, key: Key, _: OwnSession) -> SessionOut:
     """Replace metadata and/or state, or extend the TTL; ``expected_revision`` guards races."""
-    _check_metadata(st, body.metadata)
-    _check_metadata(st, body.state)
+    _check_metadata(st, "metadata", body.metadata)
+    _check_metadata(st, "state", body.state)
     await st.runtime.store.update_session(
         key,
         metadata=body.metadata,
@@ -120,7 +156,7 @@ async def list_items(
     key: Key,
     _: OwnSession,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    cursor: Annotated[int | None, Query(ge=0)] = None,
+    cursor: Annotated[int | None, Query(ge=0, le=MAX_SEQ)] = None,
 ) -> ItemPage:
     """History in order; pass ``next_cursor`` back as ``cursor`` for the next page."""
     items = await st.runtime.store.list_items(key, after_seq=cursor or 0, limit=limit + 1)
@@ -134,7 +170,7 @@ async def list_items(
 @router.delete(
     "/{sid}/items",
     status_code=204,
-    responses={**NOT_FOUND, 409: {"description": "a turn is active"}},
+    responses=responses(404, e409="a turn is queued or running (busy_turn_id names it)"),
 )
 async def clear_items(st: State, key: Key, _: OwnSession) -> Response:
     """Clear the history (summaries included); refused while a turn is queued or running."""

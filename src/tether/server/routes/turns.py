@@ -60,6 +60,9 @@ def event_stream(
             async for chunk in sse.stream(_until_end(st, key, turn_id, after)):
                 finished = finished or (chunk.startswith(b"id:") and b"event: turn.ended" in chunk)
                 yield chunk
+            # Ended by us, not by the client: the turn is over, or this process is shutting
+            # down with the turn still queued (the client re-attaches; nobody left).
+            finished = True
         finally:
             if not finished and on_disconnect == "cancel":
                 st.spawn(st.runtime.scheduler.cancel(key, turn_id, "client_disconnected"))
@@ -101,7 +104,10 @@ async def create_turn(
     # A caller that waits for the outcome anyway may wait for room in a full queue
     # (backpressure); a fire-and-forget submission gets 429 at once.
     turn = await st.runtime.scheduler.submit(
-        key, body.input, policy=body.policy, principal=caller,
+        key,
+        body.input,
+        policy=body.policy,
+        principal=caller,
         wait_for_slot=st.settings.admission_wait if body.wait or body.stream else 0.0,
     )
     if body.stream:
@@ -125,7 +131,7 @@ async def list_turns(
     key: Key,
     _: OwnSession,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
-    cursor: Annotated[int | None, Query(ge=0)] = None,
+    cursor: Annotated[int | None, Query(ge=0, le=sse.MAX_SEQ)] = None,
 ) -> TurnPage:
     """The session's turns in order; pass ``next_cursor`` back as ``cursor``."""
     turns = await st.runtime.store.list_turns(key, after_seq=cursor or 0, limit=limit + 1)
@@ -162,7 +168,9 @@ async def turn_events(
     key: Key,
     _: OwnSession,
     last_event_id: Annotated[str | None, Header(max_length=200)] = None,
-    after: Annotated[int | None, Query(ge=0, description="resume after this seq")] = None,
+    after: Annotated[
+        int | None, Query(ge=0, le=sse.MAX_SEQ, description="resume after this seq")
+    ] = None,
 ) -> StreamingResponse:
     """SSE: replays a finished turn, tails a running one; resumes after ``Last-Event-ID``."""
     await _own_turn(st, key, tid)

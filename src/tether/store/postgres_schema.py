@@ -1,0 +1,292 @@
+"""PostgreSQL schema and statements.
+
+``MIGRATIONS`` is versioned like the SQLite one and append only: a released migration is never
+edited. The schema is SQLite's, with PostgreSQL types: timestamps are ``double precision`` epoch
+seconds, JSON is kept as ``text`` (exactly what ``json.dumps`` wrote; ``jsonb`` would reorder keys
+and refuse ``\\u0000``), and the text columns that are ordered or compared carry
+``COLLATE "C"`` so they sort by bytes whatever the database's locale, as SQLite and the memory
+store do.
+"""
+
+from __future__ import annotations
+
+MIGRATION_LOCK = 0x7465_7468_6572_0001
+"""Key of the ``pg_advisory_xact_lock`` held while migrating (``"tether"`` and a 1)."""
+
+VERSION_TABLE = """
+CREATE TABLE IF NOT EXISTS schema_version (
+    version     integer PRIMARY KEY,
+    applied_at  double precision NOT NULL
+)
+"""
+
+MIGRATIONS: list[tuple[int, str]] = [
+    (
+        1,
+        """
+        CREATE TABLE sessions (
+            pk               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            tenant           text COLLATE "C" NOT NULL,
+            owner            text COLLATE "C" NOT NULL,
+            session_id       text COLLATE "C" NOT NULL,
+            agent            text NOT NULL,
+            metadata         text NOT NULL DEFAULT '{}',
+            state            text NOT NULL DEFAULT '{}',
+            created_at       double precision NOT NULL,
+            updated_at       double precision NOT NULL,
+            expires_at       double precision,
+            revision         bigint NOT NULL DEFAULT 1,
+            next_turn_seq    bigint NOT NULL DEFAULT 1,
+            next_item_seq    bigint NOT NULL DEFAULT 1,
+            lease_owner      text,
+            lease_token      bigint NOT NULL DEFAULT 0,
+            lease_expires_at double precision NOT NULL DEFAULT 0,
+            UNIQUE (tenant, owner, session_id)
+        );
+        CREATE TABLE turns (
+            id          text COLLATE "C" PRIMARY KEY,
+            session_pk  bigint NOT NULL REFERENCES sessions (pk) ON DELETE CASCADE,
+            seq         bigint NOT NULL,
+            input       text NOT NULL,
+            policy      text NOT NULL,
+            status      text NOT NULL,
+            reason      text,
+            error       text,
+            output      text,
+            complete    boolean NOT NULL DEFAULT false,
+            usage       text NOT NULL DEFAULT '{}',
+            created_at  double precision NOT NULL,
+            started_at  double precision,
+            ended_at    double precision,
+            UNIQUE (session_pk, seq)
+        );
+        -- Per-session lookups by status are index probes however many turns a session has
+        -- had; the partial index serves the global "who has work" scan.
+        CREATE INDEX turns_by_status ON turns (session_pk, status, seq);
+        CREATE INDEX turns_active ON turns (session_pk, seq)
+            WHERE status IN ('queued', 'running');
+        CREATE TABLE items (
+            session_pk  bigint NOT NULL REFERENCES sessions (pk) ON DELETE CASCADE,
+            seq         bigint NOT NULL,
+            turn_id     text COLLATE "C" NOT NULL,
+            kind        text NOT NULL,
+            content     text NOT NULL,
+            complete    boolean NOT NULL,
+            call_id     text,
+            tool_name   text,
+            arguments   text,
+            meta        text NOT NULL DEFAULT '{}',
+            excluded    boolean NOT NULL DEFAULT false,
+            created_at  double precision NOT NULL,
+            PRIMARY KEY (session_pk, seq)
+        );
+        CREATE INDEX items_turn ON items (session_pk, turn_id);
+        -- A row is one event, or a run of message.delta events with consecutive seqs from
+        -- seq to last_seq (data holds their texts): a streamed reply is a row per commit.
+        CREATE TABLE events (
+            turn_id     text COLLATE "C" NOT NULL REFERENCES turns (id) ON DELETE CASCADE,
+            seq         bigint NOT NULL,
+            last_seq    bigint,
+            type        text NOT NULL,
+            data        text NOT NULL,
+            created_at  double precision NOT NULL,
+            PRIMARY KEY (turn_id, seq)
+        );
+        """,
+    ),
+    (
+        2,
+        """
+        CREATE TABLE api_keys (
+            id          text COLLATE "C" PRIMARY KEY,
+            tenant      text NOT NULL,
+            user_id     text NOT NULL,
+            roles       text NOT NULL,
+            hash        text COLLATE "C" NOT NULL UNIQUE,
+            created_at  double precision NOT NULL,
+            revoked_at  double precision
+        );
+        """,
+    ),
+]
+
+# -- statements --------------------------------------------------------------------------------
+# $1, $2, $3 are always tenant, owner, session_id where KEY_WHERE appears.
+KEY_WHERE = "tenant = $1 AND owner = $2 AND session_id = $3"
+SESSION_COLS = (
+    "tenant, owner, session_id, agent, metadata, state, created_at, updated_at, expires_at,"
+    " revision"
+)
+TURN_COLS = (
+    "t.id, s.tenant, s.owner, s.session_id, t.seq, t.input, t.policy, t.status, t.reason,"
+    " t.error, t.output, t.complete, t.usage, t.created_at, t.started_at, t.ended_at"
+)
+ITEM_COLS = (
+    "seq, turn_id, kind, content, complete, call_id, tool_name, arguments, meta, created_at,"
+    " excluded"
+)
+TURNS_FROM = "FROM turns t JOIN sessions s ON s.pk = t.session_pk"
+
+SESSION_PK = f"SELECT pk FROM sessions WHERE {KEY_WHERE}"
+# Every transaction that writes a session's turns, items or events takes its row lock first;
+# acquiring or taking over the lease updates the same row, so it waits for that transaction
+# (or the transaction waits for it, and then reads the new token).
+LOCK_SESSION = f"SELECT pk, lease_token, expires_at FROM sessions WHERE {KEY_WHERE} FOR UPDATE"
+
+INSERT_SESSION = (
+    "INSERT INTO sessions (tenant, owner, session_id, agent, metadata, created_at, updated_at,"
+    " expires_at, lease_token) VALUES ($1, $2, $3, $4, $5, $6, $6, $7, $8)"
+    f" ON CONFLICT (tenant, owner, session_id) DO NOTHING RETURNING {SESSION_COLS}"
+)
+GET_SESSION = f"SELECT {SESSION_COLS} FROM sessions WHERE {KEY_WHERE}"
+LIST_SESSIONS = (
+    f"SELECT {SESSION_COLS} FROM sessions WHERE tenant = $1 AND owner = $2"
+    " ORDER BY session_id LIMIT $3"
+)
+LIST_SESSIONS_AFTER = (
+    f"SELECT {SESSION_COLS} FROM sessions WHERE tenant = $1 AND owner = $2 AND session_id > $4"
+    " ORDER BY session_id LIMIT $3"
+)
+UPDATE_SESSION = (
+    "UPDATE sessions SET metadata = COALESCE($4, metadata), state = COALESCE($5, state),"
+    " expires_at = COALESCE($6, expires_at), updated_at = $7, revision = revision + 1"
+    f" WHERE {KEY_WHERE} AND ($8::bigint IS NULL OR revision = $8) RETURNING {SESSION_COLS}"
+)
+SESSION_REVISION = f"SELECT revision FROM sessions WHERE {KEY_WHERE}"
+DELETE_SESSION = f"DELETE FROM sessions WHERE {KEY_WHERE} RETURNING pk"
+SESSION_STATS = (
+    "SELECT (SELECT count(*) FROM items i WHERE i.session_pk = s.pk),"
+    " (SELECT count(*) FROM turns t WHERE t.session_pk = s.pk),"
+    " (SELECT count(*) FROM turns t WHERE t.session_pk = s.pk"
+    "  AND t.status IN ('queued', 'running'))"
+    f" FROM sessions s WHERE {KEY_WHERE}"
+)
+
+LIST_ITEMS = (
+    f"SELECT {ITEM_COLS} FROM items WHERE session_pk = $1 AND seq > $2 ORDER BY seq LIMIT $3"
+)
+RECENT_ITEMS = (
+    f"SELECT {ITEM_COLS} FROM items WHERE session_pk = $1 AND seq < $2 AND NOT excluded"
+    " ORDER BY seq DESC LIMIT $3"
+)
+CLEAR_ITEMS = "DELETE FROM items WHERE session_pk = $1"
+NEXT_ITEM_SEQS = (
+    "UPDATE sessions SET next_item_seq = next_item_seq + $2, updated_at = $3 WHERE pk = $1"
+    " RETURNING next_item_seq - $2"
+)
+INSERT_ITEMS = (
+    "INSERT INTO items (session_pk, seq, turn_id, kind, content, complete, call_id, tool_name,"
+    " arguments, meta, created_at)"
+    " SELECT $1, u.seq, $2, u.kind, u.content, u.complete, u.call_id, u.tool_name, u.arguments,"
+    " u.meta, $3 FROM unnest($4::bigint[], $5::text[], $6::text[], $7::boolean[], $8::text[],"
+    " $9::text[], $10::text[], $11::text[])"
+    " AS u(seq, kind, content, complete, call_id, tool_name, arguments, meta)"
+)
+DELETE_TURN_ITEMS = "DELETE FROM items WHERE session_pk = $1 AND turn_id = $2"
+EXCLUDE_TURN_ITEMS = "UPDATE items SET excluded = true WHERE session_pk = $1 AND turn_id = $2"
+ORPHAN_CALLS = (
+    "SELECT call_id, tool_name FROM items c WHERE c.session_pk = $1 AND c.turn_id = $2"
+    " AND c.kind = 'tool_call' AND NOT EXISTS ("
+    "  SELECT 1 FROM items r WHERE r.session_pk = c.session_pk AND r.turn_id = c.turn_id"
+    "  AND r.kind = 'tool_result' AND r.call_id = c.call_id) ORDER BY c.seq"
+)
+
+FIRST_ACTIVE_TURN = (
+    "SELECT id FROM turns WHERE session_pk = $1 AND status IN ('queued', 'running')"
+    " ORDER BY seq LIMIT 1"
+)
+QUEUED_TURN_IDS = "SELECT id FROM turns WHERE session_pk = $1 AND status = 'queued' ORDER BY seq"
+NEXT_TURN_SEQ = (
+    "UPDATE sessions SET next_turn_seq = next_turn_seq + 1 WHERE pk = $1"
+    " RETURNING next_turn_seq - 1"
+)
+INSERT_TURN = (
+    "INSERT INTO turns (id, session_pk, seq, input, policy, status, created_at)"
+    " VALUES ($1, $2, $3, $4, $5, 'queued', $6) ON CONFLICT (id) DO NOTHING RETURNING id"
+)
+GET_TURN = f"SELECT {TURN_COLS} {TURNS_FROM} WHERE t.id = $2 AND t.session_pk = $1"
+GET_TURN_BY_KEY = (
+    f"SELECT {TURN_COLS} {TURNS_FROM}"
+    " WHERE s.tenant = $1 AND s.owner = $2 AND s.session_id = $3 AND t.id = $4"
+)
+LIST_TURNS = (
+    f"SELECT {TURN_COLS} {TURNS_FROM} WHERE t.session_pk = $1 AND t.seq > $2"
+    " ORDER BY t.seq LIMIT $3"
+)
+ACTIVE_TURNS = (
+    f"SELECT {TURN_COLS} {TURNS_FROM} WHERE t.session_pk = $1"
+    " AND t.status IN ('queued', 'running') ORDER BY t.seq"
+)
+RUNNING_TURNS = (
+    f"SELECT {TURN_COLS} {TURNS_FROM} WHERE t.session_pk = $1 AND t.status = 'running'"
+    " ORDER BY t.seq"
+)
+START_TURN = (
+    "UPDATE turns SET status = 'running', started_at = $3"
+    " WHERE id = $2 AND session_pk = $1 AND status = 'queued' RETURNING id"
+)
+TURN_IS_RUNNING = "SELECT 1 FROM turns WHERE id = $2 AND session_pk = $1 AND status = 'running'"
+FINISH_TURN = (
+    "UPDATE turns SET status = $2, reason = $3, error = $4, output = $5, complete = $6,"
+    " usage = $7, ended_at = $8 WHERE id = $1"
+)
+SESSIONS_NEEDING_WORK = (
+    "SELECT s.tenant, s.owner, s.session_id FROM sessions s WHERE EXISTS ("
+    " SELECT 1 FROM turns t WHERE t.session_pk = s.pk AND t.status IN ('queued', 'running'))"
+    " ORDER BY s.pk"
+)
+
+ACQUIRE_LEASE = (
+    "UPDATE sessions SET lease_owner = $4, lease_token = lease_token + 1, lease_expires_at = $5"
+    f" WHERE {KEY_WHERE} AND (lease_owner IS NULL OR lease_expires_at <= $6)"
+    " RETURNING lease_token"
+)
+TAKE_OVER_LEASE = (
+    "UPDATE sessions SET lease_owner = $4, lease_token = lease_token + 1, lease_expires_at = $5"
+    f" WHERE {KEY_WHERE} AND lease_owner = $6 RETURNING lease_token"
+)
+LEASE_HOLDER = f"SELECT lease_owner, lease_expires_at FROM sessions WHERE {KEY_WHERE}"
+# One statement for any number of leases. The rows are locked in pk order, as every process
+# renews: two renewals over overlapping sessions then cannot deadlock.
+RENEW_LEASES = (
+    "WITH wanted AS (SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[],"
+    " $6::text[]) AS w(tenant, owner, session_id, token, lease_owner)),"
+    " locked AS (SELECT s.pk FROM sessions s JOIN wanted w ON s.tenant = w.tenant"
+    "  AND s.owner = w.owner AND s.session_id = w.session_id AND s.lease_token = w.token"
+    "  AND s.lease_owner = w.lease_owner ORDER BY s.pk FOR UPDATE OF s)"
+    " UPDATE sessions SET lease_expires_at = $1 WHERE pk IN (SELECT pk FROM locked)"
+    " RETURNING tenant, owner, session_id, lease_token"
+)
+RELEASE_LEASE = (
+    "UPDATE sessions SET lease_owner = NULL, lease_expires_at = 0"
+    f" WHERE {KEY_WHERE} AND lease_token = $4"
+)
+
+LAST_EVENT_SEQ = "SELECT COALESCE(MAX(COALESCE(last_seq, seq)), 0) FROM events WHERE turn_id = $1"
+INSERT_EVENTS = (
+    "INSERT INTO events (turn_id, seq, last_seq, type, data, created_at)"
+    " SELECT $1, u.seq, u.last_seq, u.type, u.data, $2"
+    " FROM unnest($3::bigint[], $4::bigint[], $5::text[], $6::text[])"
+    " AS u(seq, last_seq, type, data)"
+)
+INSERT_EVENT = (
+    "INSERT INTO events (turn_id, seq, type, data, created_at) VALUES ($1, $2, $3, $4, $5)"
+)
+LIST_EVENTS = (
+    "SELECT e.seq, e.last_seq, e.type, e.data, e.created_at FROM events e"
+    " JOIN turns t ON t.id = e.turn_id JOIN sessions s ON s.pk = t.session_pk"
+    " WHERE s.tenant = $1 AND s.owner = $2 AND s.session_id = $3 AND e.turn_id = $4"
+    " AND COALESCE(e.last_seq, e.seq) > $5 ORDER BY e.seq LIMIT $6"
+)
+
+KEY_COLS = "id, tenant, user_id, roles, hash, created_at, revoked_at"
+INSERT_API_KEY = (
+    "INSERT INTO api_keys (id, tenant, user_id, roles, hash, created_at)"
+    " VALUES ($1, $2, $3, $4, $5, $6)"
+)
+API_KEY_BY_HASH = f"SELECT {KEY_COLS} FROM api_keys WHERE hash = $1"
+LIST_API_KEYS = f"SELECT {KEY_COLS} FROM api_keys ORDER BY created_at, id"
+REVOKE_API_KEY = (
+    "UPDATE api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL RETURNING id"
+)
+COUNT_API_KEYS = "SELECT count(*) FROM api_keys WHERE revoked_at IS NULL"

@@ -1,0 +1,161 @@
+"""The PostgreSQL store's transactional steps: fencing, and a turn's writes.
+
+Each function runs inside a transaction its caller opened (READ COMMITTED) on one connection,
+and every write here is preceded, in that transaction, by the session's row lock.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import replace
+from typing import Any, Protocol
+
+import asyncpg  # type: ignore[import-untyped]
+
+from tether.errors import Conflict, SessionNotFound, StaleLease
+from tether.records import Item, Lease, NewItem, SessionKey, Turn, TurnEnding
+from tether.store import postgres_schema as q
+from tether.store.base import ABORTED_TOOL_RESULT, NewEvent
+from tether.store.rows import terminal_event_data
+
+# The folding of text deltas and the JSON of usage are the SQLite store's: one record format.
+from tether.store.sqlite import _event_rows, _turn, _usage_json
+
+Row = tuple[Any, ...]
+"""An ``asyncpg.Record``: read here only as a tuple is (by position, unpacked)."""
+
+
+class Conn(Protocol):
+    """The part of ``asyncpg.Connection`` the store uses (asyncpg ships no type information)."""
+
+    async def execute(self, query: str, *args: Any) -> str: ...
+    async def fetch(self, query: str, *args: Any) -> list[Row]: ...
+    async def fetchrow(self, query: str, *args: Any) -> Row | None: ...
+    async def fetchval(self, query: str, *args: Any) -> Any: ...
+    def transaction(self, *, isolation: str) -> AbstractAsyncContextManager[Any]: ...
+
+
+def key_args(key: SessionKey) -> tuple[str, str, str]:
+    return key.tenant, key.owner, key.session_id
+
+
+async def lock_session(conn: Conn, key: SessionKey) -> Row:
+    """``(pk, lease_token, expires_at)`` of the session, its row locked until the commit."""
+    row = await conn.fetchrow(q.LOCK_SESSION, *key_args(key))
+    if row is None:
+        raise SessionNotFound("session not found")
+    return row
+
+
+async def fenced_pk(conn: Conn, lease: Lease) -> int:
+    # The row lock is held to the end of the caller's transaction: nobody can move the token
+    # between this check and the writes that follow it.
+    pk, token, _ = await lock_session(conn, lease.key)
+    if token != lease.token:
+        raise StaleLease(f"lease token {lease.token} is stale (current {token})")
+    return int(pk)
+
+
+async def add(
+    conn: Conn, pk: int, turn_id: str, items: Sequence[NewItem], events: Sequence[NewEvent]
+) -> list[Item]:
+    """Write items (the store assigns their seqs) and events of a turn."""
+    now = time.time()
+    out: list[Item] = []
+    if items:
+        first = int(await conn.fetchval(q.NEXT_ITEM_SEQS, pk, len(items), now))
+        out = [
+            Item(
+                seq=first + n,
+                turn_id=turn_id,
+                kind=new.kind,
+                content=new.content,
+                complete=new.complete,
+                call_id=new.call_id,
+                tool_name=new.tool_name,
+                arguments=new.arguments,
+                meta=new.meta,
+                created_at=now,
+            )
+            for n, new in enumerate(items)
+        ]
+        await conn.execute(
+            q.INSERT_ITEMS,
+            pk,
+            turn_id,
+            now,
+            [i.seq for i in out],
+            [i.kind for i in out],
+            [i.content for i in out],
+            [i.complete for i in out],
+            [i.call_id for i in out],
+            [i.tool_name for i in out],
+            [i.arguments for i in out],
+            [json.dumps(i.meta) for i in out],
+        )
+    if events:
+        last = await conn.fetchval(q.LAST_EVENT_SEQ, turn_id)
+        seqs = [e.seq for e in events]
+        if min(seqs) <= last or len(set(seqs)) != len(seqs):
+            raise Conflict(f"an event seq of turn {turn_id} was already written")
+        # One array per column (seq, last_seq, type, data): a single INSERT for all the rows.
+        columns = [list(c) for c in zip(*_event_rows(events), strict=True)]
+        try:
+            await conn.execute(q.INSERT_EVENTS, turn_id, now, *columns)
+        except asyncpg.UniqueViolationError as exc:
+            raise Conflict(f"an event seq of turn {turn_id} was already written") from exc
+    return out
+
+
+async def finish(conn: Conn, pk: int, turn: Turn, ending: TurnEnding, write_terminal: bool) -> Turn:
+    """Give the turn its terminal status (and ``turn.ended`` event when ``write_terminal``)."""
+    now = time.time()
+    if ending.status == "rolled_back":
+        await conn.execute(q.DELETE_TURN_ITEMS, pk, turn.id)
+    elif ending.status == "failed":
+        await conn.execute(q.EXCLUDE_TURN_ITEMS, pk, turn.id)
+    await conn.execute(
+        q.FINISH_TURN,
+        turn.id,
+        ending.status,
+        ending.reason,
+        ending.error,
+        ending.output,
+        ending.complete,
+        _usage_json(ending.usage),
+        now,
+    )
+    if write_terminal:
+        last = await conn.fetchval(q.LAST_EVENT_SEQ, turn.id)
+        data = json.dumps(terminal_event_data(turn.id, ending))
+        await conn.execute(q.INSERT_EVENT, turn.id, last + 1, "turn.ended", data, now)
+    return replace(
+        turn,
+        status=ending.status,
+        reason=ending.reason,
+        error=ending.error,
+        output=ending.output,
+        complete=ending.complete,
+        usage=ending.usage,
+        ended_at=now,
+    )
+
+
+async def fail_running_turns(conn: Conn, pk: int) -> list[Turn]:
+    """End the session's running turns as failed/``owner_lost``, answering orphaned calls."""
+    out = []
+    for turn in map(_turn, await conn.fetch(q.RUNNING_TURNS, pk)):
+        orphans = await conn.fetch(q.ORPHAN_CALLS, pk, turn.id)
+        aborted = [
+            NewItem("tool_result", ABORTED_TOOL_RESULT, call_id=call_id, tool_name=tool)
+            for call_id, tool in orphans
+        ]
+        await add(conn, pk, turn.id, aborted, [])
+        ending = TurnEnding(
+            status="failed", reason="owner_lost", error="the process running the turn was lost"
+        )
+        out.append(await finish(conn, pk, turn, ending, True))
+    return out

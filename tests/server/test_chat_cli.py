@@ -1,0 +1,322 @@
+"""``tether chat`` in a real pseudo-terminal, against a server (``--url``) and locally."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pexpect
+import pytest
+from rich.console import Console
+
+from tests.server.conftest import ROOT, Server
+from tether.chat_cli import _show_event
+from tether.tools.approval import REFUSED_RESULT
+
+TETHER = [sys.executable, "-m", "tether"]
+PROMPT = "you> "
+TIMEOUT = 30
+
+
+def spawn(*args: str) -> pexpect.spawn:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    child = pexpect.spawn(
+        TETHER[0],
+        [*TETHER[1:], "chat", *args],
+        cwd=str(ROOT),
+        env=env,
+        encoding="utf-8",
+        timeout=TIMEOUT,
+        dimensions=(40, 200),
+    )
+    return child
+
+
+@pytest.fixture
+def children() -> Iterator[list[pexpect.spawn]]:
+    """Every chat process a test starts is gone (and its pty closed) when the test ends."""
+    started: list[pexpect.spawn] = []
+    yield started
+    for child in started:
+        child.close(force=True)
+
+
+def session_of(child: pexpect.spawn) -> str:
+    child.expect(r"session (\S+) with echo")
+    sid: str = child.match.group(1)
+    child.expect_exact(PROMPT)
+    return sid
+
+
+def say(child: pexpect.spawn, text: str, reply: str) -> None:
+    child.sendline(text)
+    child.expect_exact(reply)
+    child.expect_exact(PROMPT)
+
+
+def leave(child: pexpect.spawn) -> None:
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0, child.before
+
+
+# -- against a server -------------------------------------------------------------------------
+@pytest.mark.slow
+def test_remote_chat_keeps_the_conversation_and_resumes_it(
+    server: Server, children: list[pexpect.spawn]
+) -> None:
+    first = spawn("--url", server.url, "--agent", "echo")
+    children.append(first)
+    sid = session_of(first)
+    say(first, "hello there", "saw [] then hello there")
+    say(first, "second one", "saw [hello there] then second one")
+    leave(first)
+
+    again = spawn("--url", server.url, "--session", sid)
+    children.append(again)
+    assert session_of(again) == sid
+    say(again, "third", "saw [hello there, second one] then third")
+    leave(again)
+
+    with server.client() as c:
+        items = c.get(f"/v1/sessions/{sid}/items").json()["data"]
+    assert [i["content"] for i in items if i["kind"] == "user"] == [
+        "hello there",
+        "second one",
+        "third",
+    ]
+
+
+@pytest.mark.slow
+def test_remote_chat_ends_on_eof(server: Server, children: list[pexpect.spawn]) -> None:
+    child = spawn("--url", server.url, "--agent", "echo")
+    children.append(child)
+    session_of(child)
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+@pytest.mark.slow
+def test_remote_ctrl_c_cancels_the_reply_in_progress(
+    server: Server, children: list[pexpect.spawn]
+) -> None:
+    with server.client() as c:
+        sid = c.post("/v1/sessions", json={"agent": "slow"}).json()["session_id"]
+    child = spawn("--url", server.url, "--session", sid)
+    children.append(child)
+    child.expect_exact(f"session {sid} with slow")
+    child.expect_exact(PROMPT)
+    child.sendline("go")
+    child.expect_exact("w3 ")
+    child.sendintr()
+    child.expect_exact("cancelled")
+    child.expect_exact(PROMPT)  # the chat goes on
+    with server.client() as c:
+        turn = wait_ended(c, sid)
+    assert (turn["status"], turn["reason"], turn["complete"]) == (
+        "cancelled",
+        "client_disconnected",
+        False,
+    )
+    leave(child)
+
+
+def wait_ended(c: httpx.Client, sid: str) -> dict[str, object]:
+    deadline = time.monotonic() + 10
+    while True:
+        turns = c.get(f"/v1/sessions/{sid}/turns").json()["data"]
+        if turns and turns[-1]["status"] not in ("queued", "running"):
+            last: dict[str, object] = turns[-1]
+            return last
+        assert time.monotonic() < deadline, turns
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_remote_chat_with_an_unreachable_server_fails_cleanly(
+    children: list[pexpect.spawn],
+) -> None:
+    from tests.server.conftest import free_port
+
+    child = spawn("--url", f"http://127.0.0.1:{free_port()}", "--agent", "echo")
+    children.append(child)
+    child.expect("cannot reach")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 2
+    assert "Traceback" not in (child.before or "")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("answer", "result"),
+    [("y", "launched rocket"), ("n", REFUSED_RESULT)],
+)
+def test_remote_chat_asks_for_approval_and_sends_the_answer(
+    server: Server, children: list[pexpect.spawn], answer: str, result: str
+) -> None:
+    child = spawn("--url", server.url, "--agent", "approver")
+    children.append(child)
+    child.expect(r"session (\S+) with approver")
+    sid = child.match.group(1)
+    child.expect_exact(PROMPT)
+    began = time.monotonic()
+    child.sendline("launch it")
+    child.expect_exact('approve launch({"target": "rocket"})? [y/N] ')
+    child.sendline(answer)
+    child.expect_exact(f"tool said: {result}")
+    child.expect_exact(PROMPT)
+    # Answered at once, not after the server's approval timeout (30 s) ran out.
+    assert time.monotonic() - began < 10
+    leave(child)
+    with server.client() as c:
+        items = c.get(f"/v1/sessions/{sid}/items").json()["data"]
+    assert [i["content"] for i in items if i["kind"] == "tool_result"] == [result]
+
+
+# -- local (in-process runtime) ----------------------------------------------------------------
+@pytest.mark.slow
+def test_local_chat_keeps_the_conversation_and_resumes_it(
+    tmp_path: Path, children: list[pexpect.spawn]
+) -> None:
+    data = str(tmp_path / "data")
+    args = ("tests.server.apps:app", "--agent", "echo", "--data-dir", data)
+    first = spawn(*args)
+    children.append(first)
+    first.expect(r"new session (\S+) with echo")
+    sid = first.match.group(1)
+    first.expect_exact(PROMPT)
+    say(first, "hello there", "saw [] then hello there")
+    say(first, "second one", "saw [hello there] then second one")
+    leave(first)
+
+    again = spawn(*args, "--session", sid)
+    children.append(again)
+    again.expect_exact(f"resuming session {sid} with echo")
+    again.expect_exact(PROMPT)
+    say(again, "third", "saw [hello there, second one] then third")
+    leave(again)
+
+
+@pytest.mark.slow
+def test_local_ctrl_c_cancels_the_reply_in_progress(
+    tmp_path: Path, children: list[pexpect.spawn]
+) -> None:
+    data = str(tmp_path / "data")
+    child = spawn("tests.server.apps:app", "--agent", "slow", "--data-dir", data)
+    children.append(child)
+    child.expect(r"new session (\S+) with slow")
+    child.expect_exact(PROMPT)
+    child.sendline("go")
+    child.expect_exact("w3 ")
+    child.sendintr()
+    child.expect_exact("turn cancelled (cancelled)")
+    child.expect_exact(PROMPT)
+    leave(child)
+
+
+@pytest.mark.slow
+def test_local_chat_with_an_unknown_agent_fails_cleanly(
+    tmp_path: Path, children: list[pexpect.spawn]
+) -> None:
+    data = str(tmp_path / "data")
+    child = spawn("tests.server.apps:app", "--agent", "nobody", "--data-dir", data)
+    children.append(child)
+    child.expect("no agent named 'nobody'")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("answer", "result"),
+    [("yes", "launched rocket"), ("", REFUSED_RESULT)],
+)
+def test_local_chat_asks_for_approval(
+    tmp_path: Path, children: list[pexpect.spawn], answer: str, result: str
+) -> None:
+    data = str(tmp_path / "data")
+    child = spawn("tests.server.apps:app", "--agent", "approver", "--data-dir", data)
+    children.append(child)
+    child.expect_exact(PROMPT)
+    child.sendline("launch it")
+    child.expect_exact('approve launch({"target": "rocket"})? [y/N] ')
+    child.sendline(answer)
+    child.expect_exact(f"tool said: {result}")
+    child.expect_exact(PROMPT)
+    leave(child)
+
+
+@pytest.mark.slow
+def test_local_ctrl_c_at_an_approval_question_cancels_and_keeps_the_next_line(
+    tmp_path: Path, children: list[pexpect.spawn]
+) -> None:
+    data = str(tmp_path / "data")
+    child = spawn("tests.server.apps:app", "--agent", "approver", "--data-dir", data)
+    children.append(child)
+    child.expect_exact(PROMPT)
+    child.sendline("launch it")
+    child.expect_exact("[y/N] ")
+    child.sendintr()
+    child.expect_exact("turn cancelled (cancelled)")
+    child.expect_exact(PROMPT)
+    # The line typed next is the next message (the abandoned question does not eat it).
+    child.sendline("again")
+    child.expect_exact("[y/N] ")
+    child.sendline("y")
+    child.expect_exact("tool said: launched rocket")
+    child.expect_exact(PROMPT)
+    leave(child)
+
+
+# -- help ----------------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("command", "mentions"),
+    [
+        ([], ["serve", "chat", "sessions", "keys"]),
+        (["chat"], ["--url", "--agent", "--session", "--key", "--data-dir", "/exit"]),
+        (
+            ["serve"],
+            ["--host", "--port", "--data-dir", "--store", "--insecure", "--drain-timeout"],
+        ),
+        (["sessions"], ["list", "show", "delete"]),
+        (["keys"], ["create", "list", "revoke"]),
+    ],
+)
+def test_help(command: list[str], mentions: list[str]) -> None:
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    done = subprocess.run(
+        [*TETHER, *command, "--help"], capture_output=True, text=True, env=env, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    for word in mentions:
+        assert word in done.stdout, (word, done.stdout)
+    # Environment hints survive rendering (brackets would be eaten as markup).
+    if command in (["serve"], ["chat"]):
+        assert re.search(r"env TETHER_DATA_DIR", done.stdout), done.stdout
+
+
+# -- rendering ------------------------------------------------------------------------------------
+def test_model_and_tool_text_is_never_markup() -> None:
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    hostile = "[/oops] [bold]not bold[/bold] [link=http://x]y[/link]"
+    _show_event(console, "message.delta", {"text": hostile})
+    _show_event(console, "tool.call", {"name": "t", "arguments": '{"a": "[/b]"}'})
+    _show_event(console, "tool.result", {"output": hostile})
+    _show_event(console, "turn.ended", {"status": "failed", "reason": "x", "error": "[/e]"})
+    shown = console.file.getvalue()  # type: ignore[attr-defined]
+    assert shown.count(hostile) == 2
+    assert '{"a": "[/b]"}' in shown
+    assert "turn failed (x): [/e]" in shown

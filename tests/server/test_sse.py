@@ -1,0 +1,456 @@
+"""Turn events over real HTTP: SSE framing, resuming, disconnect policies, approvals, cancel."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.server.conftest import Server
+from tether.tools.approval import REFUSED_RESULT
+
+pytestmark = pytest.mark.slow
+
+SLOW_TEXT = " ".join(f"w{n}" for n in range(40))
+
+
+@dataclass(frozen=True)
+class Frame:
+    id: str
+    event: str
+    data: dict[str, Any]
+
+    @property
+    def turn_id(self) -> str:
+        return self.id.rpartition(":")[0]
+
+    @property
+    def seq(self) -> int:
+        return int(self.id.rpartition(":")[2])
+
+
+def read_frames(response: httpx.Response) -> Iterator[Frame]:
+    """Frames of an SSE response, checked to be exactly ``id``, ``event``, ``data`` lines."""
+    block: list[str] = []
+    for line in response.iter_lines():
+        if line:
+            block.append(line)
+            continue
+        lines = [b for b in block if not b.startswith(":")]  # comments are keep-alive pings
+        block = []
+        if not lines:
+            continue
+        assert len(lines) == 3, lines
+        assert lines[0].startswith("id: ") and lines[1].startswith("event: "), lines
+        assert lines[2].startswith("data: "), lines
+        yield Frame(lines[0][4:], lines[1][7:], json.loads(lines[2][6:]))
+    assert not [b for b in block if not b.startswith(":")], f"unterminated frame {block}"
+
+
+def new_session(c: httpx.Client, agent: str) -> str:
+    r = c.post("/v1/sessions", json={"agent": agent})
+    assert r.status_code == 201, r.text
+    sid: str = r.json()["session_id"]
+    return sid
+
+
+def start_turn(c: httpx.Client, sid: str, text: str) -> str:
+    r = c.post(f"/v1/sessions/{sid}/turns", json={"input": text, "wait": False})
+    assert r.status_code == 202, r.text
+    tid: str = r.json()["id"]
+    return tid
+
+
+def ended_turn(c: httpx.Client, sid: str, tid: str, within: float = 20.0) -> dict[str, Any]:
+    deadline = time.monotonic() + within
+    while True:
+        turn: dict[str, Any] = c.get(f"/v1/sessions/{sid}/turns/{tid}").json()
+        if turn["status"] not in ("queued", "running"):
+            return turn
+        assert time.monotonic() < deadline, f"turn still {turn['status']}"
+        time.sleep(0.05)
+
+
+def events_url(sid: str, tid: str) -> str:
+    return f"/v1/sessions/{sid}/turns/{tid}/events"
+
+
+def read_all(c: httpx.Client, sid: str, tid: str, **kw: Any) -> list[Frame]:
+    with c.stream("GET", events_url(sid, tid), **kw) as r:
+        assert r.status_code == 200, r.read()
+        return list(read_frames(r))
+
+
+def read_some(response: httpx.Response, deltas: int) -> list[Frame]:
+    """Frames up to and including the ``deltas``-th message.delta (then the caller leaves)."""
+    got: list[Frame] = []
+    seen = 0
+    for frame in read_frames(response):
+        got.append(frame)
+        if frame.event == "message.delta":
+            seen += 1
+            if seen == deltas:
+                return got
+    raise AssertionError(f"the stream ended after {seen} deltas: {got}")
+
+
+def check_complete(frames: list[Frame], tid: str) -> None:
+    """One turn's whole event sequence: consecutive seqs from 1, one terminal event, last."""
+    assert {f.turn_id for f in frames} == {tid}
+    assert [f.seq for f in frames] == list(range(1, len(frames) + 1))
+    assert frames[0].event == "turn.queued"
+    assert [f.event for f in frames].count("turn.ended") == 1
+    assert frames[-1].event == "turn.ended"
+    assert frames[-1].data["turn_id"] == tid
+
+
+def text_of(frames: list[Frame]) -> str:
+    return "".join(f.data["text"] for f in frames if f.event == "message.delta")
+
+
+# -- streaming a turn ----------------------------------------------------------------------------
+def test_stream_true_answers_with_sse_frames(server: Server) -> None:
+    with server.client() as c:
+        sid = new_session(c, "slow")
+        body = {"input": "go", "stream": True}
+        with c.stream("POST", f"/v1/sessions/{sid}/turns", json=body) as r:
+            assert r.status_code == 200
+            assert r.headers["content-type"].startswith("text/event-stream")
+            assert r.headers["cache-control"] == "no-store"
+            frames = list(read_frames(r))
+        tid = frames[0].turn_id
+        check_complete(frames, tid)
+        assert frames[1].event == "turn.started"
+        assert frames[-1].data["status"] == "completed"
+        deltas = [f for f in frames if f.event == "message.delta"]
+        assert len(deltas) == 40
+        turn = c.get(f"/v1/sessions/{sid}/turns/{tid}").json()
+        assert turn["status"] == "completed"
+        assert text_of(frames) == turn["output"] == SLOW_TEXT
+        # A finished turn's events endpoint replays exactly what was streamed.
+        assert read_all(c, sid, tid) == frames
+
+
+def test_stream_shows_history_to_the_model(server: Server) -> None:
+    with server.client() as c:
+        sid = new_session(c, "echo")
+        outputs = []
+        for text in ("one", "two"):
+            body = {"input": text, "stream": True}
+            with c.stream("POST", f"/v1/sessions/{sid}/turns", json=body) as r:
+                frames = list(read_frames(r))
+            check_complete(frames, frames[0].turn_id)
+            outputs.append(text_of(frames))
+        assert outputs == ["saw [] then one", "saw [one] then two"]
+
+
+# -- re-attaching ---------------------------------------------------------------------------------
+def test_resume_with_last_event_id_has_no_gap_and_no_duplicate(server: Server) -> None:
+    with server.client() as c:
+        sid = new_session(c, "slow")
+        tid = start_turn(c, sid, "go")
+        with c.stream("GET", events_url(sid, tid)) as r:
+            assert r.status_code == 200
+            first = read_some(r, 3)
+        assert first[-1].event == "message.delta"
+        headers = {"Last-Event-ID": first[-1].id}
+        with c.stream("GET", events_url(sid, tid), headers=headers) as r:
+            assert r.status_code == 200
+            second = list(read_frames(r))
+        assert second, "nothing after the resume point"
+        assert second[0].seq == first[-1].seq + 1
+        union = first + second
+        check_complete(union, tid)
+        assert union[-1].data["status"] == "completed"
+        assert text_of(union) == SLOW_TEXT
+        # The union of both reads is exactly what a full replay gives now.
+        assert read_all(c, sid, tid) == union
+
+
+def test_resume_several_times_while_running(server: Server) -> None:
+    with server.client() as c:
+        sid = new_session(c, "slow")
+        tid = start_turn(c, sid, "go")
+        got: list[Frame] = []
+        for _ in range(3):
+            headers = {"Last-Event-ID": got[-1].id} if got else {}
+            with c.stream("GET", events_url(sid, tid), headers=headers) as r:
+                got += read_some(r, 2)
+        headers = {"Last-Event-ID": got[-1].id}
+        with c.stream("GET", events_url(sid, tid), headers=headers) as r:
+            got += list(read_frames(r))
+        check_complete(got, tid)
+        assert read_all(c, sid, tid) == got
+
+
+def test_resume_with_after_query(server: Server) -> None:
+    with server.client() as c:
+        sid = new_session(c, "slow")
+        tid = start_turn(c, sid, "go")
+        with c.stream("GET", events_url(sid, tid)) as r:
+            first = read_some(r, 2)
+        rest = read_all(c, sid, tid, params={"after": first[-1].seq})
+        check_complete(first + rest, tid)
+        full = read_all(c, sid, tid)
+        assert first + rest == full
+        # On a finished turn, ?after= and Last-Event-ID pick the same tail.
+        for n in (0, 1, 5, len(full) - 1):
+            assert read_all(c, sid, tid, params={"after": n}) == full[n:]
+            if n:
+                assert read_all(c, sid, tid, headers={"Last-Event-ID": full[n - 1].id}) == full[n:]
+        # Past the end: nothing more is owed but the terminal event (so the client stops).
+        tail = read_all(c, sid, tid, params={"after": len(full)})
+        assert [f.event for f in tail] == ["turn.ended"]
+
+
+def test_finished_turn_replays_everything(server: Server) -> None:
+    with server.client() as c:
+        sid = new_session(c, "echo")
+        r = c.post(f"/v1/sessions/{sid}/turns", json={"input": "hi"})
+        assert r.status_code == 200, r.text
+        tid = r.json()["id"]
+        frames = read_all(c, sid, tid)
+        check_complete(frames, tid)
+        assert [f.event for f in frames][:2] == ["turn.queued", "turn.started"]
+        assert text_of(frames) == "saw [] then hi" == r.json()["output"]
+        completed = [f for f in frames if f.event == "message.completed"]
+        assert [f.data for f in completed] == [{"text": "saw [] then hi", "complete": True}]
+
+
+@pytest.mark.parametrize(
+    "last_event_id",
+    [
+        "garbage",
+        "{tid}",
+        "{tid}:",
+        "{tid}:x",
+        "{tid}:-1",
+        "{tid}:²",
+        "{tid}:" + str(2**63),
+        "{tid}:" + "9" * 60,
+        "other-turn:3",
+        ":3",
+    ],
+)
+def test_bad_last_event_id_is_a_400_problem(server: Server, last_event_id: str) -> None:
+    with server.client() as c:
+        sid = new_session(c, "echo")
+        tid = c.post(f"/v1/sessions/{sid}/turns", json={"input": "hi"}).json()["id"]
+        header = last_event_id.format(tid=tid).encode()
+        r = c.get(events_url(sid, tid), headers={b"Last-Event-ID": header})
+        assert r.status_code == 400
+        assert r.headers["content-type"] == "application/problem+json"
+        assert r.json()["type"].endswith("/invalid-input")
+        for after in (-1, 2**63, "x"):
+            r = c.get(events_url(sid, tid), params={"after": after})
+            assert r.status_code == 422
+            assert r.headers["content-type"] == "application/problem+json"
+
+
+def test_events_of_unknown_turn_or_session_are_404(server: Server) -> None:
+    with server.client() as c:
+        sid = new_session(c, "echo")
+        for url in (events_url(sid, "t_nope"), events_url("no-such-session", "t_nope")):
+            r = c.get(url)
+            assert r.status_code == 404
+            assert r.headers["content-type"] == "application/problem+json"
+
+
+# -- client disconnects ---------------------------------------------------------------------------
+def test_disconnect_with_on_disconnect_cancel_cancels_and_keeps_partial(server: Server) -> None:
+    with server.client() as c:
+        sid = new_session(c, "slow")
+        body = {"input": "go", "stream": True, "on_disconnect": "cancel"}
+        with c.stream("POST", f"/v1/sessions/{sid}/turns", json=body) as r:
+            seen = read_some(r, 3)
+        tid = seen[0].turn_id
+        turn = ended_turn(c, sid, tid)
+        assert (turn["status"], turn["reason"]) == ("cancelled", "client_disconnected")
+        assert turn["complete"] is False
+        partial = turn["output"]
+        assert partial and SLOW_TEXT.startswith(partial) and partial != SLOW_TEXT
+        assert partial.startswith(text_of(seen))
+
+        items = c.get(f"/v1/sessions/{sid}/items").json()["data"]
+        assert [(i["kind"], i["complete"]) for i in items] == [("user", True), ("assistant", False)]
+        assert items[1]["content"] == partial
+        assert {i["turn_id"] for i in items} == {tid}
+
+        # The replay tells the same story: the partial is marked incomplete, then one ending.
+        frames = read_all(c, sid, tid)
+        check_complete(frames, tid)
+        assert frames[-1].data["status"] == "cancelled"
+        assert frames[-2].event == "message.completed"
+        assert frames[-2].data == {"text": partial, "complete": False}
+
+        # The session goes on: the next turn completes after the incomplete one.
+        r = c.post(f"/v1/sessions/{sid}/turns", json={"input": "again"})
+        assert r.status_code == 200, r.text
+        assert r.json()["output"] == SLOW_TEXT
+        items = c.get(f"/v1/sessions/{sid}/items").json()["data"]
+        assert [(i["kind"], i["complete"]) for i in items] == [
+            ("user", True),
+            ("assistant", False),
+            ("user", True),
+            ("assistant", True),
+        ]
+
+
+def test_disconnect_with_on_disconnect_continue_lets_the_turn_finish(server: Server) -> None:
+    with server.client() as c:
+        sid = new_session(c, "slow")
+        body = {"input": "go", "stream": True}  # on_disconnect defaults to continue
+        with c.stream("POST", f"/v1/sessions/{sid}/turns", json=body) as r:
+            first = read_some(r, 3)
+        tid = first[0].turn_id
+        # Re-attach while it still runs, right after the last event we saw.
+        with c.stream("GET", events_url(sid, tid), headers={"Last-Event-ID": first[-1].id}) as r:
+            rest = list(read_frames(r))
+        check_complete(first + rest, tid)
+        turn = ended_turn(c, sid, tid)
+        assert (turn["status"], turn["complete"]) == ("completed", True)
+        assert turn["output"] == text_of(first + rest) == SLOW_TEXT
+        items = c.get(f"/v1/sessions/{sid}/items").json()["data"]
+        assert [(i["kind"], i["complete"]) for i in items] == [("user", True), ("assistant", True)]
+
+
+def test_disconnect_from_events_endpoint_never_cancels(server: Server) -> None:
+    with server.client() as c:
+        sid = new_session(c, "slow")
+        tid = start_turn(c, sid, "go")
+        with c.stream("GET", events_url(sid, tid)) as r:
+            read_some(r, 2)
+        turn = ended_turn(c, sid, tid)
+        assert turn["status"] == "completed"
+
+
+def test_wait_with_on_disconnect_cancel_cancels_when_the_client_leaves(server: Server) -> None:
+    with server.client() as c:
+        sid = new_session(c, "slow")
+        body = {"input": "go", "on_disconnect": "cancel"}
+        with pytest.raises(httpx.ReadTimeout), server.client(timeout=0.6) as impatient:
+            impatient.post(f"/v1/sessions/{sid}/turns", json=body)
+        tid = c.get(f"/v1/sessions/{sid}/turns").json()["data"][0]["id"]
+        turn = ended_turn(c, sid, tid)
+        assert (turn["status"], turn["reason"]) == ("cancelled", "client_disconnected")
+
+
+# -- approvals over HTTP ---------------------------------------------------------------------------
+def run_approval(server: Server, approve: bool) -> tuple[list[Frame], dict[str, Any], str]:
+    with server.client() as c:
+        sid = new_session(c, "approver")
+        body = {"input": "launch it", "stream": True}
+        frames: list[Frame] = []
+        with c.stream("POST", f"/v1/sessions/{sid}/turns", json=body) as r:
+            assert r.status_code == 200
+            for frame in read_frames(r):
+                frames.append(frame)
+                if frame.event == "tool.approval_requested":
+                    tid, call_id = frame.turn_id, frame.data["call_id"]
+                    decision = {"call_id": call_id, "approve": approve}
+                    d = c.post(f"/v1/sessions/{sid}/turns/{tid}/decisions", json=decision)
+                    assert d.status_code == 200
+                    assert d.json() == {"call_id": call_id, "accepted": True}
+                    # A second decision for the same call comes too late.
+                    d = c.post(f"/v1/sessions/{sid}/turns/{tid}/decisions", json=decision)
+                    assert d.json() == {"call_id": call_id, "accepted": False}
+        tid = frames[0].turn_id
+        check_complete(frames, tid)
+        turn = c.get(f"/v1/sessions/{sid}/turns/{tid}").json()
+        return frames, turn, sid
+
+
+def test_approved_tool_runs(server: Server) -> None:
+    frames, turn, _ = run_approval(server, approve=True)
+    kinds = [f.event for f in frames]
+    assert kinds.index("tool.call") < kinds.index("tool.approval_requested")
+    assert kinds.index("tool.approval_requested") < kinds.index("tool.result")
+    call = next(f for f in frames if f.event == "tool.call")
+    asked = next(f for f in frames if f.event == "tool.approval_requested")
+    result = next(f for f in frames if f.event == "tool.result")
+    assert asked.data["call_id"] == call.data["call_id"] == result.data["call_id"]
+    assert asked.data["name"] == "launch"
+    assert result.data["output"] == "launched rocket"
+    assert result.data["error"] is False
+    assert (turn["status"], turn["output"]) == ("completed", "tool said: launched rocket")
+
+
+def test_refused_tool_does_not_run(server: Server) -> None:
+    frames, turn, sid = run_approval(server, approve=False)
+    result = next(f for f in frames if f.event == "tool.result")
+    assert result.data["output"] == REFUSED_RESULT
+    assert (turn["status"], turn["output"]) == ("completed", f"tool said: {REFUSED_RESULT}")
+    assert "launched" not in json.dumps([f.data for f in frames])
+    with server.client() as c:
+        items = c.get(f"/v1/sessions/{sid}/items").json()["data"]
+    results = [i for i in items if i["kind"] == "tool_result"]
+    assert [r["content"] for r in results] == [REFUSED_RESULT]
+
+
+def test_decisions_for_unknown_calls_are_not_accepted(server: Server) -> None:
+    with server.client() as c:
+        sid = new_session(c, "echo")
+        tid = c.post(f"/v1/sessions/{sid}/turns", json={"input": "hi"}).json()["id"]
+        url = f"/v1/sessions/{sid}/turns/{tid}/decisions"
+        r = c.post(url, json={"call_id": "call_unknown", "approve": True})
+        assert r.status_code == 200
+        assert r.json() == {"call_id": "call_unknown", "accepted": False}
+        r = c.post(
+            f"/v1/sessions/{sid}/turns/t_nope/decisions", json={"call_id": "x", "approve": True}
+        )
+        assert r.status_code == 404
+        assert c.post(url, json={"call_id": "", "approve": True}).status_code == 422
+
+
+# -- cancel endpoint ------------------------------------------------------------------------------
+def test_cancel_a_running_turn(server: Server) -> None:
+    with server.client() as c:
+        sid = new_session(c, "slow")
+        tid = start_turn(c, sid, "go")
+        with c.stream("GET", events_url(sid, tid)) as r:
+            read_some(r, 2)  # it is running and has said something
+        r = c.post(f"/v1/sessions/{sid}/turns/{tid}/cancel")
+        assert r.status_code == 200
+        turn = r.json()
+        assert (turn["id"], turn["status"], turn["reason"]) == (tid, "cancelled", "cancelled")
+        assert turn["complete"] is False
+        assert turn["output"] and SLOW_TEXT.startswith(turn["output"])
+        assert turn["output"] != SLOW_TEXT
+        # Cancelling again answers with the ended turn, unchanged.
+        again = c.post(f"/v1/sessions/{sid}/turns/{tid}/cancel")
+        assert again.status_code == 200
+        assert again.json() == turn
+        frames = read_all(c, sid, tid)
+        check_complete(frames, tid)
+        assert frames[-1].data["status"] == "cancelled"
+
+
+def test_cancel_a_queued_turn(server: Server) -> None:
+    with server.client() as c:
+        sid = new_session(c, "slow")
+        first = start_turn(c, sid, "one")
+        second = start_turn(c, sid, "two")
+        r = c.post(f"/v1/sessions/{sid}/turns/{second}/cancel")
+        assert r.status_code == 200
+        assert (r.json()["status"], r.json()["reason"]) == ("cancelled", "cancelled")
+        assert ended_turn(c, sid, first)["status"] == "completed"
+        frames = read_all(c, sid, second)
+        check_complete(frames, second)
+        assert [f.event for f in frames] == ["turn.queued", "turn.ended"]
+        items = c.get(f"/v1/sessions/{sid}/items").json()["data"]
+        assert {i["turn_id"] for i in items} == {first}
+
+
+def test_cancel_a_finished_turn_returns_it_as_is(server: Server) -> None:
+    with server.client() as c:
+        sid = new_session(c, "echo")
+        done = c.post(f"/v1/sessions/{sid}/turns", json={"input": "hi"}).json()
+        r = c.post(f"/v1/sessions/{sid}/turns/{done['id']}/cancel")
+        assert r.status_code == 200
+        assert r.json() == done
+        assert c.post(f"/v1/sessions/{sid}/turns/t_nope/cancel").status_code == 404

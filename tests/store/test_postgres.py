@@ -1,0 +1,303 @@
+"""What only the PostgreSQL backend promises: durable state across pools, migrations applied once
+however many processes start together, fencing between processes, and driver errors that never
+leak. These tests skip without ``TETHER_TEST_POSTGRES_URL`` (see tests/conformance/postgres_db.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import asyncpg  # type: ignore[import-untyped]
+import pytest
+
+from tether.errors import InvalidInput, StaleLease, StoreError
+from tether.records import Lease, NewItem, SessionKey, TurnEnding
+from tether.store import PostgresStore, open_store_url
+from tether.store.base import NewEvent
+from tether.store.postgres_schema import MIGRATIONS
+
+KEY = SessionKey("acme", "alice", "s1")
+
+
+async def query(url: str, sql: str) -> list[tuple[object, ...]]:
+    conn = await asyncpg.connect(url)
+    try:
+        return [tuple(r) for r in await conn.fetch(sql)]
+    finally:
+        await conn.close()
+
+
+@asynccontextmanager
+async def opened(*stores: PostgresStore) -> AsyncIterator[None]:
+    try:
+        await asyncio.gather(*(s.open() for s in stores))
+        yield
+    finally:
+        for s in stores:
+            await s.close()
+
+
+def closed_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on (it was just free)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+async def test_open_store_url_gives_a_postgres_store(postgres_url: str) -> None:
+    store = open_store_url(postgres_url)
+    assert isinstance(store, PostgresStore)
+    other = open_store_url(postgres_url.replace("postgresql://", "postgres://", 1))
+    assert isinstance(other, PostgresStore)
+    await store.open()
+    try:
+        await store.ping()
+    finally:
+        await store.close()
+
+
+async def test_data_survives_close_and_reopen(postgres_url: str) -> None:
+    store = PostgresStore(postgres_url)
+    await store.open()
+    await store.create_session(KEY, "assistant", metadata={"topic": "tax", "n": [1, 2.5]})
+    await store.update_session(KEY, state={"step": 3})
+    await store.enqueue_turn(KEY, turn_id="t1", input="hello", policy="enqueue")
+    lease = await store.acquire_lease(KEY, "node-a", 0.05)
+    assert lease is not None
+    await store.start_turn(lease, "t1", [NewItem("user", "hello")], [NewEvent(2, "start", {})])
+    await store.end_turn(
+        lease,
+        "t1",
+        TurnEnding("completed", "done", output="hi", complete=True),
+        [NewItem("assistant", "hi", meta={"lang": "en"})],
+        [NewEvent(3 + n, "message.delta", {"text": w}) for n, w in enumerate(["h", "i"])],
+    )
+    await store.enqueue_turn(KEY, turn_id="t2", input="more", policy="enqueue")
+    session = await store.get_session(KEY)
+    items = await store.list_items(KEY)
+    turns = await store.list_turns(KEY)
+    events = await store.list_events(KEY, "t1")
+    await store.close()
+    await store.close()  # idempotent
+    with pytest.raises(StoreError):
+        await store.get_session(KEY)
+
+    reopened = PostgresStore(postgres_url)
+    async with opened(reopened):
+        assert await reopened.get_session(KEY) == session
+        assert await reopened.list_items(KEY) == items
+        assert await reopened.list_turns(KEY) == turns
+        assert await reopened.list_events(KEY, "t1") == events
+        assert await reopened.sessions_needing_work() == [KEY]
+        # The fencing counter is durable too: a later owner's token is still higher.
+        await asyncio.sleep(0.15)
+        later = await reopened.acquire_lease(KEY, "node-b", 30)
+        assert later is not None and later.token > lease.token
+
+
+async def test_migrations_are_applied_once_by_concurrent_openers(postgres_url: str) -> None:
+    expected = [(version,) for version, _ in MIGRATIONS]
+    a, b = PostgresStore(postgres_url), PostgresStore(postgres_url)
+    # Two servers starting together on an empty schema: both open, neither fails on the
+    # other's tables, and every migration is recorded once.
+    async with opened(a, b):
+        await a.create_session(KEY, "assistant")
+        assert await b.get_session(KEY) is not None
+    assert await query(postgres_url, "SELECT version FROM schema_version ORDER BY 1") == expected
+
+    for _ in range(2):
+        again = PostgresStore(postgres_url)
+        async with opened(again):
+            assert await again.get_session(KEY) is not None
+    assert await query(postgres_url, "SELECT version FROM schema_version ORDER BY 1") == expected
+
+
+async def test_two_stores_share_state_and_fence_each_other(postgres_url: str) -> None:
+    a, b = PostgresStore(postgres_url), PostgresStore(postgres_url)
+    async with opened(a, b):
+        await a.create_session(KEY, "assistant")
+        assert await b.get_session(KEY) is not None
+        await b.enqueue_turn(KEY, turn_id="t1", input="hello", policy="enqueue")
+
+        lease_a = await a.acquire_lease(KEY, "node-a", 0.05)
+        assert lease_a is not None
+        assert await b.acquire_lease(KEY, "node-b", 30) is None
+        assert await b.lease_holder(KEY) == "node-a"
+        await a.start_turn(lease_a, "t1", [NewItem("user", "hello")], [NewEvent(2, "s", {})])
+        await a.append(lease_a, "t1", [NewItem("tool_call", call_id="c1", tool_name="f")], [])
+        assert [i.kind for i in await b.list_items(KEY)] == ["user", "tool_call"]
+
+        await asyncio.sleep(0.15)
+        lease_b = await b.acquire_lease(KEY, "node-b", 30)
+        assert lease_b is not None and lease_b.token > lease_a.token
+        assert await a.lease_holder(KEY) == "node-b"
+        assert await a.acquire_lease(KEY, "node-a", 30) is None
+
+        before = await b.list_items(KEY)
+        with pytest.raises(StaleLease):
+            await a.append(lease_a, "t1", [NewItem("assistant", "zombie")], [])
+        with pytest.raises(StaleLease):
+            await a.end_turn(lease_a, "t1", TurnEnding("completed", "done"), [], [])
+        assert await a.renew_leases([lease_a], 30) == []
+        assert await b.list_items(KEY) == before
+
+        (recovered,) = await b.recover(lease_b)
+        assert (recovered.status, recovered.reason) == ("failed", "owner_lost")
+        turn = await a.get_turn(KEY, "t1")
+        assert turn is not None and turn.status == "failed"
+        assert [i.kind for i in await a.list_items(KEY)] == ["user", "tool_call", "tool_result"]
+
+
+async def test_racing_acquirers_on_two_stores_have_one_winner(postgres_url: str) -> None:
+    # Ten connections each, opened beforehand: the twenty UPDATEs really do run at once.
+    a, b = (PostgresStore(postgres_url, min_size=10, max_size=10) for _ in range(2))
+    async with opened(a, b):
+        await a.create_session(KEY, "assistant")
+        start = asyncio.Event()
+
+        async def contend(n: int) -> Lease | None:
+            store = a if n % 2 else b
+            await start.wait()
+            return await store.acquire_lease(KEY, f"node-{n}", 30)
+
+        tasks = [asyncio.create_task(contend(n)) for n in range(20)]
+        await asyncio.sleep(0.05)  # let every task reach the start line
+        start.set()
+        results = await asyncio.gather(*tasks)
+        winners = [lease for lease in results if lease is not None]
+        assert len(winners) == 1
+        (winner,) = winners
+        assert await a.lease_holder(KEY) == winner.owner
+        assert await b.lease_holder(KEY) == winner.owner
+        # The winner's token is the current one: it renews, and fences out any other.
+        renewed = await b.renew_leases([winner], 30)
+        assert [(r.owner, r.token) for r in renewed] == [(winner.owner, winner.token)]
+        loser = Lease(KEY, "node-x", winner.token - 1, winner.expires_at)
+        with pytest.raises(StaleLease):
+            await a.append(loser, "t1", [], [])
+
+
+async def test_a_stale_writer_racing_a_new_owner_never_writes_after_it(postgres_url: str) -> None:
+    a, b = PostgresStore(postgres_url), PostgresStore(postgres_url)
+    async with opened(a, b):
+        await a.create_session(KEY, "assistant")
+        await a.enqueue_turn(KEY, turn_id="t1", input="x", policy="enqueue")
+        old = await a.acquire_lease(KEY, "node-a", 0.2)
+        assert old is not None
+        await a.start_turn(old, "t1", [NewItem("user", "x")], [])
+
+        async def zombie() -> int:
+            """A paused owner that never learnt its lease expired: it writes until fenced."""
+            written = 0
+            while True:
+                try:
+                    await a.append(old, "t1", [NewItem("assistant", str(written))], [])
+                except StaleLease:
+                    return written
+                written += 1
+
+        writer = asyncio.create_task(zombie())
+        new = None
+        while new is None:
+            await asyncio.sleep(0.01)
+            new = await b.acquire_lease(KEY, "node-b", 30)
+        at_takeover = await b.list_items(KEY, limit=100_000)
+        written = await writer
+        assert written > 0
+        # Every write of the old owner committed before the takeover; none after it.
+        assert len(at_takeover) == 1 + written
+        assert await b.list_items(KEY, limit=100_000) == at_takeover
+
+
+async def test_racing_writers_serialise_their_item_seqs(postgres_url: str) -> None:
+    a, b = PostgresStore(postgres_url), PostgresStore(postgres_url)
+    async with opened(a, b):
+        await a.create_session(KEY, "assistant")
+        await a.enqueue_turn(KEY, turn_id="t1", input="x", policy="enqueue")
+        lease = await a.acquire_lease(KEY, "node-a", 30)
+        assert lease is not None
+        await a.start_turn(lease, "t1", [NewItem("user", "x")], [])
+        await asyncio.gather(
+            *(
+                (a if n % 2 else b).append(lease, "t1", [NewItem("assistant", str(n))] * 3, [])
+                for n in range(10)
+            )
+        )
+        items = await b.list_items(KEY, limit=1000)
+        assert [i.seq for i in items] == list(range(1, 32))
+
+
+async def test_ping_and_open_raise_store_error_when_unreachable() -> None:
+    store = PostgresStore(f"postgresql://nobody@127.0.0.1:{closed_port()}/db", connect_timeout=2)
+    with pytest.raises(StoreError):
+        await store.open()
+    with pytest.raises(StoreError):
+        await store.ping()
+    with pytest.raises(StoreError):
+        await store.get_session(KEY)
+    await store.close()
+
+
+async def test_a_missing_database_is_a_store_error(postgres_database: str) -> None:
+    url = postgres_database.rsplit("/", 1)[0] + "/tether_no_such_database"
+    with pytest.raises(StoreError):
+        await PostgresStore(url).open()
+
+
+async def test_lost_connections_are_replaced(postgres_url: str) -> None:
+    # Unknown URL parameters are server settings: this one tells the pool's sessions apart.
+    name = f"tether-{secrets.token_hex(4)}"
+    store = PostgresStore(f"{postgres_url}&application_name={name}", min_size=2, max_size=2)
+    async with opened(store):
+        await store.create_session(KEY, "assistant")
+        # Every connection of the pool dies (a server restart, a failover, an idle timeout).
+        killed = await query(
+            postgres_url,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            f" WHERE application_name = '{name}'",
+        )
+        assert killed == [(True,), (True,)]
+        for _ in range(50):  # the driver notices the closed sockets on its own
+            try:
+                await store.ping()
+                break
+            except StoreError:
+                await asyncio.sleep(0.02)
+        assert await store.get_session(KEY) is not None
+
+
+async def test_text_postgresql_cannot_hold_is_invalid_input(postgres_url: str) -> None:
+    store = PostgresStore(postgres_url)
+    async with opened(store):
+        with pytest.raises(InvalidInput):
+            await store.create_session(SessionKey("acme", "alice", "nul\x00"), "assistant")
+        # JSON is stored as text: a NUL inside a value is escaped and round-trips.
+        rec, _ = await store.create_session(KEY, "assistant", metadata={"a": "x\x00y"})
+        assert rec.metadata == {"a": "x\x00y"}
+        assert await store.get_session(KEY) == rec
+
+
+async def test_session_ids_sort_by_bytes_whatever_the_locale(postgres_url: str) -> None:
+    # The test database's own collation is ICU English where the server has ICU (see
+    # postgres_db.py), in which these ids sort differently: the store must ask for bytes.
+    store = PostgresStore(postgres_url)
+    ids = ["a", "B", "_", "a.b", "a_b", "A-1", "z", "Z", "0", "s-1:0", "s-10", "é", "ß"]
+    async with opened(store):
+        for sid in ids:
+            await store.create_session(SessionKey("acme", "alice", sid), "assistant")
+        listed = await store.list_sessions("acme", "alice", limit=100)
+        assert [r.key.session_id for r in listed] == sorted(ids)
+        after = await store.list_sessions("acme", "alice", after="a")
+        assert [r.key.session_id for r in after] == sorted(i for i in ids if i > "a")
+    columns = await query(
+        postgres_url,
+        "SELECT column_name FROM information_schema.columns WHERE table_name = 'sessions'"
+        " AND table_schema = current_schema() AND column_name IN ('tenant', 'owner',"
+        " 'session_id') AND collation_name IS DISTINCT FROM 'C'",
+    )
+    assert columns == []
