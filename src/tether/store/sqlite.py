@@ -11,13 +11,10 @@ check and the write it guards are one atomic step even with several processes on
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sqlite3
-import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -51,6 +48,7 @@ from tether.store.base import (
 )
 from tether.store.rows import terminal_event_data
 from tether.store.sqlite_schema import MIGRATIONS
+from tether.store.sqlite_worker import SQLiteWorker
 
 T = TypeVar("T")
 
@@ -170,42 +168,36 @@ class SQLiteStore:
         self.path = Path(path)
         # WAL + NORMAL survives any process crash (kill -9); FULL also survives power loss.
         self._synchronous = synchronous
-        self._executor: ThreadPoolExecutor | None = None
-        self._conn: sqlite3.Connection | None = None
-        self._lock = threading.Lock()
+        self._worker: SQLiteWorker | None = None
 
     # -- plumbing ------------------------------------------------------------------------------
-    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        if self._executor is None or self._conn is None:
+    async def _call(self, fn: Callable[[sqlite3.Connection], T], write: bool) -> T:
+        worker = self._worker
+        if worker is None:
             raise StoreError("the store is not open")
-        conn = self._conn
-        loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._executor, fn, conn)
+            return await worker.call(fn, write=write)
         except sqlite3.Error as exc:
             raise StoreError(f"sqlite: {exc.__class__.__name__}") from exc
 
-    @staticmethod
-    def _tx(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            result = fn(conn)
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
-        return result
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """A read."""
+        return await self._call(fn, False)
 
     async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        return await self._run(lambda c: self._tx(c, fn))
+        """A write: atomic on its own, possibly committed with others (group commit)."""
+        return await self._call(fn, True)
 
     async def open(self) -> None:
-        if self._conn is not None:
+        if self._worker is not None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tether-sqlite")
-        loop = asyncio.get_running_loop()
-        self._conn = await loop.run_in_executor(self._executor, self._connect)
+        worker = SQLiteWorker(self._connect)
+        try:
+            await worker.start()
+        except sqlite3.Error as exc:
+            raise StoreError(f"sqlite: cannot open {self.path}: {exc}") from exc
+        self._worker = worker
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(
@@ -238,13 +230,9 @@ class SQLiteStore:
         conn.execute("COMMIT")
 
     async def close(self) -> None:
-        if self._executor is None:
-            return
-        conn, executor = self._conn, self._executor
-        self._conn = self._executor = None
-        if conn is not None:
-            await asyncio.get_running_loop().run_in_executor(executor, conn.close)
-        executor.shutdown(wait=True)
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            await worker.stop()
 
     async def ping(self) -> None:
         await self._run(lambda c: c.execute("SELECT 1").fetchone())
