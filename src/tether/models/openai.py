@@ -162,7 +162,10 @@ class OpenAIModel:
                     continue  # blank separators, comments (": ping"), event names
                 data = line[5:].strip()
                 if data == "[DONE]":
-                    break
+                    # Read on to the end of the body rather than break: a response read to
+                    # its end hands its connection back to the pool; one closed early costs a
+                    # new TCP connection on the next call.
+                    continue
                 try:
                     chunk = json.loads(data)
                 except ValueError:
