@@ -22,9 +22,14 @@ def _forbid_real_models(request: pytest.FixtureRequest) -> Iterator[None]:
         guard.ALLOW_MODEL_REQUESTS = previous
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> StoreFactory:
-    """A factory of fresh stores, once per backend."""
+    """A factory of fresh stores, once per backend (PostgreSQL when it is configured)."""
+    if request.param == "postgres":
+        from tether.store.postgres import PostgresStore
+
+        url: str = request.getfixturevalue("postgres_url")  # skips when not configured
+        return lambda: PostgresStore(url)
     return store_factory(str(request.param), tmp_path)
 
 

@@ -7,11 +7,13 @@ import logging
 
 import pytest
 
-from tests.helpers import all_items, wait_until
+from tests.helpers import StoreFactory, all_items, wait_until
 from tether import Agent, QueueFull
+from tether.models.base import ModelRequest
 from tether.records import LOCAL_PRINCIPAL, SessionKey
 from tether.runtime import Runtime
 from tether.scheduler import owner_is_dead
+from tether.store import MemoryStore
 from tether.store.base import Store
 from tether.testing import ScriptedModel, Slow
 
@@ -115,3 +117,36 @@ async def test_worker_keeps_the_lease_briefly_between_turns(store: Store) -> Non
         assert rt.scheduler._leases[key].token == token  # reused, not re-acquired
         await wait_until(lambda: key not in rt.scheduler._leases, within=2)
         assert await store.lease_holder(key) is None  # given up once idle
+
+
+async def test_two_schedulers_on_one_store_serialize_and_see_each_others_turns(
+    make_store: StoreFactory,
+) -> None:
+    """Two runtimes on one database behave like two processes: one turn at a time, in order."""
+    if make_store is MemoryStore:
+        pytest.skip("the in-memory store is one process's memory; it cannot be shared")
+
+    def digest(request: ModelRequest) -> str:
+        users = [m.content for m in request.messages if m.role == "user"]
+        return f"saw [{', '.join(users[:-1])}] then {users[-1]}"
+
+    agent = Agent(name="a", model=ScriptedModel(default=digest, context_window=100_000))
+    a, b = Runtime(make_store(), agents=[agent]), Runtime(make_store(), agents=[agent])
+    async with a, b:
+        key = SessionKey("local", "local", "shared")
+        await a.store.create_session(key, "a")
+
+        async def one(rt: Runtime, n: int) -> str:
+            turn = await rt.scheduler.submit(key, f"m{n}", wait_for_slot=60)
+            async with asyncio.timeout(30):
+                done = await rt.scheduler.wait(key, turn.id)
+            assert done.status == "completed"
+            return done.output or ""
+
+        await asyncio.gather(*(one(a if n % 2 else b, n) for n in range(12)))
+        items = await a.store.list_items(key, limit=100)
+    assert [i.kind for i in items] == ["user", "assistant"] * 12
+    earlier: list[str] = []
+    for n in range(0, 24, 2):
+        assert items[n + 1].content == f"saw [{', '.join(earlier)}] then {items[n].content}"
+        earlier.append(items[n].content)

@@ -54,6 +54,9 @@ log = logging.getLogger("tether.scheduler")
 
 AgentResolver = Callable[[str], Agent | None]
 
+CROSS_PROCESS_POLL = 0.25
+"""Seconds between store reads while waiting on a turn that another process may be running."""
+
 _HOST = socket.gethostname()
 
 
@@ -417,22 +420,34 @@ class Scheduler:
     # -- waiting, cancelling, following ----------------------------------------------------------
     async def wait(self, key: SessionKey, turn_id: str) -> Turn:
         """The turn once it has ended (bound it with ``asyncio.timeout``)."""
+        read_store = turn_id not in self._waiters
         while True:
-            local = self._waiters.get(turn_id)
-            if local is None or local[0] != key:
+            if read_store:
                 turn = await self.store.get_turn(key, turn_id)
                 if turn is None:
                     raise TurnNotFound("turn not found")
                 if turn.ended:
+                    self._resolve(turn)  # ended by another process: release local waiters
                     return turn
-                local = self._waiters.get(turn_id)
-            if local is not None and local[0] == key:
-                # Accepted here and not ended: its end resolves this future, no store reads.
-                fut: asyncio.Future[Turn] = asyncio.get_running_loop().create_future()
-                local[1].append(fut)
-                return await fut
-            # Run by another process: poll the store.
-            await asyncio.sleep(0.05)
+            local = self._waiters.get(turn_id)
+            if local is None or local[0] != key:
+                # Not accepted here (or not under this key): poll the store.
+                read_store = True
+                await asyncio.sleep(0.05)
+                continue
+            # Accepted here and not ended. If this process runs it, its end resolves the
+            # future at once; if another process holds the session (several processes on one
+            # store), only the store will tell, so look there now and then too.
+            fut: asyncio.Future[Turn] = asyncio.get_running_loop().create_future()
+            local[1].append(fut)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(CROSS_PROCESS_POLL):
+                    return await asyncio.shield(fut)
+            if fut.done():
+                return fut.result()
+            with contextlib.suppress(ValueError):
+                local[1].remove(fut)
+            read_store = True
 
     async def cancel(self, key: SessionKey, turn_id: str, reason: str = "cancelled") -> Turn:
         """Cancel a queued or running turn; an ended turn is returned as it is."""

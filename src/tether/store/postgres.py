@@ -62,7 +62,7 @@ from tether.store.postgres_writes import (
 )
 
 # The row shapes are the SQLite store's, so both backends return the very same records.
-from tether.store.sqlite import _item, _session, _turn
+from tether.store.rows import item_row, session_row, turn_row
 
 
 class _Pool(Protocol):
@@ -228,16 +228,16 @@ class PostgresStore:
                     initial_token(),
                 )
                 if row is not None:
-                    return _session(row), True
+                    return session_row(row), True
                 if not exist_ok:
                     raise Conflict("a session with this id already exists")
                 row = await conn.fetchrow(q.GET_SESSION, *key_args(key))
                 if row is not None:  # else it was deleted in between: insert again
-                    return _session(row), False
+                    return session_row(row), False
 
     async def get_session(self, key: SessionKey) -> SessionRecord | None:
         row = await self._fetchrow(q.GET_SESSION, *key_args(key))
-        return _session(row) if row is not None else None
+        return session_row(row) if row is not None else None
 
     async def list_sessions(
         self, tenant: str, owner: str, *, limit: int = 50, after: str | None = None
@@ -246,7 +246,7 @@ class PostgresStore:
             rows = await self._fetch(q.LIST_SESSIONS, tenant, owner, max(limit, 0))
         else:
             rows = await self._fetch(q.LIST_SESSIONS_AFTER, tenant, owner, max(limit, 0), after)
-        return [_session(r) for r in rows]
+        return [session_row(r) for r in rows]
 
     async def update_session(
         self,
@@ -274,7 +274,7 @@ class PostgresStore:
                 if revision is None:
                     raise SessionNotFound("session not found")
                 raise Conflict(f"session revision is {revision}, not {expected_revision}")
-        return _session(row)
+        return session_row(row)
 
     async def delete_session(self, key: SessionKey) -> bool:
         return await self._fetchval(q.DELETE_SESSION, *key_args(key)) is not None
@@ -283,13 +283,17 @@ class PostgresStore:
     async def list_items(
         self, key: SessionKey, *, after_seq: int = 0, limit: int = 100
     ) -> list[Item]:
-        return [_item(r) for r in await self._rows_of(key, q.LIST_ITEMS, after_seq, max(limit, 0))]
+        return [
+            item_row(r) for r in await self._rows_of(key, q.LIST_ITEMS, after_seq, max(limit, 0))
+        ]
 
     async def recent_items(
         self, key: SessionKey, *, before_seq: int | None = None, limit: int = 64
     ) -> list[Item]:
         before = before_seq if before_seq is not None else 1 << 62
-        return [_item(r) for r in await self._rows_of(key, q.RECENT_ITEMS, before, max(limit, 0))]
+        return [
+            item_row(r) for r in await self._rows_of(key, q.RECENT_ITEMS, before, max(limit, 0))
+        ]
 
     async def clear_items(self, key: SessionKey) -> int:
         async with self._tx() as conn:
@@ -353,15 +357,17 @@ class PostgresStore:
 
     async def get_turn(self, key: SessionKey, turn_id: str) -> Turn | None:
         row = await self._fetchrow(q.GET_TURN_BY_KEY, *key_args(key), turn_id)
-        return _turn(row) if row is not None else None
+        return turn_row(row) if row is not None else None
 
     async def list_turns(
         self, key: SessionKey, *, after_seq: int = 0, limit: int = 100
     ) -> list[Turn]:
-        return [_turn(r) for r in await self._rows_of(key, q.LIST_TURNS, after_seq, max(limit, 0))]
+        return [
+            turn_row(r) for r in await self._rows_of(key, q.LIST_TURNS, after_seq, max(limit, 0))
+        ]
 
     async def active_turns(self, key: SessionKey) -> list[Turn]:
-        return [_turn(r) for r in await self._rows_of(key, q.ACTIVE_TURNS)]
+        return [turn_row(r) for r in await self._rows_of(key, q.ACTIVE_TURNS)]
 
     async def cancel_queued_turn(self, key: SessionKey, turn_id: str, reason: str) -> Turn | None:
         async with self._tx() as conn:
@@ -371,7 +377,7 @@ class PostgresStore:
             if row is None or row[7] != "queued":
                 return None
             ending = TurnEnding(status="cancelled", reason=reason)
-            return await finish(conn, pk, _turn(row), ending, True)
+            return await finish(conn, pk, turn_row(row), ending, True)
 
     # -- leases --------------------------------------------------------------------------------
     async def acquire_lease(self, key: SessionKey, owner: str, ttl: float) -> Lease | None:
@@ -464,7 +470,7 @@ class PostgresStore:
             if row is None or row[7] != "running":
                 raise Conflict(f"turn {turn_id} is not running")
             await add(conn, pk, turn_id, items, events)
-            return await finish(conn, pk, _turn(row), ending, False)
+            return await finish(conn, pk, turn_row(row), ending, False)
 
     async def recover(self, lease: Lease) -> list[Turn]:
         async with self._tx() as conn:

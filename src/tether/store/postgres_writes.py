@@ -19,10 +19,9 @@ from tether.errors import Conflict, SessionNotFound, StaleLease
 from tether.records import Item, Lease, NewItem, SessionKey, Turn, TurnEnding
 from tether.store import postgres_schema as q
 from tether.store.base import ABORTED_TOOL_RESULT, NewEvent
-from tether.store.rows import terminal_event_data
 
 # The folding of text deltas and the JSON of usage are the SQLite store's: one record format.
-from tether.store.sqlite import _event_rows, _turn, _usage_json
+from tether.store.rows import event_rows, terminal_event_data, turn_row, usage_json
 
 Row = tuple[Any, ...]
 """An ``asyncpg.Record``: read here only as a tuple is (by position, unpacked)."""
@@ -102,7 +101,7 @@ async def add(
         if min(seqs) <= last or len(set(seqs)) != len(seqs):
             raise Conflict(f"an event seq of turn {turn_id} was already written")
         # One array per column (seq, last_seq, type, data): a single INSERT for all the rows.
-        columns = [list(c) for c in zip(*_event_rows(events), strict=True)]
+        columns = [list(c) for c in zip(*event_rows(events), strict=True)]
         try:
             await conn.execute(q.INSERT_EVENTS, turn_id, now, *columns)
         except asyncpg.UniqueViolationError as exc:
@@ -125,7 +124,7 @@ async def finish(conn: Conn, pk: int, turn: Turn, ending: TurnEnding, write_term
         ending.error,
         ending.output,
         ending.complete,
-        _usage_json(ending.usage),
+        usage_json(ending.usage),
         now,
     )
     if write_terminal:
@@ -147,7 +146,7 @@ async def finish(conn: Conn, pk: int, turn: Turn, ending: TurnEnding, write_term
 async def fail_running_turns(conn: Conn, pk: int) -> list[Turn]:
     """End the session's running turns as failed/``owner_lost``, answering orphaned calls."""
     out = []
-    for turn in map(_turn, await conn.fetch(q.RUNNING_TURNS, pk)):
+    for turn in map(turn_row, await conn.fetch(q.RUNNING_TURNS, pk)):
         orphans = await conn.fetch(q.ORPHAN_CALLS, pk, turn.id)
         aborted = [
             NewItem("tool_result", ABORTED_TOOL_RESULT, call_id=call_id, tool_name=tool)

@@ -46,7 +46,14 @@ from tether.store.base import (
     SessionStats,
     initial_token,
 )
-from tether.store.rows import terminal_event_data
+from tether.store.rows import (
+    event_rows,
+    item_row,
+    session_row,
+    terminal_event_data,
+    turn_row,
+    usage_json,
+)
 from tether.store.sqlite_schema import MIGRATIONS
 from tether.store.sqlite_worker import SQLiteWorker
 
@@ -65,96 +72,6 @@ _ITEM_COLS = (
     " excluded"
 )
 _KEY_WHERE = "tenant = ? AND owner = ? AND session_id = ?"
-
-
-def _session(row: sqlite3.Row | tuple[Any, ...]) -> SessionRecord:
-    return SessionRecord(
-        key=SessionKey(row[0], row[1], row[2]),
-        agent=row[3],
-        metadata=json.loads(row[4]),
-        state=json.loads(row[5]),
-        created_at=row[6],
-        updated_at=row[7],
-        expires_at=row[8],
-        revision=row[9],
-    )
-
-
-def _turn(row: tuple[Any, ...]) -> Turn:
-    u = json.loads(row[12])
-    return Turn(
-        id=row[0],
-        key=SessionKey(row[1], row[2], row[3]),
-        seq=row[4],
-        input=row[5],
-        policy=row[6],
-        status=row[7],
-        reason=row[8],
-        error=row[9],
-        output=row[10],
-        complete=bool(row[11]),
-        usage=Usage(u.get("input_tokens", 0), u.get("output_tokens", 0), u.get("model_calls", 0)),
-        created_at=row[13],
-        started_at=row[14],
-        ended_at=row[15],
-    )
-
-
-def _item(row: tuple[Any, ...]) -> Item:
-    return Item(
-        seq=row[0],
-        turn_id=row[1],
-        kind=row[2],
-        content=row[3],
-        complete=bool(row[4]),
-        call_id=row[5],
-        tool_name=row[6],
-        arguments=row[7],
-        meta=json.loads(row[8]),
-        created_at=row[9],
-        excluded=bool(row[10]),
-    )
-
-
-def _usage_json(u: Usage) -> str:
-    return json.dumps(
-        {
-            "input_tokens": u.input_tokens,
-            "output_tokens": u.output_tokens,
-            "model_calls": u.model_calls,
-        }
-    )
-
-
-def _event_rows(events: Sequence[NewEvent]) -> list[tuple[int, int | None, str, str]]:
-    """``(seq, last_seq, type, data)`` rows: consecutive text deltas are folded into one row.
-
-    A streamed reply is hundreds of one-word events; storing them as one row per commit keeps
-    the cost of streaming off the write path while every event keeps its own seq for resume.
-    """
-    rows: list[tuple[int, int | None, str, str]] = []
-    run: list[NewEvent] = []
-
-    def flush() -> None:
-        if len(run) == 1:
-            rows.append((run[0].seq, None, run[0].type, json.dumps(run[0].data)))
-        elif run:
-            texts = [e.data.get("text", "") for e in run]
-            rows.append((run[0].seq, run[-1].seq, "message.delta", json.dumps({"texts": texts})))
-        run.clear()
-
-    for e in events:
-        foldable = e.type == "message.delta" and set(e.data) == {"text"}
-        if foldable and (not run or run[-1].seq + 1 == e.seq):
-            run.append(e)
-            continue
-        flush()
-        if foldable:
-            run.append(e)
-        else:
-            rows.append((e.seq, None, e.type, json.dumps(e.data)))
-    flush()
-    return rows
 
 
 def _statements(sql: str) -> list[str]:
@@ -296,7 +213,7 @@ class SQLiteStore:
                 f"SELECT {_SESSION_COLS} FROM sessions WHERE {_KEY_WHERE}",
                 (key.tenant, key.owner, key.session_id),
             ).fetchone()
-            return _session(row), created
+            return session_row(row), created
 
         return await self._write(do)
 
@@ -306,7 +223,7 @@ class SQLiteStore:
                 f"SELECT {_SESSION_COLS} FROM sessions WHERE {_KEY_WHERE}",
                 (key.tenant, key.owner, key.session_id),
             ).fetchone()
-            return _session(row) if row else None
+            return session_row(row) if row else None
 
         return await self._run(do)
 
@@ -319,7 +236,7 @@ class SQLiteStore:
                 " AND session_id > ? ORDER BY session_id LIMIT ?",
                 (tenant, owner, after or "", limit),
             ).fetchall()
-            return [_session(r) for r in rows]
+            return [session_row(r) for r in rows]
 
         return await self._run(do)
 
@@ -339,7 +256,7 @@ class SQLiteStore:
             ).fetchone()
             if row is None:
                 raise SessionNotFound("session not found")
-            rec = _session(row)
+            rec = session_row(row)
             if expected_revision is not None and rec.revision != expected_revision:
                 raise Conflict(f"session revision is {rec.revision}, not {expected_revision}")
             now = time.time()
@@ -360,7 +277,7 @@ class SQLiteStore:
                 f"SELECT {_SESSION_COLS} FROM sessions WHERE {_KEY_WHERE}",
                 (key.tenant, key.owner, key.session_id),
             ).fetchone()
-            return _session(row)
+            return session_row(row)
 
         return await self._write(do)
 
@@ -384,7 +301,7 @@ class SQLiteStore:
                 " ORDER BY seq LIMIT ?",
                 (pk, after_seq, limit),
             ).fetchall()
-            return [_item(r) for r in rows]
+            return [item_row(r) for r in rows]
 
         return await self._run(do)
 
@@ -398,7 +315,7 @@ class SQLiteStore:
                 " AND excluded = 0 ORDER BY seq DESC LIMIT ?",
                 (pk, before_seq if before_seq is not None else 1 << 62, limit),
             ).fetchall()
-            return [_item(r) for r in rows]
+            return [item_row(r) for r in rows]
 
         return await self._run(do)
 
@@ -495,7 +412,7 @@ class SQLiteStore:
             " WHERE t.id = ? AND t.session_pk = ?",
             (turn_id, pk),
         ).fetchone()
-        return _turn(row) if row else None
+        return turn_row(row) if row else None
 
     async def get_turn(self, key: SessionKey, turn_id: str) -> Turn | None:
         def do(c: sqlite3.Connection) -> Turn | None:
@@ -517,7 +434,7 @@ class SQLiteStore:
                 " WHERE t.session_pk = ? AND t.seq > ? ORDER BY t.seq LIMIT ?",
                 (pk, after_seq, limit),
             ).fetchall()
-            return [_turn(r) for r in rows]
+            return [turn_row(r) for r in rows]
 
         return await self._run(do)
 
@@ -529,7 +446,7 @@ class SQLiteStore:
                 " WHERE t.session_pk = ? AND t.status IN ('queued', 'running') ORDER BY t.seq",
                 (pk,),
             ).fetchall()
-            return [_turn(r) for r in rows]
+            return [turn_row(r) for r in rows]
 
         return await self._run(do)
 
@@ -679,7 +596,7 @@ class SQLiteStore:
                 c.executemany(
                     "INSERT INTO events (turn_id, seq, last_seq, type, data, created_at)"
                     " VALUES (?,?,?,?,?,?)",
-                    [(turn_id, *row, now) for row in _event_rows(events)],
+                    [(turn_id, *row, now) for row in event_rows(events)],
                 )
             except sqlite3.IntegrityError as exc:
                 raise Conflict(f"an event seq of turn {turn_id} was already written") from exc
@@ -756,7 +673,7 @@ class SQLiteStore:
                 ending.error,
                 ending.output,
                 int(ending.complete),
-                _usage_json(ending.usage),
+                usage_json(ending.usage),
                 now,
                 turn.id,
             ),
@@ -814,7 +731,7 @@ class SQLiteStore:
                 (pk,),
             ).fetchall()
             out = []
-            for turn in map(_turn, rows):
+            for turn in map(turn_row, rows):
                 orphans = c.execute(
                     "SELECT call_id, tool_name FROM items c WHERE c.session_pk = ?"
                     " AND c.turn_id = ? AND c.kind = 'tool_call' AND NOT EXISTS ("
