@@ -9,10 +9,10 @@ import pytest
 
 from tests.helpers import StoreFactory, all_items, wait_until
 from tether import Agent, QueueFull
+from tether.leases import owner_is_dead
 from tether.models.base import ModelRequest
 from tether.records import LOCAL_PRINCIPAL, SessionKey
 from tether.runtime import Runtime
-from tether.scheduler import owner_is_dead
 from tether.store import MemoryStore
 from tether.store.base import Store
 from tether.testing import ScriptedModel, Slow

@@ -8,9 +8,11 @@ and then follows it, with no gap or duplicate, before persistence has caught up.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 
-from tether.records import Event
+from tether.errors import TurnNotFound
+from tether.records import Event, SessionKey
+from tether.store.base import Store
 
 
 class TurnFeed:
@@ -57,3 +59,58 @@ class TurnFeed:
                 await self._changed.wait()
             finally:
                 self._waiting -= 1
+
+
+async def follow_turn(
+    store: Store,
+    feeds: Mapping[str, TurnFeed],
+    key: SessionKey,
+    turn_id: str,
+    after_seq: int = 0,
+    *,
+    closing: Callable[[], bool] = lambda: False,
+) -> AsyncIterator[Event]:
+    """A turn's events after ``after_seq``: replayed from the store, then followed live.
+
+    While the turn runs in this process its feed supplies the events not yet persisted; a turn
+    running elsewhere (another process on the same store) is followed by polling the store.
+    """
+    last = after_seq
+    saw_terminal = False
+    while True:
+        feed = feeds.get(turn_id)
+        stored = await store.list_events(key, turn_id, after_seq=last)
+        if not stored and await store.get_turn(key, turn_id) is None:
+            raise TurnNotFound("turn not found")
+        for event in stored:
+            if feed is not None and feed.first_seq is not None and event.seq >= feed.first_seq:
+                break  # the feed has these, and the ones not yet persisted
+            yield event
+            last = event.seq
+            if event.type == "turn.ended":
+                return
+        if feed is not None:
+            async for event in feed.follow(last):
+                yield event
+                last = event.seq
+                saw_terminal = saw_terminal or event.type == "turn.ended"
+            if saw_terminal:
+                return
+            continue
+        turn = await store.get_turn(key, turn_id)
+        if turn is not None and turn.ended:
+            # A resume id past the persisted events (those died with a crashed process):
+            # the terminal event is still owed to the client.
+            tail = await store.list_events(key, turn_id, after_seq=last)
+            if not tail:
+                ended = [e for e in await store.list_events(key, turn_id) if e.type == "turn.ended"]
+                for e in ended:
+                    yield e
+                return
+            continue
+        if closing():
+            # Queued here, but this process takes no more turns: end the stream cleanly,
+            # without a terminal event, so the client re-attaches (Last-Event-ID) to
+            # whichever process runs the turn, instead of being cut off at exit.
+            return
+        await asyncio.sleep(0.05)

@@ -20,9 +20,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
-import secrets
-import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -30,7 +27,8 @@ from pathlib import Path
 
 from tether.agent import Agent
 from tether.errors import QueueFull, SessionNotFound, ShuttingDown, StaleLease, TurnNotFound
-from tether.feeds import TurnFeed
+from tether.feeds import TurnFeed, follow_turn
+from tether.leases import new_owner_id, owner_is_dead
 from tether.loop.context import TurnContext
 from tether.loop.run import run_turn
 from tether.models import resolve_model
@@ -56,33 +54,6 @@ AgentResolver = Callable[[str], Agent | None]
 
 CROSS_PROCESS_POLL = 0.25
 """Seconds between store reads while waiting on a turn that another process may be running."""
-
-_HOST = socket.gethostname()
-
-
-def new_owner_id(node: str | None = None) -> str:
-    """``node|host|pid|nonce``: host and pid let a process on the same machine tell a dead owner."""
-    return f"{node or 'node'}|{_HOST}|{os.getpid()}|{secrets.token_hex(4)}"
-
-
-def owner_is_dead(owner: str) -> bool:
-    """True only when ``owner`` was a process on this host that no longer exists."""
-    parts = owner.split("|")
-    if len(parts) != 4 or parts[1] != _HOST:
-        return False
-    try:
-        pid = int(parts[2])
-    except ValueError:
-        return False
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
 
 
 @dataclass
@@ -464,53 +435,11 @@ class Scheduler:
             running.ctx.request_cancel("cancelled", reason)
         return await self.wait(key, turn_id)
 
-    async def events(
-        self, key: SessionKey, turn_id: str, after_seq: int = 0
-    ) -> AsyncIterator[Event]:
+    def events(self, key: SessionKey, turn_id: str, after_seq: int = 0) -> AsyncIterator[Event]:
         """The turn's events after ``after_seq``: replayed, then followed live until the end."""
-        last = after_seq
-        saw_terminal = False
-        while True:
-            feed = self._feeds.get(turn_id)
-            stored = await self.store.list_events(key, turn_id, after_seq=last)
-            if not stored and await self.store.get_turn(key, turn_id) is None:
-                raise TurnNotFound("turn not found")
-            for event in stored:
-                if feed is not None and feed.first_seq is not None and event.seq >= feed.first_seq:
-                    break  # the feed has these, and the ones not yet persisted
-                yield event
-                last = event.seq
-                if event.type == "turn.ended":
-                    return
-            if feed is not None:
-                async for event in feed.follow(last):
-                    yield event
-                    last = event.seq
-                    saw_terminal = saw_terminal or event.type == "turn.ended"
-                if saw_terminal:
-                    return
-                continue
-            turn = await self.store.get_turn(key, turn_id)
-            if turn is not None and turn.ended:
-                # A resume id past the persisted events (those died with a crashed process):
-                # the terminal event is still owed to the client.
-                tail = await self.store.list_events(key, turn_id, after_seq=last)
-                if not tail:
-                    ended = [
-                        e
-                        for e in await self.store.list_events(key, turn_id)
-                        if e.type == "turn.ended"
-                    ]
-                    for e in ended:
-                        yield e
-                    return
-                continue
-            if self._closing:
-                # Queued here, but this process takes no more turns: end the stream cleanly,
-                # without a terminal event, so the client re-attaches (Last-Event-ID) to
-                # whichever process runs the turn, instead of being cut off at exit.
-                return
-            await asyncio.sleep(0.05)
+        return follow_turn(
+            self.store, self._feeds, key, turn_id, after_seq, closing=lambda: self._closing
+        )
 
     def running_turns(self) -> list[Turn]:
         return [r.turn for r in self._running.values()]

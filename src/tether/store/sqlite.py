@@ -21,9 +21,7 @@ from typing import Any, TypeVar
 from tether.errors import (
     Conflict,
     QueueFull,
-    SessionBusy,
     SessionNotFound,
-    StaleLease,
     StoreError,
 )
 from tether.records import (
@@ -38,6 +36,7 @@ from tether.records import (
     TurnEnding,
     Usage,
 )
+from tether.store import sqlite_sql as sql
 from tether.store.base import (
     ABORTED_TOOL_RESULT,
     DEFAULT_MAX_QUEUE,
@@ -47,37 +46,13 @@ from tether.store.base import (
     initial_token,
 )
 from tether.store.rows import (
-    event_rows,
     item_row,
     session_row,
-    terminal_event_data,
     turn_row,
-    usage_json,
 )
-from tether.store.sqlite_schema import MIGRATIONS
 from tether.store.sqlite_worker import SQLiteWorker
 
 T = TypeVar("T")
-
-_SESSION_COLS = (
-    "tenant, owner, session_id, agent, metadata, state, created_at, updated_at, expires_at,"
-    " revision"
-)
-_TURN_COLS = (
-    "t.id, s.tenant, s.owner, s.session_id, t.seq, t.input, t.policy, t.status, t.reason,"
-    " t.error, t.output, t.complete, t.usage, t.created_at, t.started_at, t.ended_at"
-)
-_ITEM_COLS = (
-    "seq, turn_id, kind, content, complete, call_id, tool_name, arguments, meta, created_at,"
-    " excluded"
-)
-_KEY_WHERE = "tenant = ? AND owner = ? AND session_id = ?"
-
-
-def _statements(sql: str) -> list[str]:
-    """Split a migration into statements; ``--`` comments go first (they may hold a ';')."""
-    lines = [line.split("--", 1)[0] for line in sql.splitlines()]
-    return [st.strip() for st in "\n".join(lines).split(";") if st.strip()]
 
 
 class SQLiteStore:
@@ -126,25 +101,8 @@ class SQLiteStore:
         conn.execute("PRAGMA busy_timeout=10000")
         # A bigger page cache keeps the hot B-tree pages of long sessions in memory.
         conn.execute("PRAGMA cache_size=-32000")
-        self._migrate(conn)
+        sql.migrate(conn)
         return conn
-
-    @staticmethod
-    def _migrate(conn: sqlite3.Connection) -> None:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
-            row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
-            current = row[0] or 0
-            for version, sql in MIGRATIONS:
-                if version > current:
-                    for statement in _statements(sql):
-                        conn.execute(statement)
-                    conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
 
     async def close(self) -> None:
         worker, self._worker = self._worker, None
@@ -153,30 +111,6 @@ class SQLiteStore:
 
     async def ping(self) -> None:
         await self._run(lambda c: c.execute("SELECT 1").fetchone())
-
-    @staticmethod
-    def _pk(conn: sqlite3.Connection, key: SessionKey) -> int:
-        row = conn.execute(
-            f"SELECT pk FROM sessions WHERE {_KEY_WHERE}", (key.tenant, key.owner, key.session_id)
-        ).fetchone()
-        if row is None:
-            raise SessionNotFound("session not found")
-        return int(row[0])
-
-    @staticmethod
-    def _fenced_pk(conn: sqlite3.Connection, lease: Lease) -> int:
-        # Runs inside BEGIN IMMEDIATE: nobody can move the token between this read and the
-        # writes that follow in the same transaction.
-        k = lease.key
-        row = conn.execute(
-            f"SELECT pk, lease_token FROM sessions WHERE {_KEY_WHERE}",
-            (k.tenant, k.owner, k.session_id),
-        ).fetchone()
-        if row is None:
-            raise SessionNotFound("session not found")
-        if row[1] != lease.token:
-            raise StaleLease(f"lease token {lease.token} is stale (current {row[1]})")
-        return int(row[0])
 
     # -- sessions ------------------------------------------------------------------------------
     async def create_session(
@@ -210,7 +144,7 @@ class SQLiteStore:
             if not created and not exist_ok:
                 raise Conflict("a session with this id already exists")
             row = c.execute(
-                f"SELECT {_SESSION_COLS} FROM sessions WHERE {_KEY_WHERE}",
+                f"SELECT {sql.SESSION_COLS} FROM sessions WHERE {sql.KEY_WHERE}",
                 (key.tenant, key.owner, key.session_id),
             ).fetchone()
             return session_row(row), created
@@ -220,7 +154,7 @@ class SQLiteStore:
     async def get_session(self, key: SessionKey) -> SessionRecord | None:
         def do(c: sqlite3.Connection) -> SessionRecord | None:
             row = c.execute(
-                f"SELECT {_SESSION_COLS} FROM sessions WHERE {_KEY_WHERE}",
+                f"SELECT {sql.SESSION_COLS} FROM sessions WHERE {sql.KEY_WHERE}",
                 (key.tenant, key.owner, key.session_id),
             ).fetchone()
             return session_row(row) if row else None
@@ -232,7 +166,7 @@ class SQLiteStore:
     ) -> list[SessionRecord]:
         def do(c: sqlite3.Connection) -> list[SessionRecord]:
             rows = c.execute(
-                f"SELECT {_SESSION_COLS} FROM sessions WHERE tenant = ? AND owner = ?"
+                f"SELECT {sql.SESSION_COLS} FROM sessions WHERE tenant = ? AND owner = ?"
                 " AND session_id > ? ORDER BY session_id LIMIT ?",
                 (tenant, owner, after or "", limit),
             ).fetchall()
@@ -251,7 +185,7 @@ class SQLiteStore:
     ) -> SessionRecord:
         def do(c: sqlite3.Connection) -> SessionRecord:
             row = c.execute(
-                f"SELECT {_SESSION_COLS} FROM sessions WHERE {_KEY_WHERE}",
+                f"SELECT {sql.SESSION_COLS} FROM sessions WHERE {sql.KEY_WHERE}",
                 (key.tenant, key.owner, key.session_id),
             ).fetchone()
             if row is None:
@@ -262,7 +196,7 @@ class SQLiteStore:
             now = time.time()
             c.execute(
                 f"UPDATE sessions SET metadata = ?, state = ?, expires_at = ?, updated_at = ?,"
-                f" revision = revision + 1 WHERE {_KEY_WHERE}",
+                f" revision = revision + 1 WHERE {sql.KEY_WHERE}",
                 (
                     json.dumps(metadata if metadata is not None else rec.metadata),
                     json.dumps(state if state is not None else rec.state),
@@ -274,7 +208,7 @@ class SQLiteStore:
                 ),
             )
             row = c.execute(
-                f"SELECT {_SESSION_COLS} FROM sessions WHERE {_KEY_WHERE}",
+                f"SELECT {sql.SESSION_COLS} FROM sessions WHERE {sql.KEY_WHERE}",
                 (key.tenant, key.owner, key.session_id),
             ).fetchone()
             return session_row(row)
@@ -284,7 +218,8 @@ class SQLiteStore:
     async def delete_session(self, key: SessionKey) -> bool:
         def do(c: sqlite3.Connection) -> bool:
             cur = c.execute(
-                f"DELETE FROM sessions WHERE {_KEY_WHERE}", (key.tenant, key.owner, key.session_id)
+                f"DELETE FROM sessions WHERE {sql.KEY_WHERE}",
+                (key.tenant, key.owner, key.session_id),
             )
             return cur.rowcount == 1
 
@@ -295,9 +230,9 @@ class SQLiteStore:
         self, key: SessionKey, *, after_seq: int = 0, limit: int = 100
     ) -> list[Item]:
         def do(c: sqlite3.Connection) -> list[Item]:
-            pk = self._pk(c, key)
+            pk = sql.session_pk(c, key)
             rows = c.execute(
-                f"SELECT {_ITEM_COLS} FROM items WHERE session_pk = ? AND seq > ?"
+                f"SELECT {sql.ITEM_COLS} FROM items WHERE session_pk = ? AND seq > ?"
                 " ORDER BY seq LIMIT ?",
                 (pk, after_seq, limit),
             ).fetchall()
@@ -309,9 +244,9 @@ class SQLiteStore:
         self, key: SessionKey, *, before_seq: int | None = None, limit: int = 64
     ) -> list[Item]:
         def do(c: sqlite3.Connection) -> list[Item]:
-            pk = self._pk(c, key)
+            pk = sql.session_pk(c, key)
             rows = c.execute(
-                f"SELECT {_ITEM_COLS} FROM items WHERE session_pk = ? AND seq < ?"
+                f"SELECT {sql.ITEM_COLS} FROM items WHERE session_pk = ? AND seq < ?"
                 " AND excluded = 0 ORDER BY seq DESC LIMIT ?",
                 (pk, before_seq if before_seq is not None else 1 << 62, limit),
             ).fetchall()
@@ -321,21 +256,11 @@ class SQLiteStore:
 
     async def clear_items(self, key: SessionKey) -> int:
         def do(c: sqlite3.Connection) -> int:
-            pk = self._pk(c, key)
-            self._raise_if_active(c, pk)
+            pk = sql.session_pk(c, key)
+            sql.raise_if_active(c, pk)
             return c.execute("DELETE FROM items WHERE session_pk = ?", (pk,)).rowcount
 
         return await self._write(do)
-
-    @staticmethod
-    def _raise_if_active(c: sqlite3.Connection, pk: int) -> None:
-        row = c.execute(
-            "SELECT id FROM turns WHERE session_pk = ? AND status IN ('queued', 'running')"
-            " ORDER BY seq LIMIT 1",
-            (pk,),
-        ).fetchone()
-        if row is not None:
-            raise SessionBusy("a turn is queued or running", busy_turn_id=row[0])
 
     # -- turns ---------------------------------------------------------------------------------
     async def enqueue_turn(
@@ -349,7 +274,7 @@ class SQLiteStore:
     ) -> Turn:
         def do(c: sqlite3.Connection) -> Turn:
             row = c.execute(
-                f"SELECT pk, expires_at FROM sessions WHERE {_KEY_WHERE}",
+                f"SELECT pk, expires_at FROM sessions WHERE {sql.KEY_WHERE}",
                 (key.tenant, key.owner, key.session_id),
             ).fetchone()
             if row is None:
@@ -358,7 +283,7 @@ class SQLiteStore:
                 raise SessionNotFound("the session has expired")
             pk = int(row[0])
             if policy == "reject":
-                self._raise_if_active(c, pk)
+                sql.raise_if_active(c, pk)
             queued = c.execute(
                 "SELECT id FROM turns WHERE session_pk = ? AND status = 'queued' ORDER BY seq",
                 (pk,),
@@ -405,22 +330,13 @@ class SQLiteStore:
 
         return await self._write(do)
 
-    @staticmethod
-    def _get_turn(c: sqlite3.Connection, pk: int, turn_id: str) -> Turn | None:
-        row = c.execute(
-            f"SELECT {_TURN_COLS} FROM turns t JOIN sessions s ON s.pk = t.session_pk"
-            " WHERE t.id = ? AND t.session_pk = ?",
-            (turn_id, pk),
-        ).fetchone()
-        return turn_row(row) if row else None
-
     async def get_turn(self, key: SessionKey, turn_id: str) -> Turn | None:
         def do(c: sqlite3.Connection) -> Turn | None:
             try:
-                pk = self._pk(c, key)
+                pk = sql.session_pk(c, key)
             except SessionNotFound:
                 return None
-            return self._get_turn(c, pk, turn_id)
+            return sql.get_turn(c, pk, turn_id)
 
         return await self._run(do)
 
@@ -428,9 +344,9 @@ class SQLiteStore:
         self, key: SessionKey, *, after_seq: int = 0, limit: int = 100
     ) -> list[Turn]:
         def do(c: sqlite3.Connection) -> list[Turn]:
-            pk = self._pk(c, key)
+            pk = sql.session_pk(c, key)
             rows = c.execute(
-                f"SELECT {_TURN_COLS} FROM turns t JOIN sessions s ON s.pk = t.session_pk"
+                f"SELECT {sql.TURN_COLS} FROM turns t JOIN sessions s ON s.pk = t.session_pk"
                 " WHERE t.session_pk = ? AND t.seq > ? ORDER BY t.seq LIMIT ?",
                 (pk, after_seq, limit),
             ).fetchall()
@@ -440,9 +356,9 @@ class SQLiteStore:
 
     async def active_turns(self, key: SessionKey) -> list[Turn]:
         def do(c: sqlite3.Connection) -> list[Turn]:
-            pk = self._pk(c, key)
+            pk = sql.session_pk(c, key)
             rows = c.execute(
-                f"SELECT {_TURN_COLS} FROM turns t JOIN sessions s ON s.pk = t.session_pk"
+                f"SELECT {sql.TURN_COLS} FROM turns t JOIN sessions s ON s.pk = t.session_pk"
                 " WHERE t.session_pk = ? AND t.status IN ('queued', 'running') ORDER BY t.seq",
                 (pk,),
             ).fetchall()
@@ -452,11 +368,11 @@ class SQLiteStore:
 
     async def cancel_queued_turn(self, key: SessionKey, turn_id: str, reason: str) -> Turn | None:
         def do(c: sqlite3.Connection) -> Turn | None:
-            pk = self._pk(c, key)
-            turn = self._get_turn(c, pk, turn_id)
+            pk = sql.session_pk(c, key)
+            turn = sql.get_turn(c, pk, turn_id)
             if turn is None or turn.status != "queued":
                 return None
-            return self._finish(c, pk, turn, TurnEnding(status="cancelled", reason=reason), True)
+            return sql.finish_turn(c, pk, turn, TurnEnding(status="cancelled", reason=reason), True)
 
         return await self._write(do)
 
@@ -467,12 +383,12 @@ class SQLiteStore:
             row = c.execute(
                 "UPDATE sessions SET lease_owner = ?, lease_token = lease_token + 1,"
                 " lease_expires_at = ?"
-                f" WHERE {_KEY_WHERE} AND (lease_owner IS NULL OR lease_expires_at <= ?)"
+                f" WHERE {sql.KEY_WHERE} AND (lease_owner IS NULL OR lease_expires_at <= ?)"
                 " RETURNING lease_token",
                 (owner, now + ttl, key.tenant, key.owner, key.session_id, now),
             ).fetchone()
             if row is None:
-                self._pk(c, key)  # SessionNotFound when it is the session that is missing
+                sql.session_pk(c, key)  # SessionNotFound when it is the session that is missing
                 return None
             return Lease(key, owner, int(row[0]), now + ttl)
 
@@ -481,7 +397,7 @@ class SQLiteStore:
     async def lease_holder(self, key: SessionKey) -> str | None:
         def do(c: sqlite3.Connection) -> str | None:
             row = c.execute(
-                f"SELECT lease_owner, lease_expires_at FROM sessions WHERE {_KEY_WHERE}",
+                f"SELECT lease_owner, lease_expires_at FROM sessions WHERE {sql.KEY_WHERE}",
                 (key.tenant, key.owner, key.session_id),
             ).fetchone()
             if row is None:
@@ -497,7 +413,7 @@ class SQLiteStore:
             now = time.time()
             row = c.execute(
                 "UPDATE sessions SET lease_owner = ?, lease_token = lease_token + 1,"
-                f" lease_expires_at = ? WHERE {_KEY_WHERE} AND lease_owner = ?"
+                f" lease_expires_at = ? WHERE {sql.KEY_WHERE} AND lease_owner = ?"
                 " RETURNING lease_token",
                 (owner, now + ttl, key.tenant, key.owner, key.session_id, from_owner),
             ).fetchone()
@@ -512,7 +428,7 @@ class SQLiteStore:
             for lease in leases:
                 k = lease.key
                 cur = c.execute(
-                    f"UPDATE sessions SET lease_expires_at = ? WHERE {_KEY_WHERE}"
+                    f"UPDATE sessions SET lease_expires_at = ? WHERE {sql.KEY_WHERE}"
                     " AND lease_token = ? AND lease_owner = ?",
                     (now + ttl, k.tenant, k.owner, k.session_id, lease.token, lease.owner),
                 )
@@ -526,87 +442,20 @@ class SQLiteStore:
         def do(c: sqlite3.Connection) -> None:
             k = lease.key
             c.execute(
-                f"UPDATE sessions SET lease_owner = NULL, lease_expires_at = 0 WHERE {_KEY_WHERE}"
-                " AND lease_token = ?",
+                "UPDATE sessions SET lease_owner = NULL, lease_expires_at = 0"
+                f" WHERE {sql.KEY_WHERE} AND lease_token = ?",
                 (k.tenant, k.owner, k.session_id, lease.token),
             )
 
         await self._write(do)
 
     # -- fenced writes -------------------------------------------------------------------------
-    @staticmethod
-    def _add(
-        c: sqlite3.Connection,
-        pk: int,
-        turn_id: str,
-        items: Sequence[NewItem],
-        events: Sequence[NewEvent],
-    ) -> list[Item]:
-        out: list[Item] = []
-        now = time.time()
-        if items:
-            (first,) = c.execute(
-                "UPDATE sessions SET next_item_seq = next_item_seq + ?, updated_at = ?"
-                " WHERE pk = ? RETURNING next_item_seq - ?",
-                (len(items), now, pk, len(items)),
-            ).fetchone()
-            rows = []
-            for offset, new in enumerate(items):
-                item = Item(
-                    first + offset,
-                    turn_id,
-                    new.kind,
-                    new.content,
-                    new.complete,
-                    new.call_id,
-                    new.tool_name,
-                    new.arguments,
-                    new.meta,
-                    now,
-                )
-                out.append(item)
-                rows.append(
-                    (
-                        pk,
-                        item.seq,
-                        turn_id,
-                        new.kind,
-                        new.content,
-                        int(new.complete),
-                        new.call_id,
-                        new.tool_name,
-                        new.arguments,
-                        json.dumps(new.meta),
-                        now,
-                    )
-                )
-            c.executemany(
-                "INSERT INTO items (session_pk, seq, turn_id, kind, content, complete, call_id,"
-                " tool_name, arguments, meta, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                rows,
-            )
-        if events:
-            (last,) = c.execute(
-                "SELECT COALESCE(MAX(COALESCE(last_seq, seq)), 0) FROM events WHERE turn_id = ?",
-                (turn_id,),
-            ).fetchone()
-            if any(e.seq <= last for e in events):
-                raise Conflict(f"an event seq of turn {turn_id} was already written")
-            try:
-                c.executemany(
-                    "INSERT INTO events (turn_id, seq, last_seq, type, data, created_at)"
-                    " VALUES (?,?,?,?,?,?)",
-                    [(turn_id, *row, now) for row in event_rows(events)],
-                )
-            except sqlite3.IntegrityError as exc:
-                raise Conflict(f"an event seq of turn {turn_id} was already written") from exc
-        return out
 
     async def start_turn(
         self, lease: Lease, turn_id: str, items: Sequence[NewItem], events: Sequence[NewEvent]
     ) -> list[Item]:
         def do(c: sqlite3.Connection) -> list[Item]:
-            pk = self._fenced_pk(c, lease)
+            pk = sql.fenced_pk(c, lease)
             cur = c.execute(
                 "UPDATE turns SET status = 'running', started_at = ?"
                 " WHERE id = ? AND session_pk = ? AND status = 'queued'",
@@ -614,7 +463,7 @@ class SQLiteStore:
             )
             if cur.rowcount != 1:
                 raise Conflict(f"turn {turn_id} is not queued")
-            return self._add(c, pk, turn_id, items, events)
+            return sql.add_rows(c, pk, turn_id, items, events)
 
         return await self._write(do)
 
@@ -622,7 +471,7 @@ class SQLiteStore:
         self, lease: Lease, turn_id: str, items: Sequence[NewItem], events: Sequence[NewEvent]
     ) -> list[Item]:
         def do(c: sqlite3.Connection) -> list[Item]:
-            pk = self._fenced_pk(c, lease)
+            pk = sql.fenced_pk(c, lease)
             # Turn ids are unique across sessions here, so without this check the events of
             # another session's turn could be written under this session's lease.
             row = c.execute(
@@ -631,7 +480,7 @@ class SQLiteStore:
             ).fetchone()
             if row is None:
                 raise Conflict(f"turn {turn_id} is not running")
-            return self._add(c, pk, turn_id, items, events)
+            return sql.add_rows(c, pk, turn_id, items, events)
 
         return await self._write(do)
 
@@ -644,77 +493,20 @@ class SQLiteStore:
         events: Sequence[NewEvent],
     ) -> Turn:
         def do(c: sqlite3.Connection) -> Turn:
-            pk = self._fenced_pk(c, lease)
-            turn = self._get_turn(c, pk, turn_id)
+            pk = sql.fenced_pk(c, lease)
+            turn = sql.get_turn(c, pk, turn_id)
             if turn is None or turn.status != "running":
                 raise Conflict(f"turn {turn_id} is not running")
-            self._add(c, pk, turn_id, items, events)
-            return self._finish(c, pk, turn, ending, False)
+            sql.add_rows(c, pk, turn_id, items, events)
+            return sql.finish_turn(c, pk, turn, ending, False)
 
         return await self._write(do)
-
-    @staticmethod
-    def _finish(
-        c: sqlite3.Connection, pk: int, turn: Turn, ending: TurnEnding, write_terminal: bool
-    ) -> Turn:
-        now = time.time()
-        if ending.status == "rolled_back":
-            c.execute("DELETE FROM items WHERE session_pk = ? AND turn_id = ?", (pk, turn.id))
-        elif ending.status == "failed":
-            c.execute(
-                "UPDATE items SET excluded = 1 WHERE session_pk = ? AND turn_id = ?", (pk, turn.id)
-            )
-        c.execute(
-            "UPDATE turns SET status = ?, reason = ?, error = ?, output = ?, complete = ?,"
-            " usage = ?, ended_at = ? WHERE id = ?",
-            (
-                ending.status,
-                ending.reason,
-                ending.error,
-                ending.output,
-                int(ending.complete),
-                usage_json(ending.usage),
-                now,
-                turn.id,
-            ),
-        )
-        if write_terminal:
-            (last,) = c.execute(
-                "SELECT COALESCE(MAX(COALESCE(last_seq, seq)), 0) FROM events WHERE turn_id = ?",
-                (turn.id,),
-            ).fetchone()
-            c.execute(
-                "INSERT INTO events (turn_id, seq, type, data, created_at) VALUES (?,?,?,?,?)",
-                (
-                    turn.id,
-                    last + 1,
-                    "turn.ended",
-                    json.dumps(terminal_event_data(turn.id, ending)),
-                    now,
-                ),
-            )
-        return Turn(
-            turn.id,
-            turn.key,
-            turn.seq,
-            turn.input,
-            turn.policy,
-            ending.status,
-            ending.reason,
-            ending.error,
-            ending.output,
-            ending.complete,
-            ending.usage,
-            turn.created_at,
-            turn.started_at,
-            now,
-        )
 
     async def recover(self, lease: Lease) -> list[Turn]:
         def nothing_to_do(c: sqlite3.Connection) -> bool:
             # Only a lease holder starts turns, so while we hold the lease no turn can start
             # running behind this read: "nothing running" stays true without a write lock.
-            pk = self._fenced_pk(c, lease)
+            pk = sql.fenced_pk(c, lease)
             row = c.execute(
                 "SELECT 1 FROM turns WHERE session_pk = ? AND status = 'running' LIMIT 1", (pk,)
             ).fetchone()
@@ -724,9 +516,9 @@ class SQLiteStore:
             return []
 
         def do(c: sqlite3.Connection) -> list[Turn]:
-            pk = self._fenced_pk(c, lease)
+            pk = sql.fenced_pk(c, lease)
             rows = c.execute(
-                f"SELECT {_TURN_COLS} FROM turns t JOIN sessions s ON s.pk = t.session_pk"
+                f"SELECT {sql.TURN_COLS} FROM turns t JOIN sessions s ON s.pk = t.session_pk"
                 " WHERE t.session_pk = ? AND t.status = 'running' ORDER BY t.seq",
                 (pk,),
             ).fetchall()
@@ -740,7 +532,7 @@ class SQLiteStore:
                     "  AND r.call_id = c.call_id) ORDER BY c.seq",
                     (pk, turn.id),
                 ).fetchall()
-                self._add(
+                sql.add_rows(
                     c,
                     pk,
                     turn.id,
@@ -755,7 +547,7 @@ class SQLiteStore:
                     reason="owner_lost",
                     error="the process running the turn was lost",
                 )
-                out.append(self._finish(c, pk, turn, ending, True))
+                out.append(sql.finish_turn(c, pk, turn, ending, True))
             return out
 
         return await self._write(do)
@@ -766,7 +558,7 @@ class SQLiteStore:
     ) -> list[Event]:
         def do(c: sqlite3.Connection) -> list[Event]:
             try:
-                pk = self._pk(c, key)
+                pk = sql.session_pk(c, key)
             except SessionNotFound:
                 return []
             rows = c.execute(
@@ -789,7 +581,7 @@ class SQLiteStore:
 
     async def session_stats(self, key: SessionKey) -> SessionStats:
         def do(c: sqlite3.Connection) -> SessionStats:
-            pk = self._pk(c, key)
+            pk = sql.session_pk(c, key)
             (items,) = c.execute(
                 "SELECT COUNT(*) FROM items WHERE session_pk = ?", (pk,)
             ).fetchone()
@@ -822,10 +614,6 @@ class SQLiteStore:
 
         await self._write(do)
 
-    @staticmethod
-    def _key(row: tuple[Any, ...]) -> ApiKey:
-        return ApiKey(row[0], row[1], row[2], frozenset(json.loads(row[3])), row[4], row[5], row[6])
-
     async def api_key_by_hash(self, digest: str) -> ApiKey | None:
         def do(c: sqlite3.Connection) -> ApiKey | None:
             row = c.execute(
@@ -833,7 +621,7 @@ class SQLiteStore:
                 " WHERE hash = ?",
                 (digest,),
             ).fetchone()
-            return self._key(row) if row else None
+            return sql.api_key_row(row) if row else None
 
         return await self._run(do)
 
@@ -843,7 +631,7 @@ class SQLiteStore:
                 "SELECT id, tenant, user_id, roles, hash, created_at, revoked_at FROM api_keys"
                 " ORDER BY created_at"
             ).fetchall()
-            return [self._key(r) for r in rows]
+            return [sql.api_key_row(r) for r in rows]
 
         return await self._run(do)
 
