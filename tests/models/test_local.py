@@ -3,7 +3,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 
 import pytest
 
@@ -90,14 +89,15 @@ async def test_abandoned_stream_stops_generation_and_frees_the_model() -> None:
             if deltas == 3:
                 break
     assert deltas == 3
+    abandoned = model._last_job
+    assert abandoned is not None
 
-    # The 400 tokens would take ~3.5 s; a prompt follow-up only fits if generation stopped.
-    started = time.monotonic()
-    async with asyncio.timeout(3):
-        events_after = await collect(model, CAPITAL)
+    # No timing assertion (the machine is shared): the follow-up completes on the same model,
+    # and the abandoned job stopped far short of its 400 tokens.
+    events_after = await collect(model, CAPITAL)
     assert isinstance(events_after[-1], Finish)
     assert text_of(events_after)
-    assert time.monotonic() - started < 3
+    assert 0 < abandoned.chunks < 100
 
 
 @pytest.mark.real_model
@@ -120,10 +120,15 @@ async def test_cancelled_task_stops_generation_and_frees_the_model() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+    cancelled_job = model._last_job
+    assert cancelled_job is not None
 
-    async with asyncio.timeout(3):
-        events_after = await collect(model, CAPITAL)
+    # No timing assertion (the machine is shared): the proof is in what the runtime produced.
+    # The next request completes on the same model, and the cancelled job stopped early,
+    # far short of its 400 tokens.
+    events_after = await collect(model, CAPITAL)
     assert "Paris" in text_of(events_after)
+    assert 0 < cancelled_job.chunks < 100
 
 
 @pytest.mark.real_model

@@ -69,6 +69,8 @@ class _Job:
     payload: dict[str, Any]
     deliver: Callable[[_Item], object]
     cancelled: threading.Event = field(default_factory=threading.Event)
+    chunks: int = 0
+    """Chunks the runtime produced for this job (read by tests: a cancelled job stops early)."""
 
     def send(self, item: _Item) -> None:
         try:
@@ -85,6 +87,8 @@ class _Engine:
         self._threads = threads
         self._server: Any = None
         self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self.finished: list[_Job] = []
+        """The last few jobs the worker finished, newest last (for tests and diagnostics)."""
         # Daemon: an idle worker blocked on the queue must not keep the interpreter alive.
         worker = threading.Thread(target=self._serve, name="tether-local-model", daemon=True)
         worker.start()
@@ -107,6 +111,8 @@ class _Engine:
                 job.send(error)
             else:
                 job.send(None)
+            finally:
+                self.finished = [*self.finished[-7:], job]
 
     def _load(self) -> Any:
         if self._server is None:
@@ -137,6 +143,7 @@ class _Engine:
         # Runs on this thread, once per chunk; returning True makes llama.cpp stop generating.
         # It must never raise: xllamacpp swallows callback exceptions silently.
         def on_chunk(chunk: Any) -> bool:
+            job.chunks += 1
             if job.cancelled.is_set():
                 return True
             if isinstance(chunk, dict) and "error" in chunk:
@@ -180,6 +187,7 @@ class LocalModel:
         self._context_window = context_window
         self._threads = threads if threads is not None else min(os.cpu_count() or 1, 8)
         self._max_output_tokens = max_output_tokens
+        self._last_job: _Job | None = None
 
     @property
     def name(self) -> str:
@@ -195,6 +203,7 @@ class LocalModel:
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue[_Item] = asyncio.Queue()
         job = _Job(payload, lambda item: loop.call_soon_threadsafe(inbox.put_nowait, item))
+        self._last_job = job
         _engine(self._context_window, self._threads).submit(job)
         buffered: list[str] = []
         finish: str | None = None
