@@ -150,3 +150,43 @@ async def test_two_schedulers_on_one_store_serialize_and_see_each_others_turns(
     for n in range(0, 24, 2):
         assert items[n + 1].content == f"saw [{', '.join(earlier)}] then {items[n].content}"
         earlier.append(items[n].content)
+
+
+async def test_cancel_and_interrupt_reach_a_turn_running_in_another_process(
+    make_store: StoreFactory,
+) -> None:
+    if make_store is MemoryStore:
+        pytest.skip("the in-memory store is one process's memory; it cannot be shared")
+    model = ScriptedModel(
+        Slow("w " * 200, delay=0.02, forever=True),
+        Slow("v " * 200, delay=0.02, forever=True),
+        default="after",
+    )
+    agent = Agent(name="a", model=model)
+    a, b = Runtime(make_store(), agents=[agent]), Runtime(make_store(), agents=[agent])
+    async with a, b:
+        key = SessionKey("local", "local", "remote-cancel")
+        await a.store.create_session(key, "a")
+        first = await a.scheduler.submit(key, "long one")
+        await wait_until(lambda: bool(a.scheduler.running_turns()))
+        async with asyncio.timeout(10):
+            done = await b.scheduler.cancel(key, first.id)  # b does not run it: a does
+        assert (done.status, done.reason) == ("cancelled", "cancelled")
+
+        second = await a.scheduler.submit(key, "another long one")
+        await wait_until(lambda: bool(a.scheduler.running_turns()))
+        third = await b.scheduler.submit(key, "stop that", policy="interrupt")
+        async with asyncio.timeout(10):
+            ended = await b.scheduler.wait(key, second.id)
+            after = await b.scheduler.wait(key, third.id)
+        assert ended.status == "interrupted" and ended.complete is False
+        assert after.status == "completed"
+        items = await a.store.list_items(key, limit=100)
+    assert [(i.kind, i.complete) for i in items] == [
+        ("user", True),
+        ("assistant", False),
+        ("user", True),
+        ("assistant", False),
+        ("user", True),
+        ("assistant", True),
+    ]

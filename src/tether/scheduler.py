@@ -52,6 +52,8 @@ log = logging.getLogger("tether.scheduler")
 
 AgentResolver = Callable[[str], Agent | None]
 
+CANCEL_POLL = 0.05
+"""Seconds between reads of cancel requests while this process runs turns."""
 CROSS_PROCESS_POLL = 0.25
 """Seconds between store reads while waiting on a turn that another process may be running."""
 
@@ -98,12 +100,14 @@ class Scheduler:
         self.linger = linger
         self._principals: dict[SessionKey, Principal] = {}
         self._heartbeat: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
         self._closing = False
 
     # -- life cycle ----------------------------------------------------------------------------
     async def start(self) -> None:
         """Begin heartbeats and pick up work left by a previous life of this store."""
         self._heartbeat = asyncio.create_task(self._beat(), name="tether-heartbeat")
+        self._watcher = asyncio.create_task(self._watch_cancels(), name="tether-cancels")
         for key in await self.store.sessions_needing_work():
             self._kick(key)
 
@@ -127,9 +131,10 @@ class Scheduler:
                 if stuck:
                     # The store closes after this returns: let the workers unwind first.
                     await asyncio.wait(stuck, timeout=1.0)
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
-            await asyncio.gather(self._heartbeat, return_exceptions=True)
+        for background in (self._heartbeat, self._watcher):
+            if background is not None:
+                background.cancel()
+                await asyncio.gather(background, return_exceptions=True)
 
     # -- submitting ------------------------------------------------------------------------------
     async def submit(
@@ -190,12 +195,23 @@ class Scheduler:
                     del self._slot_waiters[key]
         self._waiters.setdefault(turn.id, (key, []))
         if policy in ("interrupt", "rollback"):
-            status = "interrupted" if policy == "interrupt" else "rolled_back"
-            for running in list(self._running.values()):
-                if running.turn.key == key:
-                    running.ctx.request_cancel(status, f"{policy} by turn {turn.id}")
+            await self._preempt(key, policy, turn.id)
         self._kick(key)
         return turn
+
+    async def _preempt(self, key: SessionKey, policy: str, by: str) -> None:
+        """End the session's running turn for ``by`` (policy interrupt or rollback)."""
+        status = "interrupted" if policy == "interrupt" else "rolled_back"
+        reason = f"{policy} by turn {by}"
+        local = [r for r in self._running.values() if r.turn.key == key]
+        for running in local:
+            running.ctx.request_cancel(status, reason)
+        if not local:
+            # Running in another process (or about to be registered here): ask through the
+            # store; its owner polls for requests and ends the turn itself.
+            for turn in await self.store.active_turns(key):
+                if turn.status == "running":
+                    await self.store.request_cancel(key, turn.id, status, reason)
 
     def _kick(self, key: SessionKey) -> None:
         worker = self._workers.get(key)
@@ -388,6 +404,22 @@ class Scheduler:
                         if running.turn.key == lease.key:
                             running.ctx.request_cancel("failed", "lease_lost")
 
+    async def _watch_cancels(self) -> None:
+        """Apply cancel/interrupt requests other processes left in the store for our turns."""
+        while True:
+            await asyncio.sleep(CANCEL_POLL)
+            if not self._running:
+                continue  # nothing of ours to end: no store reads while idle
+            try:
+                requests = await self.store.cancel_requests(list(self._running))
+            except Exception:
+                log.exception("reading cancel requests failed; retrying")
+                continue
+            for turn_id, (status, reason) in requests.items():
+                running = self._running.get(turn_id)
+                if running is not None:
+                    running.ctx.request_cancel(status, reason)
+
     # -- waiting, cancelling, following ----------------------------------------------------------
     async def wait(self, key: SessionKey, turn_id: str) -> Turn:
         """The turn once it has ended (bound it with ``asyncio.timeout``)."""
@@ -433,6 +465,10 @@ class Scheduler:
         running = self._running.get(turn_id)
         if running is not None:
             running.ctx.request_cancel("cancelled", reason)
+        else:
+            # Running in another process, or started here a moment ago: the request goes
+            # through the store, where the owner's watcher finds it.
+            await self.store.request_cancel(key, turn_id, "cancelled", reason)
         return await self.wait(key, turn_id)
 
     def events(self, key: SessionKey, turn_id: str, after_seq: int = 0) -> AsyncIterator[Event]:

@@ -239,6 +239,19 @@ class Store(Protocol):
         """
         ...
 
+    async def request_cancel(self, key: SessionKey, turn_id: str, status: str, reason: str) -> bool:
+        """Ask whichever process runs ``turn_id`` to end it as ``status`` with ``reason``.
+
+        Only a running turn can be asked, and the first request wins: returns False when the
+        turn is not running or already has a request. The owner reads requests with
+        :meth:`cancel_requests` and ends the turn itself (its writes stay fenced).
+        """
+        ...
+
+    async def cancel_requests(self, turn_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+        """``turn_id → (status, reason)`` for the given turns that have a request pending."""
+        ...
+
     # -- events --------------------------------------------------------------------------------
     async def list_events(
         self, key: SessionKey, turn_id: str, *, after_seq: int = 0, limit: int = 1000

@@ -57,6 +57,7 @@ class MemoryStore:
     def __init__(self) -> None:
         self._sessions: dict[SessionKey, _Session] = {}
         self._keys: dict[str, ApiKey] = {}
+        self._cancels: dict[str, tuple[str, str]] = {}
 
     async def open(self) -> None:
         return None
@@ -433,6 +434,17 @@ class MemoryStore:
             )
             out.append(self._finish(s, turn, ending, [_terminal(s, turn, ending)]))
         return out
+
+    async def request_cancel(self, key: SessionKey, turn_id: str, status: str, reason: str) -> bool:
+        s = self._sessions.get(key)
+        turn = s.turns.get(turn_id) if s is not None else None
+        if turn is None or turn.status != "running" or turn_id in self._cancels:
+            return False
+        self._cancels[turn_id] = (status, reason)
+        return True
+
+    async def cancel_requests(self, turn_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+        return {t: self._cancels[t] for t in turn_ids if t in self._cancels}
 
     # -- events --------------------------------------------------------------------------------
     async def list_events(

@@ -355,6 +355,20 @@ class PostgresStore:
             ended_at=None,
         )
 
+    async def request_cancel(self, key: SessionKey, turn_id: str, status: str, reason: str) -> bool:
+        request = json.dumps({"status": status, "reason": reason})
+        done = await self._fetchval(q.REQUEST_CANCEL, *key_args(key), turn_id, request)
+        return done is not None
+
+    async def cancel_requests(self, turn_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+        if not turn_ids:
+            return {}
+        out = {}
+        for turn_id, raw in await self._fetch(q.CANCEL_REQUESTS, list(turn_ids)):
+            request = json.loads(raw)
+            out[turn_id] = (str(request["status"]), str(request["reason"]))
+        return out
+
     async def get_turn(self, key: SessionKey, turn_id: str) -> Turn | None:
         row = await self._fetchrow(q.GET_TURN_BY_KEY, *key_args(key), turn_id)
         return turn_row(row) if row is not None else None

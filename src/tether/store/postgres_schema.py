@@ -108,6 +108,12 @@ MIGRATIONS: list[tuple[int, str]] = [
         );
         """,
     ),
+    (
+        3,
+        """
+        ALTER TABLE turns ADD COLUMN cancel_request text;
+        """,
+    ),
 ]
 
 # -- statements --------------------------------------------------------------------------------
@@ -290,3 +296,12 @@ REVOKE_API_KEY = (
     "UPDATE api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL RETURNING id"
 )
 COUNT_API_KEYS = "SELECT count(*) FROM api_keys WHERE revoked_at IS NULL"
+
+REQUEST_CANCEL = (
+    f"UPDATE turns SET cancel_request = $5 WHERE id = $4"
+    f" AND session_pk = (SELECT pk FROM sessions WHERE {KEY_WHERE})"
+    " AND status = 'running' AND cancel_request IS NULL RETURNING id"
+)
+CANCEL_REQUESTS = (
+    "SELECT id, cancel_request FROM turns WHERE id = ANY($1::text[]) AND cancel_request IS NOT NULL"
+)

@@ -552,6 +552,41 @@ class SQLiteStore:
 
         return await self._write(do)
 
+    async def request_cancel(self, key: SessionKey, turn_id: str, status: str, reason: str) -> bool:
+        def do(c: sqlite3.Connection) -> bool:
+            try:
+                pk = sql.session_pk(c, key)
+            except SessionNotFound:
+                return False
+            cur = c.execute(
+                "UPDATE turns SET cancel_request = ? WHERE id = ? AND session_pk = ?"
+                " AND status = 'running' AND cancel_request IS NULL",
+                (json.dumps({"status": status, "reason": reason}), turn_id, pk),
+            )
+            return cur.rowcount == 1
+
+        return await self._write(do)
+
+    async def cancel_requests(self, turn_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+        ids = list(turn_ids)
+
+        def do(c: sqlite3.Connection) -> dict[str, tuple[str, str]]:
+            marks = ",".join("?" * len(ids))
+            rows = c.execute(
+                f"SELECT id, cancel_request FROM turns WHERE id IN ({marks})"
+                " AND cancel_request IS NOT NULL",
+                ids,
+            ).fetchall()
+            out = {}
+            for turn_id, raw in rows:
+                request = json.loads(raw)
+                out[turn_id] = (str(request["status"]), str(request["reason"]))
+            return out
+
+        if not ids:
+            return {}
+        return await self._run(do)
+
     # -- events --------------------------------------------------------------------------------
     async def list_events(
         self, key: SessionKey, turn_id: str, *, after_seq: int = 0, limit: int = 1000

@@ -90,4 +90,12 @@ MIGRATIONS: list[tuple[int, str]] = [
         );
         """,
     ),
+    (
+        3,
+        """
+        -- A request from any process to end a running turn, as JSON {"status", "reason"}:
+        -- the process that owns the turn polls for it and ends the turn itself.
+        ALTER TABLE turns ADD COLUMN cancel_request TEXT;
+        """,
+    ),
 ]

@@ -1012,3 +1012,24 @@ class StoreConformance:
         with pytest.raises(SessionNotFound):
             await store.enqueue_turn(k, turn_id="t1", input="late", policy="enqueue")
         assert await store.list_turns(k) == []
+
+    async def test_cancel_requests_reach_the_owner(self, store: Store) -> None:
+        k = await new_session(store)
+        other = key("s1", owner="mallory")
+        await new_session(store, other)
+        await store.enqueue_turn(k, turn_id="queued-only", input="x", policy="enqueue")
+        assert not await store.request_cancel(k, "queued-only", "cancelled", "user")
+        await store.cancel_queued_turn(k, "queued-only", "cleanup")
+        lease = await running_turn(store, k, "t1")
+        assert await store.cancel_requests(["t1"]) == {}
+        assert not await store.request_cancel(other, "t1", "cancelled", "foreign")  # not theirs
+        assert await store.request_cancel(k, "t1", "interrupted", "interrupt by t2")
+        assert not await store.request_cancel(k, "t1", "cancelled", "second")  # first one wins
+        assert await store.cancel_requests(["t1", "unknown"]) == {
+            "t1": ("interrupted", "interrupt by t2")
+        }
+        assert await store.cancel_requests([]) == {}
+        await store.end_turn(
+            lease, "t1", TurnEnding("interrupted", "interrupt by t2"), [], [ev(3, "turn.ended")]
+        )
+        assert not await store.request_cancel(k, "t1", "cancelled", "too late")
