@@ -37,8 +37,9 @@ app.add_typer(sessions_app, name="sessions")
 app.add_typer(keys_app, name="keys")
 app.add_typer(db_app, name="db")
 
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+# soft_wrap: lines are not broken at the terminal width (or at 80 columns into a pipe).
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 HostOpt = Annotated[
     str | None, typer.Option(help="Address to bind (env TETHER_HOST; default 127.0.0.1).")
@@ -134,7 +135,7 @@ def serve(
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
 ) -> None:
     """Run the HTTP server (SQLite under ./.tether and the embedded model by default)."""
-    from tether.app import load_agents
+    from tether.app import check_bind, load_agents
     from tether.app import serve as run_server
     from tether.server.app import default_agent
 
@@ -150,6 +151,7 @@ def serve(
             drain_timeout=drain_timeout,
         )
         agents = load_agents(target) if target else [default_agent(settings)]
+        check_bind(settings)  # refuse before announcing anything
         err.print(
             f"tether: serving {', '.join(a.name for a in agents)} on "
             f"http://{settings.host}:{settings.port} (store {settings.store_url})"

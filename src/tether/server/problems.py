@@ -95,6 +95,8 @@ def from_error(exc: TetherError) -> JSONResponse:
                 extra["busy_turn_id"] = exc.busy_turn_id
             if isinstance(exc, Unauthorized):
                 headers = {"WWW-Authenticate": "Bearer"}
+            if isinstance(exc, QueueFull):
+                headers = {"Retry-After": "1"}
             if isinstance(exc, NotFound):
                 # Unknown and foreign must be indistinguishable: one fixed body.
                 return problem_response(404, kind, title, "not found")
@@ -290,6 +292,12 @@ def document(app: FastAPI, api_routes: Iterable[BaseRoute]) -> None:
             components.pop(unused, None)
         components["Problem"] = ProblemOut.model_json_schema()
         components["ServerSentEvent"] = _EVENT
+        # Either credential works; in local mode (loopback, no keys yet) neither is needed.
+        schema["components"]["securitySchemes"] = {
+            "bearer": {"type": "http", "scheme": "bearer", "description": "an API key"},
+            "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+        }
+        schema["security"] = [{"bearer": []}, {"apiKey": []}, {}]
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
