@@ -8,7 +8,7 @@ and then follows it, with no gap or duplicate, before persistence has caught up.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 
 from tether.errors import TurnNotFound
 from tether.records import Event, SessionKey
@@ -69,7 +69,7 @@ async def follow_turn(
     after_seq: int = 0,
     *,
     closing: Callable[[], bool] = lambda: False,
-) -> AsyncIterator[Event]:
+) -> AsyncGenerator[Event, None]:
     """A turn's events after ``after_seq``: replayed from the store, then followed live.
 
     While the turn runs in this process its feed supplies the events not yet persisted; a turn

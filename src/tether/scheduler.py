@@ -21,7 +21,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -471,7 +471,9 @@ class Scheduler:
             await self.store.request_cancel(key, turn_id, "cancelled", reason)
         return await self.wait(key, turn_id)
 
-    def events(self, key: SessionKey, turn_id: str, after_seq: int = 0) -> AsyncIterator[Event]:
+    def events(
+        self, key: SessionKey, turn_id: str, after_seq: int = 0
+    ) -> AsyncGenerator[Event, None]:
         """The turn's events after ``after_seq``: replayed, then followed live until the end."""
         return follow_turn(
             self.store, self._feeds, key, turn_id, after_seq, closing=lambda: self._closing
