@@ -199,3 +199,17 @@ async def test_cancel_and_interrupt_reach_a_turn_running_in_another_process(
         ("user", True),
         ("assistant", True),
     ]
+
+
+async def test_expired_idle_sessions_are_swept(store: Store) -> None:
+    agent = Agent(name="a", model=ScriptedModel(default="ok"))
+    rt = Runtime(store, agents=[agent])
+    rt.scheduler.sweep_interval = 0.05
+    async with rt:
+        gone, kept = SessionKey("local", "local", "ttl"), SessionKey("local", "local", "keep")
+        await store.create_session(gone, "a", ttl_seconds=0.1)
+        await store.create_session(kept, "a")
+        async with asyncio.timeout(5):
+            while await store.get_session(gone) is not None:  # noqa: ASYNC110 - a store poll
+                await asyncio.sleep(0.02)
+        assert await store.get_session(kept) is not None

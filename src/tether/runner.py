@@ -7,13 +7,17 @@ the store checks its fencing token in the same transaction as the write.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
 
+from tether.errors import StaleLease
 from tether.feeds import TurnFeed
-from tether.records import Event, Item, Lease, NewItem, SessionKey
+from tether.records import Event, Item, Lease, NewItem, SessionKey, Turn, TurnEnding
 from tether.store.base import NewEvent, Store
+
+log = logging.getLogger("tether.runner")
 
 
 class StoreHistory:
@@ -25,14 +29,29 @@ class StoreHistory:
         return await self._store.recent_items(self._key, before_seq=before_seq, limit=limit)
 
 
+FLUSH_INTERVAL = 0.25
+"""Seconds a streamed event may wait in the buffer before it is written without a commit."""
+
+
 class FencedSink:
     """Buffers a turn's events and writes them, with its items, under the session lease.
 
-    Events are published to the live feed at once and persisted with the next commit, so a
-    streamed reply costs one transaction per step, not one per token.
+    Events are published to the live feed at once and persisted with the next commit, or at
+    the latest ``flush_interval`` seconds after they were emitted: a streamed reply costs a
+    transaction per step or per interval, not one per token, and a follower in another
+    process (which reads the store) still sees it come in. One lock orders every write of the
+    turn, so events reach the store in seq order whichever path writes them.
     """
 
-    def __init__(self, store: Store, lease: Lease, turn_id: str, feed: TurnFeed) -> None:
+    def __init__(
+        self,
+        store: Store,
+        lease: Lease,
+        turn_id: str,
+        feed: TurnFeed,
+        *,
+        flush_interval: float = FLUSH_INTERVAL,
+    ) -> None:
         self._store = store
         self.lease = lease
         self._turn_id = turn_id
@@ -41,34 +60,92 @@ class FencedSink:
         self._buffer: list[NewEvent] = []
         self._inflight: asyncio.Task[list[Item]] | None = None
         self._open_calls: dict[str, str] = {}
+        self._lock = asyncio.Lock()
+        self._flush_interval = flush_interval
+        self._timer: asyncio.TimerHandle | None = None
+        self._flusher: asyncio.Task[None] | None = None
+        self._started = False
+        self._stale: StaleLease | None = None
 
     def emit(self, type: str, data: dict[str, Any]) -> None:
         event = NewEvent(self._next_seq, type, data)
         self._next_seq += 1
         self._buffer.append(event)
         self._feed.publish(Event(self._turn_id, event.seq, type, data, time.time()))
+        if self._started and self._timer is None and self._flush_interval > 0:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(self._flush_interval, self._flush_due)
 
     def take_events(self) -> list[NewEvent]:
         events, self._buffer = self._buffer, []
         return events
 
+    def _flush_due(self) -> None:
+        self._timer = None
+        if self._buffer and (self._flusher is None or self._flusher.done()):
+            self._flusher = asyncio.ensure_future(self._flush())
+
+    async def _flush(self) -> None:
+        async with self._lock:
+            events = self.take_events()
+            if not events or self._stale is not None:
+                return
+            try:
+                await self._store.append(self.lease, self._turn_id, [], events)
+            except StaleLease as exc:
+                self._stale = exc  # the turn's next write raises it and the turn stops
+            except Exception:
+                # Keep them for the next write; the live feed already has them.
+                log.warning(
+                    "could not write buffered events of turn %s; will retry",
+                    self._turn_id,
+                    exc_info=True,
+                )
+                self._buffer[:0] = events
+
     async def start(self, user_input: str) -> Item:
         self.emit("turn.started", {"turn_id": self._turn_id})
-        items = await self._store.start_turn(
-            self.lease, self._turn_id, [NewItem("user", user_input)], self.take_events()
-        )
+        async with self._lock:
+            items = await self._store.start_turn(
+                self.lease, self._turn_id, [NewItem("user", user_input)], self.take_events()
+            )
+        self._started = True
         return items[0]
 
     async def commit(self, items: Sequence[NewItem]) -> list[Item]:
-        task = asyncio.ensure_future(
-            self._store.append(self.lease, self._turn_id, items, self.take_events())
-        )
+        task = asyncio.ensure_future(self._append(items))
         self._inflight = task
         # Shielded: a cancellation of the turn must not leave us unsure whether this write
         # happened; settle() waits for it and open_calls() then tells the truth.
         written = await asyncio.shield(task)
         self._track(written)
         return written
+
+    async def _append(self, items: Sequence[NewItem]) -> list[Item]:
+        async with self._lock:
+            if self._stale is not None:
+                raise self._stale
+            return await self._store.append(self.lease, self._turn_id, items, self.take_events())
+
+    async def end(
+        self, ending: TurnEnding, items: Sequence[NewItem], terminal: dict[str, Any]
+    ) -> Turn:
+        """Write the last items, the remaining events and ``turn.ended`` with the ending."""
+        self.close()
+        async with self._lock:
+            if self._stale is not None:
+                raise self._stale
+            self.emit("turn.ended", terminal)
+            return await self._store.end_turn(
+                self.lease, self._turn_id, ending, items, self.take_events()
+            )
+
+    def close(self) -> None:
+        """No more timed flushes (the turn is ending or was abandoned)."""
+        self._started = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def _track(self, written: Sequence[Item]) -> None:
         for item in written:
@@ -86,8 +163,3 @@ class FencedSink:
 
     def open_calls(self) -> list[tuple[str, str]]:
         return list(self._open_calls.items())
-
-    def next_event(self, type: str, data: dict[str, Any]) -> NewEvent:
-        """The terminal event: built here so it takes the next seq, then written by end_turn."""
-        self.emit(type, data)
-        return self._buffer[-1]

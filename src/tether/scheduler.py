@@ -36,6 +36,7 @@ from tether.records import (
     LOCAL_PRINCIPAL,
     Event,
     Lease,
+    NewItem,
     Policy,
     Principal,
     SessionKey,
@@ -101,6 +102,8 @@ class Scheduler:
         self._principals: dict[SessionKey, Principal] = {}
         self._heartbeat: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self.sweep_interval = 60.0
         self._closing = False
 
     # -- life cycle ----------------------------------------------------------------------------
@@ -108,6 +111,7 @@ class Scheduler:
         """Begin heartbeats and pick up work left by a previous life of this store."""
         self._heartbeat = asyncio.create_task(self._beat(), name="tether-heartbeat")
         self._watcher = asyncio.create_task(self._watch_cancels(), name="tether-cancels")
+        self._sweeper = asyncio.create_task(self._sweep(), name="tether-sweeper")
         for key in await self.store.sessions_needing_work():
             self._kick(key)
 
@@ -131,7 +135,7 @@ class Scheduler:
                 if stuck:
                     # The store closes after this returns: let the workers unwind first.
                     await asyncio.wait(stuck, timeout=1.0)
-        for background in (self._heartbeat, self._watcher):
+        for background in (self._heartbeat, self._watcher, self._sweeper):
             if background is not None:
                 background.cancel()
                 await asyncio.gather(background, return_exceptions=True)
@@ -364,6 +368,7 @@ class Scheduler:
         except StaleLease:
             raise
         finally:
+            sink.close()
             feed.close()
             self._feeds.pop(turn.id, None)
             freed = self._slot_freed.pop(key, None)
@@ -371,11 +376,10 @@ class Scheduler:
                 freed.set()
         self._resolve(done)
 
-    async def _end(self, sink: FencedSink, turn: Turn, ending: TurnEnding, items: list) -> Turn:  # type: ignore[type-arg]
-        terminal = sink.next_event("turn.ended", terminal_event_data(turn.id, ending))
-        events = sink.take_events()
-        assert events[-1] is terminal
-        return await self.store.end_turn(sink.lease, turn.id, ending, items, events)
+    async def _end(
+        self, sink: FencedSink, turn: Turn, ending: TurnEnding, items: list[NewItem]
+    ) -> Turn:
+        return await sink.end(ending, items, terminal_event_data(turn.id, ending))
 
     def _resolve(self, turn: Turn) -> None:
         _, futures = self._waiters.pop(turn.id, (turn.key, []))
@@ -403,6 +407,18 @@ class Scheduler:
                     for running in list(self._running.values()):
                         if running.turn.key == lease.key:
                             running.ctx.request_cancel("failed", "lease_lost")
+
+    async def _sweep(self) -> None:
+        """Delete idle sessions past their TTL (any node may; the store keeps it safe)."""
+        while True:
+            await asyncio.sleep(self.sweep_interval)
+            try:
+                swept = await self.store.sweep_expired(time.time())
+            except Exception:
+                log.exception("sweeping expired sessions failed; retrying later")
+                continue
+            if swept:
+                log.info("swept %d expired sessions", swept)
 
     async def _watch_cancels(self) -> None:
         """Apply cancel/interrupt requests other processes left in the store for our turns."""

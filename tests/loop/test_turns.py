@@ -343,3 +343,28 @@ async def test_rollback_policy_removes_running_turns_items(store: Store) -> None
     assert one.status == "rolled_back"
     assert [i.content for i in items] == ["instead", "new answer"]
     assert "long" not in " ".join(c for _, c in transcript(model.requests[-1].messages))
+
+
+async def test_streamed_events_reach_the_store_while_the_reply_streams(store: Store) -> None:
+    """A follower in another process reads the store: it must see a long reply come in."""
+    model = ScriptedModel(Slow(" ".join(f"w{n}" for n in range(60)), delay=0.02))
+    agent = Agent(name="a", model=model)
+    async with running(store, agent) as rt:
+        turn = await rt.submit(agent, "go", session_id="s")
+        seen_live: list[int] = []
+        async with asyncio.timeout(10):
+            while not seen_live:
+                current = await rt.store.get_turn(turn.key, turn.id)
+                assert current is not None
+                stored = await rt.store.list_events(turn.key, turn.id)
+                deltas = [e.seq for e in stored if e.type == "message.delta"]
+                if deltas and current.status == "running":
+                    seen_live = deltas
+                elif current.ended:
+                    raise AssertionError("no delta was stored before the turn ended")
+                await asyncio.sleep(0.02)
+        done = await rt.scheduler.wait(turn.key, turn.id)
+        events = await rt.store.list_events(turn.key, turn.id)
+    assert done.status == "completed"
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert [e.type for e in events].count("turn.ended") == 1

@@ -277,6 +277,14 @@ class Store(Protocol):
         ...
 
     # -- maintenance ---------------------------------------------------------------------------
+    async def sweep_expired(self, now: float, limit: int = 500) -> int:
+        """Delete up to ``limit`` sessions past ``expires_at`` that are idle; returns how many.
+
+        Idle means no queued or running turn and no unexpired lease, so a sweep never pulls a
+        session from under a turn. Safe to run on every node at once: each delete is atomic.
+        """
+        ...
+
     async def sessions_needing_work(self) -> list[SessionKey]:
         """Sessions with a queued or running turn (for recovery after a restart)."""
         ...

@@ -481,6 +481,19 @@ class MemoryStore:
     async def count_api_keys(self) -> int:
         return sum(1 for k in self._keys.values() if k.revoked_at is None)
 
+    async def sweep_expired(self, now: float, limit: int = 500) -> int:
+        doomed = [
+            k
+            for k, s in self._sessions.items()
+            if s.record.expires_at is not None
+            and s.record.expires_at <= now
+            and not s.active
+            and (s.lease_owner is None or s.lease_expires_at <= now)
+        ][:limit]
+        for k in doomed:
+            del self._sessions[k]
+        return len(doomed)
+
     async def sessions_needing_work(self) -> list[SessionKey]:
         return [k for k, s in self._sessions.items() if s.active]
 

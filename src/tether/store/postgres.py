@@ -541,5 +541,14 @@ class PostgresStore:
         return int(await self._fetchval(q.COUNT_API_KEYS))
 
     # -- maintenance ---------------------------------------------------------------------------
+    async def sweep_expired(self, now: float, limit: int = 500) -> int:
+        status: str = await self._fetchval_status(q.SWEEP_EXPIRED, now, limit)
+        return int(status.rsplit(" ", 1)[-1]) if status else 0
+
+    async def _fetchval_status(self, sql: str, *args: Any) -> str:
+        async with self._conn() as conn:
+            result: str = await conn.execute(sql, *args)
+            return result
+
     async def sessions_needing_work(self) -> list[SessionKey]:
         return [SessionKey(r[0], r[1], r[2]) for r in await self._fetch(q.SESSIONS_NEEDING_WORK)]

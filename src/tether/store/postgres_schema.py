@@ -305,3 +305,10 @@ REQUEST_CANCEL = (
 CANCEL_REQUESTS = (
     "SELECT id, cancel_request FROM turns WHERE id = ANY($1::text[]) AND cancel_request IS NOT NULL"
 )
+SWEEP_EXPIRED = (
+    "DELETE FROM sessions WHERE pk IN (SELECT s.pk FROM sessions s"
+    " WHERE s.expires_at IS NOT NULL AND s.expires_at <= $1"
+    " AND (s.lease_owner IS NULL OR s.lease_expires_at <= $1)"
+    " AND NOT EXISTS (SELECT 1 FROM turns t WHERE t.session_pk = s.pk"
+    "  AND t.status IN ('queued', 'running')) LIMIT $2 FOR UPDATE SKIP LOCKED)"
+)

@@ -687,6 +687,20 @@ class SQLiteStore:
 
         return await self._run(do)
 
+    async def sweep_expired(self, now: float, limit: int = 500) -> int:
+        def do(c: sqlite3.Connection) -> int:
+            cur = c.execute(
+                "DELETE FROM sessions WHERE pk IN (SELECT s.pk FROM sessions s"
+                " WHERE s.expires_at IS NOT NULL AND s.expires_at <= ?"
+                " AND (s.lease_owner IS NULL OR s.lease_expires_at <= ?)"
+                " AND NOT EXISTS (SELECT 1 FROM turns t WHERE t.session_pk = s.pk"
+                "  AND t.status IN ('queued', 'running')) LIMIT ?)",
+                (now, now, limit),
+            )
+            return cur.rowcount
+
+        return await self._write(do)
+
     async def sessions_needing_work(self) -> list[SessionKey]:
         def do(c: sqlite3.Connection) -> list[SessionKey]:
             rows = c.execute(

@@ -1033,3 +1033,19 @@ class StoreConformance:
             lease, "t1", TurnEnding("interrupted", "interrupt by t2"), [], [ev(3, "turn.ended")]
         )
         assert not await store.request_cancel(k, "t1", "cancelled", "too late")
+
+    async def test_sweep_removes_only_expired_idle_sessions(self, store: Store) -> None:
+        now = time.time()
+        idle, busy, leased, fresh, forever = (key(f"sweep-{n}") for n in range(5))
+        for k in (idle, busy, leased):
+            await store.create_session(k, "assistant", ttl_seconds=0.05)
+        await store.create_session(fresh, "assistant", ttl_seconds=3600)
+        await store.create_session(forever, "assistant")
+        await store.enqueue_turn(busy, turn_id="t-busy", input="x", policy="enqueue")
+        await acquire(store, leased, ttl=LONG_TTL)
+        await asyncio.sleep(0.1)
+        assert await store.sweep_expired(time.time()) == 1
+        assert await store.get_session(idle) is None
+        for kept in (busy, leased, fresh, forever):
+            assert await store.get_session(kept) is not None
+        assert await store.sweep_expired(now) == 0
