@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,3 +79,72 @@ def test_cancel_sent_to_one_node_ends_a_turn_running_on_another(nodes: list[Serv
         cc.post("/v1/sessions", json={"agent": "echo", "session_id": "y"})
         after = cc.post("/v1/sessions/y/turns", json={"input": "next"})
         assert after.status_code == 200 and after.json()["status"] == "completed"
+
+
+def _wait_status(
+    c: httpx.Client, sid: str, tid: str, want: set[str], within: float
+) -> dict[str, object]:
+    deadline = time.monotonic() + within
+    while True:
+        state: dict[str, object] = c.get(f"/v1/sessions/{sid}/turns/{tid}").json()
+        if state["status"] in want:
+            return state
+        assert time.monotonic() < deadline, state
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def short_lease_nodes(postgres_url: str, tmp_path: Path) -> Iterator[list[Server]]:
+    env = {"TETHER_LEASE_TTL": "2"}
+    servers = [
+        start_server(tmp_path / f"n{n}", "--store", postgres_url, "--node", f"n{n}", env=env)
+        for n in range(2)
+    ]
+    yield servers
+    for srv in servers:
+        srv.stop(signal.SIGKILL)
+
+
+def test_kill_9_of_the_running_node_hands_the_session_on(
+    short_lease_nodes: list[Server],
+) -> None:
+    a, b = short_lease_nodes
+    with a.client() as ca, b.client() as cb:
+        ca.post("/v1/sessions", json={"agent": "slow", "session_id": "k"})
+        doomed = ca.post("/v1/sessions/k/turns", json={"input": "one", "wait": False}).json()
+        _wait_status(ca, "k", doomed["id"], {"running"}, 10)
+        queued = cb.post("/v1/sessions/k/turns", json={"input": "two", "wait": False}).json()
+        a.stop(signal.SIGKILL)
+        killed_at = time.monotonic()
+        started = _wait_status(cb, "k", queued["id"], {"running", "completed"}, 2 + 5)
+        took = time.monotonic() - killed_at
+        lost = cb.get(f"/v1/sessions/k/turns/{doomed['id']}").json()
+        assert (lost["status"], lost["reason"]) == ("failed", "owner_lost")
+        assert started["status"] in ("running", "completed")
+        assert took < 2 + 5, took
+        done = _wait_status(cb, "k", queued["id"], {"completed"}, 30)
+        assert done["status"] == "completed"
+
+
+def test_a_frozen_node_cannot_write_after_losing_its_lease(
+    short_lease_nodes: list[Server],
+) -> None:
+    a, b = short_lease_nodes
+    with a.client() as ca, b.client() as cb:
+        ca.post("/v1/sessions", json={"agent": "slow", "session_id": "f"})
+        frozen_turn = ca.post("/v1/sessions/f/turns", json={"input": "one", "wait": False}).json()
+        _wait_status(ca, "f", frozen_turn["id"], {"running"}, 10)
+        a.proc.send_signal(signal.SIGSTOP)
+        try:
+            nxt = cb.post("/v1/sessions/f/turns", json={"input": "two", "wait": False}).json()
+            # b takes the session over once a's lease expires (a is alive, only frozen).
+            _wait_status(cb, "f", nxt["id"], {"completed"}, 30)
+            before = cb.get("/v1/sessions/f/items", params={"limit": 200}).json()["data"]
+        finally:
+            a.proc.send_signal(signal.SIGCONT)
+        time.sleep(1.5)  # let the resumed node try to go on with its stale lease
+        after = cb.get("/v1/sessions/f/items", params={"limit": 200}).json()["data"]
+        assert after == before  # nothing of the stale owner landed
+        old = cb.get(f"/v1/sessions/f/turns/{frozen_turn['id']}").json()
+        assert (old["status"], old["reason"]) == ("failed", "owner_lost")
+    assert "lease" in a.output()

@@ -56,6 +56,13 @@ class Settings:
             values["model"] = env["TETHER_MODEL"]
         if env.get("TETHER_NODE"):
             values["node"] = env["TETHER_NODE"]
+        if env.get("TETHER_LEASE_TTL"):
+            try:
+                values["lease_ttl"] = float(env["TETHER_LEASE_TTL"])
+            except ValueError:
+                raise ConfigError(
+                    f"TETHER_LEASE_TTL={env['TETHER_LEASE_TTL']!r} is not a number"
+                ) from None
         if env.get("TETHER_DRAIN_TIMEOUT"):
             try:
                 values["drain_timeout"] = float(env["TETHER_DRAIN_TIMEOUT"])
