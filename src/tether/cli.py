@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -68,6 +69,11 @@ KeyOpt = Annotated[
     str | None,
     typer.Option("--key", help="API key for --url.", envvar="TETHER_API_KEY"),
 ]
+
+
+def _redacted(url: str) -> str:
+    """A store URL fit for logs: any password replaced."""
+    return re.sub(r"(//[^:/@]+):[^@/]*@", r"\1:***@", url)
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
@@ -154,7 +160,7 @@ def serve(
         check_bind(settings)  # refuse before announcing anything
         err.print(
             f"tether: serving {', '.join(a.name for a in agents)} on "
-            f"http://{settings.host}:{settings.port} (store {settings.store_url})"
+            f"http://{settings.host}:{settings.port} (store {_redacted(settings.store_url)})"
         )
         run_server(settings, agents, log_level=log_level)
 

@@ -148,3 +148,63 @@ def test_a_frozen_node_cannot_write_after_losing_its_lease(
         old = cb.get(f"/v1/sessions/f/turns/{frozen_turn['id']}").json()
         assert (old["status"], old["reason"]) == ("failed", "owner_lost")
     assert "lease" in a.output()
+
+
+def test_two_hundred_sessions_over_three_nodes_never_leak(nodes: list[Server]) -> None:
+    canary = {n: f"canary-{n:03d}-{n * 7919:x}" for n in range(200)}
+
+    async def converse(client: httpx.AsyncClient, n: int) -> list[str]:
+        replies = []
+        for t in range(3):
+            r = await client.post(
+                "/api/chat",
+                json={"message": f"{canary[n]} #{t}", "session_id": f"c{n}", "agent_name": "echo"},
+            )
+            assert r.status_code == 200, r.text
+            replies.append(r.json()["response"])
+        return replies
+
+    async def run() -> list[list[str]]:
+        clients = [httpx.AsyncClient(base_url=srv.url, timeout=120) for srv in nodes]
+        try:
+            # Each session's turns go to all three nodes in turn.
+            sem = asyncio.Semaphore(48)
+
+            async def bounded(n: int) -> list[str]:
+                async with sem:
+                    return await converse(clients[n % 3], n)
+
+            return await asyncio.gather(*(bounded(n) for n in range(200)))
+        finally:
+            for client in clients:
+                await client.aclose()
+
+    results = asyncio.run(run())
+    for n, replies in enumerate(results):
+        assert replies[2] == f"saw [{canary[n]} #0, {canary[n]} #1] then {canary[n]} #2"
+        text = " ".join(replies)
+        assert [m for m, c in canary.items() if m != n and c in text] == []
+
+
+def test_policies_across_nodes(nodes: list[Server]) -> None:
+    a, b, c = nodes
+    with a.client() as ca, b.client() as cb, c.client() as cc:
+        ca.post("/v1/sessions", json={"agent": "slow", "session_id": "p"})
+        first = ca.post("/v1/sessions/p/turns", json={"input": "one", "wait": False}).json()
+        _wait_status(ca, "p", first["id"], {"running"}, 10)
+        busy = cb.post("/v1/sessions/p/turns", json={"input": "no", "policy": "reject"})
+        assert busy.status_code == 409 and busy.json()["busy_turn_id"] == first["id"]
+        second = cb.post(
+            "/v1/sessions/p/turns", json={"input": "two", "policy": "interrupt", "wait": False}
+        ).json()
+        assert _wait_status(cc, "p", first["id"], {"interrupted"}, 10)["complete"] is False
+        _wait_status(cc, "p", second["id"], {"running"}, 10)  # a 2-second reply
+        third = cc.post(
+            "/v1/sessions/p/turns", json={"input": "three", "policy": "rollback", "wait": False}
+        ).json()
+        rolled = _wait_status(ca, "p", second["id"], {"rolled_back", "completed"}, 10)
+        assert rolled["status"] == "rolled_back"
+        _wait_status(ca, "p", third["id"], {"completed"}, 30)
+        items = ca.get("/v1/sessions/p/items", params={"limit": 200}).json()["data"]
+    users = [i["content"] for i in items if i["kind"] == "user"]
+    assert users == ["one", "three"]  # the rolled-back turn's items are gone, "no" never landed
