@@ -53,7 +53,7 @@ log = logging.getLogger("tether.scheduler")
 
 AgentResolver = Callable[[str], Agent | None]
 
-CANCEL_POLL = 0.05
+CANCEL_POLL = 0.025
 """Seconds between reads of cancel requests while this process runs turns."""
 CROSS_PROCESS_POLL = 0.25
 """Seconds between store reads while waiting on a turn that another process may be running."""
