@@ -55,6 +55,8 @@ AgentResolver = Callable[[str], Agent | None]
 
 CANCEL_POLL = 0.025
 """Seconds between reads of cancel requests while this process runs turns."""
+LINGER_POLL = 0.05
+"""Seconds between looks at the store for turns accepted elsewhere while a lease lingers."""
 CROSS_PROCESS_POLL = 0.25
 """Seconds between store reads while waiting on a turn that another process may be running."""
 
@@ -259,25 +261,43 @@ class Scheduler:
             log.exception("session worker failed")
             self._workers.pop(key, None)
 
+    @property
+    def closing(self) -> bool:
+        """True once close() has begun: no new turns are taken."""
+        return self._closing
+
     async def _linger(self, key: SessionKey) -> bool:
         """Keep the lease a moment after the queue empties; True if a new turn came in.
 
         A conversation's next turn often follows within moments: holding on saves taking and
         giving up the lease (two write transactions) per turn. Turns submitted in this process
-        wake the worker at once; the linger is short so another node waits little for it.
+        wake the worker at once; turns accepted by another process (a load balancer spreading
+        one session over several nodes) are seen by a look at the store every LINGER_POLL, so
+        they do not wait for the linger to run out.
         """
         if self._closing or self.linger <= 0:
             return False
         if key in self._dirty:
             return True
         kicked = self._kicked[key] = asyncio.Event()
+        deadline = time.monotonic() + self.linger
         try:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.linger):
-                    await kicked.wait()
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(min(remaining, LINGER_POLL)):
+                        await kicked.wait()
+                closing = self.closing  # re-read: close() may have run while we waited
+                if key in self._dirty:
+                    return not closing
+                if closing:
+                    return False  # close() set the event to end lingering
+                if any(t.status == "queued" for t in await self.store.active_turns(key)):
+                    return True  # accepted elsewhere: run it while we hold the session
         finally:
             self._kicked.pop(key, None)
-        return key in self._dirty and not self._closing
 
     async def _release(self, lease: Lease) -> None:
         try:
