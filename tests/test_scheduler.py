@@ -12,7 +12,7 @@ from tests.helpers import StoreFactory, all_items, wait_until
 from tether import Agent, QueueFull
 from tether.leases import owner_is_dead
 from tether.models.base import ModelRequest
-from tether.records import LOCAL_PRINCIPAL, SessionKey
+from tether.records import LOCAL_PRINCIPAL, NewItem, SessionKey
 from tether.runtime import Runtime
 from tether.store import MemoryStore
 from tether.store.base import Store
@@ -213,3 +213,28 @@ async def test_expired_idle_sessions_are_swept(store: Store) -> None:
             while await store.get_session(gone) is not None:  # noqa: ASYNC110 - a store poll
                 await asyncio.sleep(0.02)
         assert await store.get_session(kept) is not None
+
+
+async def test_a_turn_left_running_by_a_dead_owner_is_recovered_without_new_requests(
+    store: Store,
+) -> None:
+    key = SessionKey("local", "local", "orphan")
+    await store.open()
+    await store.create_session(key, "a")
+    await store.enqueue_turn(key, turn_id="t-orphan", input="hello", policy="enqueue")
+    ghost = await store.acquire_lease(key, "ghost|elsewhere|1|x", 0.2)
+    assert ghost is not None
+    await store.start_turn(ghost, "t-orphan", [NewItem("user", "hello")], [])
+    # The ghost never comes back. A runtime that never gets a request for this session still
+    # ends the turn honestly once the ghost's lease has expired.
+    agent = Agent(name="a", model=ScriptedModel(default="ok"))
+    rt = Runtime(store, agents=[agent], lease_ttl=0.2)
+    async with rt:
+        async with asyncio.timeout(10):
+            while True:
+                turn = await store.get_turn(key, "t-orphan")
+                assert turn is not None
+                if turn.ended:
+                    break
+                await asyncio.sleep(0.02)
+    assert (turn.status, turn.reason) == ("failed", "owner_lost")

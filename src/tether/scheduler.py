@@ -105,6 +105,7 @@ class Scheduler:
         self._heartbeat: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self._adopter: asyncio.Task[None] | None = None
         self.sweep_interval = 60.0
         self._closing = False
 
@@ -114,6 +115,7 @@ class Scheduler:
         self._heartbeat = asyncio.create_task(self._beat(), name="tether-heartbeat")
         self._watcher = asyncio.create_task(self._watch_cancels(), name="tether-cancels")
         self._sweeper = asyncio.create_task(self._sweep(), name="tether-sweeper")
+        self._adopter = asyncio.create_task(self._adopt_orphans(), name="tether-orphans")
         for key in await self.store.sessions_needing_work():
             self._kick(key)
 
@@ -137,7 +139,7 @@ class Scheduler:
                 if stuck:
                     # The store closes after this returns: let the workers unwind first.
                     await asyncio.wait(stuck, timeout=1.0)
-        for background in (self._heartbeat, self._watcher, self._sweeper):
+        for background in (self._heartbeat, self._watcher, self._sweeper, self._adopter):
             if background is not None:
                 background.cancel()
                 await asyncio.gather(background, return_exceptions=True)
@@ -439,6 +441,26 @@ class Scheduler:
                 continue
             if swept:
                 log.info("swept %d expired sessions", swept)
+
+    async def _adopt_orphans(self) -> None:
+        """Take up work nobody is doing: turns whose session has no live lease.
+
+        That is what a dead process leaves behind when no new request comes to its sessions,
+        or what a worker that gave up during a store outage leaves: without this, such a turn
+        would stay ``running`` until the session's next request.
+        """
+        while True:
+            await asyncio.sleep(max(self.lease_ttl / 2, 0.05))
+            if self._closing:
+                return
+            try:
+                orphans = await self.store.sessions_needing_work(unowned_at=time.time())
+            except Exception:
+                log.warning("looking for orphaned turns failed; retrying", exc_info=True)
+                continue
+            for key in orphans:
+                if key not in self._workers:
+                    self._kick(key)
 
     async def _watch_cancels(self) -> None:
         """Apply cancel/interrupt requests other processes left in the store for our turns."""

@@ -285,6 +285,10 @@ class Store(Protocol):
         """
         ...
 
-    async def sessions_needing_work(self) -> list[SessionKey]:
-        """Sessions with a queued or running turn (for recovery after a restart)."""
+    async def sessions_needing_work(self, *, unowned_at: float | None = None) -> list[SessionKey]:
+        """Sessions with a queued or running turn (for recovery after a restart).
+
+        With ``unowned_at``, only those whose lease is free or expired at that time: work
+        nobody is doing (its process died, or a store outage made it give up).
+        """
         ...

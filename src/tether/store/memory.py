@@ -494,8 +494,13 @@ class MemoryStore:
             del self._sessions[k]
         return len(doomed)
 
-    async def sessions_needing_work(self) -> list[SessionKey]:
-        return [k for k, s in self._sessions.items() if s.active]
+    async def sessions_needing_work(self, *, unowned_at: float | None = None) -> list[SessionKey]:
+        return [
+            k
+            for k, s in self._sessions.items()
+            if s.active
+            and (unowned_at is None or s.lease_owner is None or s.lease_expires_at <= unowned_at)
+        ]
 
 
 def _terminal(s: _Session, turn: Turn, ending: TurnEnding) -> Event:

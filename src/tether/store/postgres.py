@@ -550,5 +550,6 @@ class PostgresStore:
             result: str = await conn.execute(sql, *args)
             return result
 
-    async def sessions_needing_work(self) -> list[SessionKey]:
-        return [SessionKey(r[0], r[1], r[2]) for r in await self._fetch(q.SESSIONS_NEEDING_WORK)]
+    async def sessions_needing_work(self, *, unowned_at: float | None = None) -> list[SessionKey]:
+        rows = await self._fetch(q.SESSIONS_NEEDING_WORK, unowned_at)
+        return [SessionKey(r[0], r[1], r[2]) for r in rows]

@@ -239,6 +239,8 @@ FINISH_TURN = (
 SESSIONS_NEEDING_WORK = (
     "SELECT s.tenant, s.owner, s.session_id FROM sessions s WHERE EXISTS ("
     " SELECT 1 FROM turns t WHERE t.session_pk = s.pk AND t.status IN ('queued', 'running'))"
+    " AND ($1::double precision IS NULL OR s.lease_owner IS NULL"
+    " OR s.lease_expires_at <= $1::double precision)"
     " ORDER BY s.pk"
 )
 

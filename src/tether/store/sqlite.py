@@ -701,11 +701,13 @@ class SQLiteStore:
 
         return await self._write(do)
 
-    async def sessions_needing_work(self) -> list[SessionKey]:
+    async def sessions_needing_work(self, *, unowned_at: float | None = None) -> list[SessionKey]:
         def do(c: sqlite3.Connection) -> list[SessionKey]:
             rows = c.execute(
                 "SELECT DISTINCT s.tenant, s.owner, s.session_id FROM turns t"
                 " JOIN sessions s ON s.pk = t.session_pk WHERE t.status IN ('queued', 'running')"
+                " AND (? IS NULL OR s.lease_owner IS NULL OR s.lease_expires_at <= ?)",
+                (unowned_at, unowned_at),
             ).fetchall()
             return [SessionKey(*r) for r in rows]
 

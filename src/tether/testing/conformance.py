@@ -1049,3 +1049,16 @@ class StoreConformance:
         for kept in (busy, leased, fresh, forever):
             assert await store.get_session(kept) is not None
         assert await store.sweep_expired(now) == 0
+
+    async def test_sessions_needing_work_without_a_live_lease(self, store: Store) -> None:
+        held, expired, free, idle = (key(f"w-{n}") for n in range(4))
+        for k in (held, expired, free, idle):
+            await new_session(store, k)
+        await running_turn(store, held, "t-held", ttl=LONG_TTL)
+        await running_turn(store, expired, "t-expired", ttl=SHORT_TTL)
+        await store.enqueue_turn(free, turn_id="t-free", input="x", policy="enqueue")
+        await asyncio.sleep(PAST_SHORT_TTL)
+        everything = set(await store.sessions_needing_work())
+        assert everything == {held, expired, free}
+        unowned = set(await store.sessions_needing_work(unowned_at=time.time()))
+        assert unowned == {expired, free}
