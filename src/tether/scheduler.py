@@ -22,10 +22,11 @@ import logging
 import math
 import time
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass
 from pathlib import Path
 
+from tether import chores
 from tether.agent import Agent
+from tether.chores import RunningTurn
 from tether.errors import QueueFull, SessionNotFound, ShuttingDown, StaleLease, TurnNotFound
 from tether.feeds import TurnFeed, follow_turn
 from tether.leases import new_owner_id, owner_is_dead
@@ -61,12 +62,6 @@ CROSS_PROCESS_POLL = 0.25
 """Seconds between store reads while waiting on a turn that another process may be running."""
 
 
-@dataclass
-class _Running:
-    turn: Turn
-    ctx: TurnContext
-
-
 class Scheduler:
     def __init__(
         self,
@@ -92,7 +87,7 @@ class Scheduler:
         self._workers: dict[SessionKey, asyncio.Task[None]] = {}
         self._dirty: set[SessionKey] = set()
         self._leases: dict[SessionKey, Lease] = {}
-        self._running: dict[str, _Running] = {}
+        self._running: dict[str, RunningTurn] = {}
         self._feeds: dict[str, TurnFeed] = {}
         # Turns accepted here and not yet ended: their key (so a caller naming the turn under
         # another key learns nothing) and the futures of callers waiting for the end.
@@ -112,10 +107,22 @@ class Scheduler:
     # -- life cycle ----------------------------------------------------------------------------
     async def start(self) -> None:
         """Begin heartbeats and pick up work left by a previous life of this store."""
-        self._heartbeat = asyncio.create_task(self._beat(), name="tether-heartbeat")
-        self._watcher = asyncio.create_task(self._watch_cancels(), name="tether-cancels")
-        self._sweeper = asyncio.create_task(self._sweep(), name="tether-sweeper")
-        self._adopter = asyncio.create_task(self._adopt_orphans(), name="tether-orphans")
+        self._heartbeat = asyncio.create_task(
+            chores.heartbeat(self.store, self._leases, self._running, self.lease_ttl),
+            name="tether-heartbeat",
+        )
+        self._watcher = asyncio.create_task(
+            chores.watch_cancels(self.store, self._running, CANCEL_POLL), name="tether-cancels"
+        )
+        self._sweeper = asyncio.create_task(
+            chores.sweep_expired(self.store, lambda: self.sweep_interval), name="tether-sweeper"
+        )
+        self._adopter = asyncio.create_task(
+            chores.adopt_orphans(
+                self.store, self._workers, self._kick, self.lease_ttl, lambda: self._closing
+            ),
+            name="tether-orphans",
+        )
         for key in await self.store.sessions_needing_work():
             self._kick(key)
 
@@ -381,7 +388,7 @@ class Scheduler:
                 if self.workspace_root
                 else None,
             )
-            self._running[turn.id] = _Running(turn, ctx)
+            self._running[turn.id] = RunningTurn(turn, ctx)
             try:
                 result = await run_turn(ctx)
             finally:
@@ -408,75 +415,6 @@ class Scheduler:
         for fut in futures:
             if not fut.done():
                 fut.set_result(turn)
-
-    # -- heartbeat -----------------------------------------------------------------------------
-    async def _beat(self) -> None:
-        interval = max(self.lease_ttl / 3, 0.05)
-        while True:
-            await asyncio.sleep(interval)
-            held = list(self._leases.values())
-            if not held:
-                continue
-            try:
-                kept = await self.store.renew_leases(held, self.lease_ttl)
-            except Exception:
-                log.exception("lease renewal failed; retrying")
-                continue
-            kept_keys = {lease.key for lease in kept}
-            for lease in held:
-                if lease.key not in kept_keys:
-                    log.warning("lost the lease of a session; stopping its turn")
-                    for running in list(self._running.values()):
-                        if running.turn.key == lease.key:
-                            running.ctx.request_cancel("failed", "lease_lost")
-
-    async def _sweep(self) -> None:
-        """Delete idle sessions past their TTL (any node may; the store keeps it safe)."""
-        while True:
-            await asyncio.sleep(self.sweep_interval)
-            try:
-                swept = await self.store.sweep_expired(time.time())
-            except Exception:
-                log.exception("sweeping expired sessions failed; retrying later")
-                continue
-            if swept:
-                log.info("swept %d expired sessions", swept)
-
-    async def _adopt_orphans(self) -> None:
-        """Take up work nobody is doing: turns whose session has no live lease.
-
-        That is what a dead process leaves behind when no new request comes to its sessions,
-        or what a worker that gave up during a store outage leaves: without this, such a turn
-        would stay ``running`` until the session's next request.
-        """
-        while True:
-            await asyncio.sleep(max(self.lease_ttl / 2, 0.05))
-            if self._closing:
-                return
-            try:
-                orphans = await self.store.sessions_needing_work(unowned_at=time.time())
-            except Exception:
-                log.warning("looking for orphaned turns failed; retrying", exc_info=True)
-                continue
-            for key in orphans:
-                if key not in self._workers:
-                    self._kick(key)
-
-    async def _watch_cancels(self) -> None:
-        """Apply cancel/interrupt requests other processes left in the store for our turns."""
-        while True:
-            await asyncio.sleep(CANCEL_POLL)
-            if not self._running:
-                continue  # nothing of ours to end: no store reads while idle
-            try:
-                requests = await self.store.cancel_requests(list(self._running))
-            except Exception:
-                log.exception("reading cancel requests failed; retrying")
-                continue
-            for turn_id, (status, reason) in requests.items():
-                running = self._running.get(turn_id)
-                if running is not None:
-                    running.ctx.request_cancel(status, reason)
 
     # -- waiting, cancelling, following ----------------------------------------------------------
     async def wait(self, key: SessionKey, turn_id: str) -> Turn:
