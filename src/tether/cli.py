@@ -10,13 +10,16 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from tether.errors import ConfigError, TetherError
+
+if TYPE_CHECKING:
+    from tether.store.base import Store
 
 T = TypeVar("T")
 
@@ -202,7 +205,21 @@ def _local_key(session_id: str) -> Any:
     return SessionKey.of(LOCAL_PRINCIPAL, session_id)
 
 
-def _open_store(data_dir: Path | None, store: str | None) -> Any:
+def _on_store(data_dir: Path | None, store: str | None, fn: Callable[[Store], Awaitable[T]]) -> T:
+    """Run ``fn`` on the local store (opened, migrated, and closed again)."""
+
+    async def go() -> T:
+        s = _open_store(data_dir, store)
+        await s.open()
+        try:
+            return await fn(s)
+        finally:
+            await s.close()
+
+    return _run(go)
+
+
+def _open_store(data_dir: Path | None, store: str | None) -> Store:
     from tether.store import open_store_url
 
     return open_store_url(_settings(data_dir=data_dir, store=store).store_url)
@@ -225,23 +242,18 @@ def sessions_list(
                 rows = client.request("GET", "/v1/sessions", params={"limit": limit})["data"]
         else:
 
-            async def load() -> list[dict[str, Any]]:
-                s = _open_store(data_dir, store)
-                await s.open()
-                try:
-                    records = await s.list_sessions("local", "local", limit=limit)
-                    return [
-                        {
-                            "session_id": r.key.session_id,
-                            "agent": r.agent,
-                            "updated_at": r.updated_at,
-                        }
-                        for r in records
-                    ]
-                finally:
-                    await s.close()
+            async def load(s: Store) -> list[dict[str, Any]]:
+                records = await s.list_sessions("local", "local", limit=limit)
+                return [
+                    {
+                        "session_id": r.key.session_id,
+                        "agent": r.agent,
+                        "updated_at": r.updated_at,
+                    }
+                    for r in records
+                ]
 
-            rows = _run(load)
+            rows = _on_store(data_dir, store, load)
     table = Table("session", "agent", "updated")
     for r in rows:
         table.add_row(
@@ -271,28 +283,23 @@ def sessions_show(
                 )["data"]
         else:
 
-            async def load() -> list[dict[str, Any]]:
-                s = _open_store(data_dir, store)
-                await s.open()
-                try:
-                    k = _local_key(session_id)
-                    if await s.get_session(k) is None:
-                        raise ConfigError(f"no session {session_id!r}")
-                    return [
-                        {
-                            "kind": i.kind,
-                            "content": i.content,
-                            "complete": i.complete,
-                            "tool_name": i.tool_name,
-                            "arguments": i.arguments,
-                            "excluded": i.excluded,
-                        }
-                        for i in await s.list_items(k, limit=100_000)
-                    ]
-                finally:
-                    await s.close()
+            async def load(s: Store) -> list[dict[str, Any]]:
+                k = _local_key(session_id)
+                if await s.get_session(k) is None:
+                    raise ConfigError(f"no session {session_id!r}")
+                return [
+                    {
+                        "kind": i.kind,
+                        "content": i.content,
+                        "complete": i.complete,
+                        "tool_name": i.tool_name,
+                        "arguments": i.arguments,
+                        "excluded": i.excluded,
+                    }
+                    for i in await s.list_items(k, limit=100_000)
+                ]
 
-            items = _run(load)
+            items = _on_store(data_dir, store, load)
     for i in items:
         label = {
             "user": "[bold cyan]you[/]",
@@ -330,16 +337,11 @@ def sessions_delete(
                 client.request("DELETE", f"/v1/sessions/{session_id}")
         else:
 
-            async def delete() -> bool:
-                s = _open_store(data_dir, store)
-                await s.open()
-                try:
-                    deleted: bool = await s.delete_session(_local_key(session_id))
-                    return deleted
-                finally:
-                    await s.close()
+            async def delete(s: Store) -> bool:
+                deleted: bool = await s.delete_session(_local_key(session_id))
+                return deleted
 
-            if not _run(delete):
+            if not _on_store(data_dir, store, delete):
                 raise fail(f"no session {session_id!r}")
     out.print(f"deleted {session_id}")
 
@@ -367,15 +369,10 @@ def keys_create(
             raise fail(f"{label} must be 1-128 printable characters without spaces")
     new = mint_key(user, tenant, admin=admin)
 
-    async def save() -> None:
-        s = _open_store(data_dir, store)
-        await s.open()
-        try:
-            await s.create_api_key(new.record)
-        finally:
-            await s.close()
+    async def save(s: Store) -> None:
+        await s.create_api_key(new.record)
 
-    _run(save)
+    _on_store(data_dir, store, save)
     err.print(
         f"created key {new.record.id} for {tenant}/{user}"
         f"{' (admin)' if admin else ''}; it is shown only once:"
@@ -387,17 +384,12 @@ def keys_create(
 def keys_list(data_dir: DataDirOpt = None, store: StoreOpt = None) -> None:
     """List API keys (never their secrets)."""
 
-    async def load() -> list[Any]:
-        s = _open_store(data_dir, store)
-        await s.open()
-        try:
-            keys: list[Any] = await s.list_api_keys()
-            return keys
-        finally:
-            await s.close()
+    async def load(s: Store) -> list[Any]:
+        keys: list[Any] = await s.list_api_keys()
+        return keys
 
     table = Table("id", "tenant", "user", "roles", "created", "status")
-    for k in _run(load):
+    for k in _on_store(data_dir, store, load):
         table.add_row(
             k.id,
             k.tenant,
@@ -413,16 +405,11 @@ def keys_list(data_dir: DataDirOpt = None, store: StoreOpt = None) -> None:
 def keys_revoke(key_id: str, data_dir: DataDirOpt = None, store: StoreOpt = None) -> None:
     """Revoke an API key by id (requests with it get 401 from then on)."""
 
-    async def revoke() -> bool:
-        s = _open_store(data_dir, store)
-        await s.open()
-        try:
-            done: bool = await s.revoke_api_key(key_id)
-            return done
-        finally:
-            await s.close()
+    async def revoke(s: Store) -> bool:
+        done: bool = await s.revoke_api_key(key_id)
+        return done
 
-    if not _run(revoke):
+    if not _on_store(data_dir, store, revoke):
         raise fail(f"no active key {key_id!r}")
     out.print(f"revoked {key_id}")
 
@@ -432,12 +419,10 @@ def keys_revoke(key_id: str, data_dir: DataDirOpt = None, store: StoreOpt = None
 def db_upgrade(data_dir: DataDirOpt = None, store: StoreOpt = None) -> None:
     """Apply pending schema migrations (the server also does this on start)."""
 
-    async def upgrade() -> None:
-        s = _open_store(data_dir, store)
-        await s.open()
-        await s.close()
+    async def upgrade(s: Store) -> None:
+        return None
 
-    _run(upgrade)
+    _on_store(data_dir, store, upgrade)
     out.print("schema is up to date")
 
 
