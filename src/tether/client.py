@@ -57,6 +57,21 @@ def _headers(api_key: str | None, extra: dict[str, str] | None) -> dict[str, str
     return headers
 
 
+# The sync and async clients are twins over these I/O-free pieces.
+def _chat_body(message: str, session_id: str | None, agent_name: str | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"message": message}
+    if session_id:
+        body["session_id"] = session_id
+    if agent_name:
+        body["agent_name"] = agent_name
+    return body
+
+
+def _stream_body(message: str, policy: str) -> dict[str, Any]:
+    # Closing the stream early cancels the turn: a terminal user pressing Ctrl-C means it.
+    return {"input": message, "stream": True, "policy": policy, "on_disconnect": "cancel"}
+
+
 class _SSEParser:
     """Incremental: feed lines, get an event at each blank line (sync and async share it)."""
 
@@ -120,11 +135,7 @@ class Client:
     def chat(
         self, message: str, *, session_id: str | None = None, agent_name: str | None = None
     ) -> dict[str, Any]:
-        body: dict[str, Any] = {"message": message}
-        if session_id:
-            body["session_id"] = session_id
-        if agent_name:
-            body["agent_name"] = agent_name
+        body = _chat_body(message, session_id, agent_name)
         result: dict[str, Any] = self.request("POST", "/api/chat", json=body)
         return result
 
@@ -153,7 +164,7 @@ class Client:
     def stream_turn(
         self, session_id: str, message: str, *, policy: str = "enqueue"
     ) -> Iterator[RemoteEvent]:
-        body = {"input": message, "stream": True, "policy": policy, "on_disconnect": "cancel"}
+        body = _stream_body(message, policy)
         try:
             with self._http.stream(
                 "POST",
@@ -206,11 +217,7 @@ class AsyncClient:
     async def chat(
         self, message: str, *, session_id: str | None = None, agent_name: str | None = None
     ) -> dict[str, Any]:
-        body: dict[str, Any] = {"message": message}
-        if session_id:
-            body["session_id"] = session_id
-        if agent_name:
-            body["agent_name"] = agent_name
+        body = _chat_body(message, session_id, agent_name)
         result: dict[str, Any] = await self.request("POST", "/api/chat", json=body)
         return result
 
@@ -226,7 +233,7 @@ class AsyncClient:
     async def stream_turn(
         self, session_id: str, message: str, *, policy: str = "enqueue"
     ) -> AsyncIterator[RemoteEvent]:
-        body = {"input": message, "stream": True, "policy": policy, "on_disconnect": "cancel"}
+        body = _stream_body(message, policy)
         try:
             async with self._http.stream(
                 "POST",
