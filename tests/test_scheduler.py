@@ -238,3 +238,66 @@ async def test_a_turn_left_running_by_a_dead_owner_is_recovered_without_new_requ
                     break
                 await asyncio.sleep(0.02)
     assert (turn.status, turn.reason) == ("failed", "owner_lost")
+
+
+async def _listeners(url: str, at_least: int) -> list[int]:
+    """Pids of tether cancel listeners on this database, once there are ``at_least`` of them."""
+    import asyncpg  # type: ignore[import-untyped]
+
+    from tether.store.postgres import LISTENER_NAME
+
+    conn = await asyncpg.connect(url)
+    try:
+        async with asyncio.timeout(15):
+            while True:
+                pids = await conn.fetch(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = $1"
+                    " AND datname = current_database()",
+                    LISTENER_NAME,
+                )
+                if len(pids) >= at_least:
+                    return [int(r["pid"]) for r in pids]
+                await asyncio.sleep(0.05)
+    finally:
+        await conn.close()
+
+
+async def test_cancel_reaches_the_owner_by_notification_and_survives_a_lost_listener(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On PostgreSQL a cancel is announced (LISTEN/NOTIFY), not found by polling.
+
+    Both polls are set to a minute, so a turn that ends within the test's few seconds was told
+    by a notification. Then the listeners' connections are killed: they come back by themselves
+    and the next cancel is announced too.
+    """
+    import asyncpg
+
+    from tether import scheduler as scheduler_module
+    from tether.store.postgres import PostgresStore
+
+    monkeypatch.setattr(scheduler_module, "CANCEL_POLL", 60.0)
+    monkeypatch.setattr(scheduler_module, "CANCEL_FALLBACK", 60.0)
+    model = ScriptedModel(default=Slow("w " * 500, delay=0.02, forever=True))
+    agent = Agent(name="a", model=model)
+    a = Runtime(PostgresStore(postgres_url), agents=[agent])
+    b = Runtime(PostgresStore(postgres_url), agents=[agent])
+    async with a, b:
+        key = SessionKey("local", "local", "notified")
+        await a.store.create_session(key, "a")
+        before = await _listeners(postgres_url, 2)
+        for round_ in range(2):
+            turn = await a.scheduler.submit(key, f"long one {round_}")
+            await first_delta(a, key, turn.id)
+            async with asyncio.timeout(10):
+                done = await b.scheduler.cancel(key, turn.id)  # a runs it; b asks
+            assert (done.status, done.reason) == ("cancelled", "cancelled")
+            if round_ == 0:
+                conn = await asyncpg.connect(postgres_url)
+                try:
+                    for pid in before:
+                        await conn.execute("SELECT pg_terminate_backend($1)", pid)
+                finally:
+                    await conn.close()
+                after = await _listeners(postgres_url, 2)
+                assert not set(after) & set(before)  # new connections, not the killed ones

@@ -7,6 +7,7 @@ failing store (it logs and tries again on its next round) so a store outage neve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 from tether.loop.context import TurnContext
 from tether.records import Lease, SessionKey, Turn
-from tether.store.base import Store
+from tether.store.base import CancelFeed, Store
 
 log = logging.getLogger("tether.scheduler")
 
@@ -54,21 +55,84 @@ async def heartbeat(
                         run.ctx.request_cancel("failed", "lease_lost")
 
 
-async def watch_cancels(store: Store, running: Mapping[str, RunningTurn], interval: float) -> None:
-    """Apply cancel/interrupt requests other processes left in the store for our turns."""
+async def watch_cancels(
+    store: Store,
+    running: Mapping[str, RunningTurn],
+    interval: float,
+    *,
+    fallback_interval: float = 1.0,
+) -> None:
+    """Apply cancel/interrupt requests other processes left in the store for our turns.
+
+    With a store that announces requests (:class:`CancelFeed`), a request for one of our turns
+    wakes this at once and the store is polled only every ``fallback_interval`` (a request made
+    while the listener was reconnecting is still found). Otherwise it polls every ``interval``.
+    """
+    wake = asyncio.Event()
+    listening = asyncio.Event()
+    listener: asyncio.Task[None] | None = None
+    if isinstance(store, CancelFeed):
+        listener = asyncio.create_task(
+            _listen(store, running, wake, listening), name="tether-listen"
+        )
+    try:
+        while True:
+            timeout = fallback_interval if listening.is_set() else interval
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), timeout)
+            wake.clear()
+            if not running:
+                continue  # nothing of ours to end: no store reads while idle
+            try:
+                requests = await store.cancel_requests(list(running))
+            except Exception:
+                log.exception("reading cancel requests failed; retrying")
+                continue
+            for turn_id, (status, reason) in requests.items():
+                run = running.get(turn_id)
+                if run is not None:
+                    run.ctx.request_cancel(status, reason)
+    finally:
+        if listener is not None:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
+
+
+async def _listen(
+    store: CancelFeed,
+    running: Mapping[str, RunningTurn],
+    wake: asyncio.Event,
+    listening: asyncio.Event,
+) -> None:
+    """Keep a cancel listener up, reconnecting after the store goes away and comes back."""
+
+    loop = asyncio.get_running_loop()
+
+    def wake_if_ours(turn_id: str) -> None:
+        if turn_id in running:
+            wake.set()
+
+    def heard(turn_id: str) -> None:
+        wake_if_ours(turn_id)
+        # A request can overtake the reply to our own start of that turn (the request needs the
+        # turn committed as running; we register it once the commit's reply is back): look again
+        # shortly. Beyond that the fallback poll finds it.
+        for delay in (0.05, 0.25):
+            loop.call_later(delay, wake_if_ours, turn_id)
+
+    def ready() -> None:
+        listening.set()
+        wake.set()  # a request made while we were not listening: look now
+
     while True:
-        await asyncio.sleep(interval)
-        if not running:
-            continue  # nothing of ours to end: no store reads while idle
         try:
-            requests = await store.cancel_requests(list(running))
-        except Exception:
-            log.exception("reading cancel requests failed; retrying")
-            continue
-        for turn_id, (status, reason) in requests.items():
-            run = running.get(turn_id)
-            if run is not None:
-                run.ctx.request_cancel(status, reason)
+            await store.listen_cancels(heard, ready)
+            log.warning("the cancel listener's connection closed; listening again")
+        except Exception as exc:
+            log.warning("cannot listen for cancel requests (%s); polling until it can", exc)
+        listening.clear()
+        await asyncio.sleep(1.0)
 
 
 async def sweep_expired(store: Store, interval: Callable[[], float]) -> None:

@@ -56,6 +56,8 @@ AgentResolver = Callable[[str], Agent | None]
 
 CANCEL_POLL = 0.025
 """Seconds between reads of cancel requests while this process runs turns."""
+CANCEL_FALLBACK = 1.0
+"""The same with a store that announces requests (PostgreSQL LISTEN/NOTIFY): a safety net."""
 LINGER_POLL = 0.05
 """Seconds between looks at the store for turns accepted elsewhere while a lease lingers."""
 CROSS_PROCESS_POLL = 0.25
@@ -112,7 +114,10 @@ class Scheduler:
             name="tether-heartbeat",
         )
         self._watcher = asyncio.create_task(
-            chores.watch_cancels(self.store, self._running, CANCEL_POLL), name="tether-cancels"
+            chores.watch_cancels(
+                self.store, self._running, CANCEL_POLL, fallback_interval=CANCEL_FALLBACK
+            ),
+            name="tether-cancels",
         )
         self._sweeper = asyncio.create_task(
             chores.sweep_expired(self.store, lambda: self.sweep_interval), name="tether-sweeper"

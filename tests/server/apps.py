@@ -51,6 +51,8 @@ agents = [
         tools=[launch],
         approval_timeout=30,
     ),
+    # Short steady turns (~0.2 s): load that spans an outage.
+    Agent(name="steady", model=ScriptedModel(default=Slow("s " * 10, delay=0.02))),
 ]
 if os.environ.get("FAKE_OPENAI_URL"):
     agents.append(

@@ -13,9 +13,9 @@ Two rules every implementation keeps, and the conformance suite checks:
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from tether.records import (
     Event,
@@ -291,4 +291,18 @@ class Store(Protocol):
         With ``unowned_at``, only those whose lease is free or expired at that time: work
         nobody is doing (its process died, or a store outage made it give up).
         """
+        ...
+
+
+@runtime_checkable
+class CancelFeed(Protocol):
+    """A store that can tell the owner of a turn of a cancel request as it is made.
+
+    Optional: without it, owners find requests by polling :meth:`Store.cancel_requests`. With it
+    (PostgreSQL ``LISTEN/NOTIFY``), a request reaches the owning process in one round trip.
+    """
+
+    async def listen_cancels(self, heard: Callable[[str], None], ready: Callable[[], None]) -> None:
+        """Call ``ready()`` once listening, then ``heard(turn_id)`` for every request, until the
+        link drops; then return or raise."""
         ...

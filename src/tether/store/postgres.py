@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, NoReturn, Protocol, cast
 from urllib.parse import urlsplit
@@ -88,6 +88,10 @@ def _translate(exc: BaseException) -> NoReturn:
         # A value PostgreSQL cannot hold (text with a NUL, an int past 64 bits): the caller's.
         raise InvalidInput(f"PostgreSQL cannot store this value: {exc}") from exc
     raise StoreError(f"postgresql: {exc.__class__.__name__}: {exc}") from exc
+
+
+# How the cancel listener's connection shows in pg_stat_activity.
+LISTENER_NAME = "tether-cancel-listener"
 
 
 class PostgresStore:
@@ -357,8 +361,47 @@ class PostgresStore:
 
     async def request_cancel(self, key: SessionKey, turn_id: str, status: str, reason: str) -> bool:
         request = json.dumps({"status": status, "reason": reason})
-        done = await self._fetchval(q.REQUEST_CANCEL, *key_args(key), turn_id, request)
+        async with self._tx() as conn:
+            done = await conn.fetchval(q.REQUEST_CANCEL, *key_args(key), turn_id, request)
+            if done is not None:
+                # Delivered on commit, so the listener never reads a request not yet visible.
+                await conn.execute(q.NOTIFY_CANCEL, q.CANCEL_CHANNEL, turn_id)
         return done is not None
+
+    async def listen_cancels(self, heard: Callable[[str], None], ready: Callable[[], None]) -> None:
+        """Call ``heard(turn_id)`` for each cancel request any process makes, until the link drops.
+
+        A connection of its own, outside the pool: a pooled connection is reset (``UNLISTEN *``)
+        whenever it goes back. Returns when PostgreSQL closes the connection (a restart) and
+        raises :class:`StoreError` when it cannot connect; the caller listens again.
+        """
+        try:
+            conn = await asyncpg.connect(
+                self.url,
+                timeout=self._timeout,
+                server_settings={"application_name": LISTENER_NAME},
+            )
+        except _DRIVER_ERRORS as exc:
+            _translate(exc)
+        lost = asyncio.Event()
+
+        def on_notify(_c: object, _pid: int, _channel: str, payload: str) -> None:
+            heard(payload)
+
+        try:
+            conn.add_termination_listener(lambda _c: lost.set())
+            await conn.add_listener(q.CANCEL_CHANNEL, on_notify)
+            ready()
+            while not lost.is_set() and not conn.is_closed():
+                # A silent network drop does not close the socket: probe it now and then.
+                try:
+                    await asyncio.wait_for(lost.wait(), timeout=5.0)
+                except TimeoutError:
+                    await conn.fetchval("SELECT 1", timeout=self._timeout)
+        except _DRIVER_ERRORS as exc:
+            _translate(exc)
+        finally:
+            conn.terminate()
 
     async def cancel_requests(self, turn_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
         if not turn_ids:

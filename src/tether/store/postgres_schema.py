@@ -304,6 +304,10 @@ REQUEST_CANCEL = (
     f" AND session_pk = (SELECT pk FROM sessions WHERE {KEY_WHERE})"
     " AND status = 'running' AND cancel_request IS NULL RETURNING id"
 )
+# The owner hears of a request at once through this channel (payload: the turn id); the request
+# itself stays in the row, so a process that was not listening still finds it by polling.
+CANCEL_CHANNEL = "tether_cancel"
+NOTIFY_CANCEL = "SELECT pg_notify($1, $2)"
 CANCEL_REQUESTS = (
     "SELECT id, cancel_request FROM turns WHERE id = ANY($1::text[]) AND cancel_request IS NOT NULL"
 )
