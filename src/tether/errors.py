@@ -69,8 +69,28 @@ class AgentNotFound(NotFound):
     pass
 
 
+class MemoryNotFound(NotFound):
+    pass
+
+
+class DocumentNotFound(NotFound):
+    pass
+
+
 class Conflict(TetherError):
     """A precondition (revision, uniqueness) no longer holds."""
+
+
+class RevisionConflict(Conflict):
+    """An update named a revision that is no longer current: someone else changed it first."""
+
+    def __init__(self, message: str, *, current_revision: int | None) -> None:
+        super().__init__(message)
+        self.current_revision = current_revision
+
+
+class Forbidden(TetherError):
+    """The principal may see this but not change it (agent or tenant memory without admin)."""
 
 
 class SessionBusy(TetherError):

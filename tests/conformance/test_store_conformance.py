@@ -10,6 +10,7 @@ import pytest
 from tether.store import MemoryStore, PostgresStore, SQLiteStore
 from tether.store.base import Store
 from tether.testing.conformance import StoreConformance
+from tether.testing.conformance_memory import MemoryConformance
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
@@ -24,6 +25,16 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
 
 
 class TestStoreConformance(StoreConformance):
+    @pytest.fixture
+    async def store(self, backend: Store) -> AsyncIterator[Store]:
+        await backend.open()
+        try:
+            yield backend
+        finally:
+            await backend.close()
+
+
+class TestMemoryConformance(MemoryConformance):
     @pytest.fixture
     async def store(self, backend: Store) -> AsyncIterator[Store]:
         await backend.open()

@@ -28,6 +28,7 @@ from tether.records import (
     Turn,
     TurnEnding,
 )
+from tether.store.recall import RecallStore
 
 DEFAULT_MAX_QUEUE = 16
 ABORTED_TOOL_RESULT = "Tool call aborted: the turn ended before the tool returned a result."
@@ -74,7 +75,7 @@ class NewEvent:
         self.data = data
 
 
-class Store(Protocol):
+class Store(RecallStore, Protocol):
     async def open(self) -> None:
         """Connect and apply pending migrations."""
         ...
@@ -140,6 +141,10 @@ class Store(Protocol):
         Excluded items (of failed or rolled back turns) are left out. Cost is proportional to
         ``limit``, not to the length of the history.
         """
+        ...
+
+    async def latest_summary(self, key: SessionKey) -> Item | None:
+        """The newest ``summary`` item whose turn did not fail or roll back, if any."""
         ...
 
     async def clear_items(self, key: SessionKey) -> int:

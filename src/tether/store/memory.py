@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tether.errors import Conflict, QueueFull, SessionBusy, SessionNotFound, StaleLease
+from tether.memory.records import ForgetReport
 from tether.records import (
     Event,
     Item,
@@ -34,6 +35,7 @@ from tether.store.base import (
     SessionStats,
     initial_token,
 )
+from tether.store.memory_recall import MemoryRecall
 from tether.store.rows import terminal_event_data
 
 
@@ -53,8 +55,9 @@ class _Session:
     lease_expires_at: float = 0.0
 
 
-class MemoryStore:
+class MemoryStore(MemoryRecall):
     def __init__(self) -> None:
+        super().__init__()
         self._sessions: dict[SessionKey, _Session] = {}
         self._keys: dict[str, ApiKey] = {}
         self._cancels: dict[str, tuple[str, str]] = {}
@@ -167,6 +170,11 @@ class MemoryStore:
             if len(out) >= limit:
                 break
         return out
+
+    async def latest_summary(self, key: SessionKey) -> Item | None:
+        # A failed turn's items are excluded and a rolled-back turn's are gone.
+        items = self._get(key).items
+        return next((i for i in reversed(items) if i.kind == "summary" and not i.excluded), None)
 
     async def clear_items(self, key: SessionKey) -> int:
         s = self._get(key)
@@ -493,6 +501,14 @@ class MemoryStore:
         for k in doomed:
             del self._sessions[k]
         return len(doomed)
+
+    async def forget_user(self, tenant: str, user: str) -> ForgetReport:
+        doomed = [k for k in self._sessions if k.tenant == tenant and k.owner == user]
+        for k in doomed:
+            for turn_id in self._sessions.pop(k).turns:
+                self._cancels.pop(turn_id, None)
+        memory, documents = self._forget_recall(tenant, user)
+        return ForgetReport(sessions=len(doomed), memory=memory, documents=documents)
 
     async def sessions_needing_work(self, *, unowned_at: float | None = None) -> list[SessionKey]:
         return [

@@ -50,6 +50,7 @@ from tether.records import (
 )
 from tether.store import postgres_schema as q
 from tether.store.base import DEFAULT_MAX_QUEUE, ApiKey, NewEvent, SessionStats, initial_token
+from tether.store.postgres_memory import PostgresRecall
 from tether.store.postgres_writes import (
     Conn,
     Row,
@@ -94,7 +95,7 @@ def _translate(exc: BaseException) -> NoReturn:
 LISTENER_NAME = "tether-cancel-listener"
 
 
-class PostgresStore:
+class PostgresStore(PostgresRecall):
     def __init__(
         self, url: str, *, min_size: int = 1, max_size: int = 10, connect_timeout: float = 10.0
     ) -> None:
@@ -298,6 +299,11 @@ class PostgresStore:
         return [
             item_row(r) for r in await self._rows_of(key, q.RECENT_ITEMS, before, max(limit, 0))
         ]
+
+    async def latest_summary(self, key: SessionKey) -> Item | None:
+        # A failed turn's items are excluded and a rolled-back turn's are gone.
+        rows = await self._rows_of(key, q.LATEST_SUMMARY)
+        return item_row(rows[0]) if rows else None
 
     async def clear_items(self, key: SessionKey) -> int:
         async with self._tx() as conn:

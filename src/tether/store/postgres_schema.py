@@ -114,6 +114,71 @@ MIGRATIONS: list[tuple[int, str]] = [
         ALTER TABLE turns ADD COLUMN cancel_request text;
         """,
     ),
+    (
+        4,
+        """
+        -- Memory items (collection '') and knowledge chunks (a collection and a document) of
+        -- every namespace; tsv is the English lexical index of content, kept by PostgreSQL.
+        CREATE TABLE memory (
+            seq          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            id           text COLLATE "C" NOT NULL UNIQUE,
+            ns           text COLLATE "C" NOT NULL,
+            scope        text NOT NULL,
+            tenant       text COLLATE "C" NOT NULL,
+            owner        text COLLATE "C" NOT NULL,
+            collection   text COLLATE "C" NOT NULL,
+            document_id  text COLLATE "C",
+            kind         text NOT NULL,
+            content      text NOT NULL,
+            meta         text NOT NULL DEFAULT '{}',
+            turn_id      text COLLATE "C",
+            author       text COLLATE "C",
+            revision     bigint NOT NULL DEFAULT 1,
+            created_at   double precision NOT NULL,
+            updated_at   double precision NOT NULL,
+            embedding    bytea NOT NULL,
+            tsv          tsvector GENERATED ALWAYS AS (to_tsvector('english', content)) STORED
+        );
+        CREATE INDEX memory_by_ns ON memory (ns, collection, seq);
+        CREATE INDEX memory_by_owner ON memory (tenant, owner);
+        CREATE INDEX memory_by_document ON memory (document_id) WHERE document_id IS NOT NULL;
+        CREATE INDEX memory_by_turn ON memory (turn_id) WHERE turn_id IS NOT NULL;
+        CREATE INDEX memory_tsv ON memory USING gin (tsv);
+        CREATE TABLE documents (
+            seq          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            id           text COLLATE "C" NOT NULL UNIQUE,
+            ns           text COLLATE "C" NOT NULL,
+            scope        text NOT NULL,
+            tenant       text COLLATE "C" NOT NULL,
+            owner        text COLLATE "C" NOT NULL,
+            collection   text COLLATE "C" NOT NULL,
+            name         text NOT NULL,
+            media_type   text NOT NULL,
+            chunks       bigint NOT NULL,
+            chars        bigint NOT NULL,
+            created_at   double precision NOT NULL,
+            meta         text NOT NULL DEFAULT '{}'
+        );
+        CREATE INDEX documents_by_ns ON documents (ns, collection, seq);
+        CREATE INDEX documents_by_owner ON documents (tenant, owner);
+        -- The version of each (namespace, collection), set from memory_clock by every write to
+        -- a record of it: a value is never handed out twice, so a row may be deleted (forget)
+        -- without a later version repeating one a cache still holds. No row: no record.
+        CREATE TABLE memory_versions (
+            ns           text COLLATE "C" NOT NULL,
+            collection   text COLLATE "C" NOT NULL,
+            scope        text NOT NULL,
+            tenant       text COLLATE "C" NOT NULL,
+            owner        text COLLATE "C" NOT NULL,
+            version      bigint NOT NULL,
+            PRIMARY KEY (ns, collection)
+        );
+        CREATE INDEX memory_versions_by_owner ON memory_versions (tenant, owner);
+        CREATE SEQUENCE memory_clock;
+        -- The newest summary of a long session without walking all of its items.
+        CREATE INDEX items_summaries ON items (session_pk, seq) WHERE kind = 'summary';
+        """,
+    ),
 ]
 
 # -- statements --------------------------------------------------------------------------------
@@ -170,6 +235,10 @@ SESSION_STATS = (
 
 LIST_ITEMS = (
     f"SELECT {ITEM_COLS} FROM items WHERE session_pk = $1 AND seq > $2 ORDER BY seq LIMIT $3"
+)
+LATEST_SUMMARY = (
+    f"SELECT {ITEM_COLS} FROM items WHERE session_pk = $1 AND kind = 'summary' AND NOT excluded"
+    " ORDER BY seq DESC LIMIT 1"
 )
 RECENT_ITEMS = (
     f"SELECT {ITEM_COLS} FROM items WHERE session_pk = $1 AND seq < $2 AND NOT excluded"

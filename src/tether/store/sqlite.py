@@ -50,12 +50,13 @@ from tether.store.rows import (
     session_row,
     turn_row,
 )
+from tether.store.sqlite_memory import SQLiteRecall
 from tether.store.sqlite_worker import SQLiteWorker
 
 T = TypeVar("T")
 
 
-class SQLiteStore:
+class SQLiteStore(SQLiteRecall):
     def __init__(self, path: str | Path, *, synchronous: str = "NORMAL") -> None:
         self.path = Path(path)
         # WAL + NORMAL survives any process crash (kill -9); FULL also survives power loss.
@@ -251,6 +252,18 @@ class SQLiteStore:
                 (pk, before_seq if before_seq is not None else 1 << 62, limit),
             ).fetchall()
             return [item_row(r) for r in rows]
+
+        return await self._run(do)
+
+    async def latest_summary(self, key: SessionKey) -> Item | None:
+        def do(c: sqlite3.Connection) -> Item | None:
+            # A failed turn's items are excluded and a rolled-back turn's are gone.
+            row = c.execute(
+                f"SELECT {sql.ITEM_COLS} FROM items WHERE session_pk = ? AND kind = 'summary'"
+                " AND excluded = 0 ORDER BY seq DESC LIMIT 1",
+                (sql.session_pk(c, key),),
+            ).fetchone()
+            return item_row(row) if row else None
 
         return await self._run(do)
 

@@ -98,4 +98,75 @@ MIGRATIONS: list[tuple[int, str]] = [
         ALTER TABLE turns ADD COLUMN cancel_request TEXT;
         """,
     ),
+    (
+        4,
+        """
+        -- Memory items (collection '') and knowledge chunks (a collection and a document) of
+        -- every namespace. seq is AUTOINCREMENT so it is never reused: a listing cursor or a
+        -- search result naming a deleted record can never come to name a newer one.
+        CREATE TABLE memory (
+            seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+            id          TEXT NOT NULL UNIQUE,
+            ns          TEXT NOT NULL,
+            scope       TEXT NOT NULL,
+            tenant      TEXT NOT NULL,
+            owner       TEXT NOT NULL,
+            collection  TEXT NOT NULL,
+            document_id TEXT,
+            kind        TEXT NOT NULL,
+            content     TEXT NOT NULL,
+            meta        TEXT NOT NULL DEFAULT '{}',
+            turn_id     TEXT,
+            author      TEXT,
+            revision    INTEGER NOT NULL DEFAULT 1,
+            created_at  REAL NOT NULL,
+            updated_at  REAL NOT NULL,
+            embedding   BLOB NOT NULL
+        );
+        CREATE INDEX memory_by_ns ON memory (ns, collection, seq);
+        CREATE INDEX memory_by_owner ON memory (tenant, owner);
+        CREATE INDEX memory_by_document ON memory (document_id) WHERE document_id IS NOT NULL;
+        CREATE INDEX memory_by_turn ON memory (turn_id) WHERE turn_id IS NOT NULL;
+        -- External content: the text lives once, in memory. The store keeps the index in step
+        -- in the same transaction as every insert, update and delete of a record.
+        CREATE VIRTUAL TABLE memory_fts USING fts5 (
+            content, content='memory', content_rowid='seq', tokenize='porter unicode61'
+        );
+        CREATE TABLE documents (
+            seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+            id          TEXT NOT NULL UNIQUE,
+            ns          TEXT NOT NULL,
+            scope       TEXT NOT NULL,
+            tenant      TEXT NOT NULL,
+            owner       TEXT NOT NULL,
+            collection  TEXT NOT NULL,
+            name        TEXT NOT NULL,
+            media_type  TEXT NOT NULL,
+            chunks      INTEGER NOT NULL,
+            chars       INTEGER NOT NULL,
+            created_at  REAL NOT NULL,
+            meta        TEXT NOT NULL DEFAULT '{}'
+        );
+        CREATE INDEX documents_by_ns ON documents (ns, collection, seq);
+        CREATE INDEX documents_by_owner ON documents (tenant, owner);
+        -- The version of each (namespace, collection): set from memory_clock, which only grows,
+        -- by every write to a record of it, so a value is never seen twice and a row may be
+        -- deleted (forget) without its next version repeating one a cache still holds.
+        -- No row means the pair holds no record.
+        CREATE TABLE memory_versions (
+            ns          TEXT NOT NULL,
+            collection  TEXT NOT NULL,
+            scope       TEXT NOT NULL,
+            tenant      TEXT NOT NULL,
+            owner       TEXT NOT NULL,
+            version     INTEGER NOT NULL,
+            PRIMARY KEY (ns, collection)
+        ) WITHOUT ROWID;
+        CREATE INDEX memory_versions_by_owner ON memory_versions (tenant, owner);
+        CREATE TABLE memory_clock (value INTEGER NOT NULL);
+        -- The newest summary of a long session without walking all of its items.
+        CREATE INDEX items_summaries ON items (session_pk, seq) WHERE kind = 'summary';
+        INSERT INTO memory_clock (value) VALUES (0);
+        """,
+    ),
 ]
