@@ -22,9 +22,27 @@ if TYPE_CHECKING:
     from tether.records import Event
 
 
+_MEMORY_OPTIONS = frozenset(
+    {
+        "session_id",
+        "user_id",
+        "session_ttl",
+        "scopes",
+        "auto",
+        "remember",
+        "recall_limit",
+        "knowledge",
+        "knowledge_tool",
+        "summarize",
+    }
+)
+_SCOPES = ("session", "user", "agent", "tenant")
+_DEFAULT_SCOPES = ("session", "agent", "tenant")
+
+
 @dataclass(frozen=True, slots=True)
 class MemoryPolicy:
-    """Where an agent's conversations live (memory scopes join this in a later release)."""
+    """Where an agent's conversations live and what it remembers (DESIGN §8)."""
 
     session_id: str | None = None
     """Persist this conversation under this id; a new process with the same id resumes it."""
@@ -32,14 +50,37 @@ class MemoryPolicy:
     """Owner of the session in embedded use (default ``local``)."""
     session_ttl: float | None = None
     """Seconds the session lives after it is created; then turns on it are refused."""
+    scopes: tuple[str, ...] = _DEFAULT_SCOPES
+    """Memory scopes recalled before each turn. Add ``user`` to carry memory across a user's
+    sessions; remove all for no recall."""
+    auto: bool = True
+    """Keep the user's statements about themselves as notes (in ``user`` memory when that scope
+    is on, else ``session``), so even a small model can answer from recall."""
+    remember: bool = False
+    """Give the model a ``remember`` tool (session or user memory only)."""
+    recall_limit: int = 5
+    knowledge: tuple[str, ...] = ()
+    """Knowledge collections this agent retrieves from (searched in every scope the caller
+    may read)."""
+    knowledge_tool: bool = False
+    """Offer the collections as a ``search_knowledge`` tool instead of putting the best chunks
+    in the prompt before each turn."""
+    summarize: bool = True
+    """Summarise history that falls out of the prompt's window into a stored summary item."""
+
+    @property
+    def note_scope(self) -> str:
+        return "user" if "user" in self.scopes else "session"
 
     @classmethod
     def coerce(cls, value: MemoryPolicy | Mapping[str, Any] | bool | None) -> MemoryPolicy:
-        if value is None or value is True or value is False:
+        if value is None or value is True:
             return cls()
+        if value is False:
+            return cls(scopes=(), auto=False)
         if isinstance(value, MemoryPolicy):
             return value
-        unknown = set(value) - {"session_id", "user_id", "session_ttl"}
+        unknown = set(value) - _MEMORY_OPTIONS
         if unknown:
             raise ConfigError(f"unknown memory options: {', '.join(sorted(unknown))}")
         sid = value.get("session_id")
@@ -48,7 +89,27 @@ class MemoryPolicy:
         ttl = value.get("session_ttl")
         if ttl is not None and (not isinstance(ttl, int | float) or ttl <= 0):
             raise ConfigError("memory session_ttl must be a positive number of seconds")
-        return cls(session_id=sid, user_id=value.get("user_id"), session_ttl=ttl)
+        scopes = value.get("scopes", _DEFAULT_SCOPES)
+        if isinstance(scopes, str) or not all(s in _SCOPES for s in scopes):
+            raise ConfigError(f"memory scopes must be a list of {', '.join(_SCOPES)}")
+        knowledge = value.get("knowledge", ())
+        if isinstance(knowledge, str):
+            knowledge = (knowledge,)
+        limit = value.get("recall_limit", 5)
+        if not isinstance(limit, int) or not 0 <= limit <= 50:
+            raise ConfigError("memory recall_limit must be an integer from 0 to 50")
+        return cls(
+            session_id=sid,
+            user_id=value.get("user_id"),
+            session_ttl=ttl,
+            scopes=tuple(dict.fromkeys(scopes)),
+            auto=bool(value.get("auto", True)),
+            remember=bool(value.get("remember", False)),
+            recall_limit=limit,
+            knowledge=tuple(str(k) for k in knowledge),
+            knowledge_tool=bool(value.get("knowledge_tool", False)),
+            summarize=bool(value.get("summarize", True)),
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,9 @@ class StoreHistory:
     async def recent(self, before_seq: int | None, limit: int) -> list[Item]:
         return await self._store.recent_items(self._key, before_seq=before_seq, limit=limit)
 
+    async def latest_summary(self) -> Item | None:
+        return await self._store.latest_summary(self._key)
+
 
 FLUSH_INTERVAL = 0.25
 """Seconds a streamed event may wait in the buffer before it is written without a commit."""

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from tether.agent import Agent
 from tether.errors import SessionNotFound, TurnFailed
+from tether.memory.embed import Embedder
+from tether.memory.service import MemoryService
 from tether.records import (
     LOCAL_PRINCIPAL,
     Event,
@@ -47,10 +49,14 @@ class Runtime:
         approver: Approver | None = None,
         max_queue: int = DEFAULT_MAX_QUEUE,
         default_model: str | None = None,
+        embedder: Embedder | str | None = None,
     ) -> None:
         self.data_dir = data_dir or default_data_dir()
         self.store: Store = store or SQLiteStore(self.data_dir / "tether.db")
         self.agents: dict[str, Agent] = {a.name: a for a in agents or []}
+        self.memory = MemoryService(
+            self.store, embedder=embedder or os.environ.get("TETHER_EMBEDDER") or None
+        )
         self.scheduler = Scheduler(
             self.store,
             self.agents.get,
@@ -60,9 +66,11 @@ class Runtime:
             approver=approver,
             max_queue=max_queue,
             default_model=default_model,
+            memory=self.memory,
         )
         self._started = False
         self._starting: asyncio.Future[None] | None = None
+        self._warming: asyncio.Future[None] | None = None
 
     async def start(self) -> None:
         # Many first calls may arrive at once; they must share one start, not race to start
@@ -73,6 +81,9 @@ class Runtime:
 
     async def _start(self) -> None:
         await self.store.open()
+        # The embedder loads alongside (under a second); the first turn that recalls waits for
+        # it only if it comes sooner.
+        self._warming = asyncio.ensure_future(self.memory.warm())
         await self.scheduler.start()
         self._started = True
 
@@ -81,6 +92,9 @@ class Runtime:
             return
         self._started = False
         self._starting = None
+        if self._warming is not None:
+            await self._warming
+            self._warming = None
         await self.scheduler.close(drain_timeout)
         await self.store.close()
 

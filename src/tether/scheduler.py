@@ -32,6 +32,9 @@ from tether.feeds import TurnFeed, follow_turn
 from tether.leases import new_owner_id, owner_is_dead
 from tether.loop.context import TurnContext
 from tether.loop.run import run_turn
+from tether.memory.service import MemoryService
+from tether.memory.tools import memory_tools
+from tether.memory.turn import TurnMemory
 from tether.models import resolve_model
 from tether.records import (
     LOCAL_PRINCIPAL,
@@ -77,8 +80,10 @@ class Scheduler:
         workspace_root: Path | None = None,
         default_model: str | None = None,
         linger: float = 0.25,
+        memory: MemoryService | None = None,
     ) -> None:
         self.store = store
+        self.memory = memory
         self._agents = agents
         self.owner = new_owner_id(node)
         self.lease_ttl = lease_ttl
@@ -308,7 +313,11 @@ class Scheduler:
                     return not closing
                 if closing:
                     return False  # close() set the event to end lingering
-                if any(t.status == "queued" for t in await self.store.active_turns(key)):
+                try:
+                    active = await self.store.active_turns(key)
+                except SessionNotFound:
+                    return False  # deleted (or forgotten) while we lingered
+                if any(t.status == "queued" for t in active):
                     return True  # accepted elsewhere: run it while we hold the session
         finally:
             self._kicked.pop(key, None)
@@ -393,12 +402,20 @@ class Scheduler:
                 if self.workspace_root
                 else None,
             )
+            if self.memory is not None:
+                # Memory belongs to the session's owner (embedded use may act for a user_id
+                # other than the caller's principal), with the caller's roles.
+                owner = Principal(key.tenant, key.owner, ctx.principal.roles)
+                ctx.memory = TurnMemory(self.memory, owner, key, agent.name, agent.memory, turn.id)
+                ctx.extra_tools = memory_tools(agent.memory.remember, agent.memory.knowledge_tool)
             self._running[turn.id] = RunningTurn(turn, ctx)
             try:
                 result = await run_turn(ctx)
             finally:
                 self._running.pop(turn.id, None)
             done = await self._end(sink, turn, result.ending, result.items)
+            if done.status == "rolled_back" and ctx.memory is not None:
+                await self._forget_turn_memory(ctx.memory)
         except StaleLease:
             raise
         finally:
@@ -409,6 +426,14 @@ class Scheduler:
             if freed is not None:
                 freed.set()
         self._resolve(done)
+
+    @staticmethod
+    async def _forget_turn_memory(memory: TurnMemory) -> None:
+        # A rolled-back turn leaves no trace in history; what it noted goes with it.
+        try:
+            await memory.forget_turn()
+        except Exception:
+            log.warning("could not remove the memory of a rolled-back turn", exc_info=True)
 
     async def _end(
         self, sink: FencedSink, turn: Turn, ending: TurnEnding, items: list[NewItem]

@@ -19,7 +19,8 @@ FAST_RETRY = RetryPolicy(attempts=3, initial_backoff=0.001, max_backoff=0.002)
 
 async def test_second_turn_sees_first_turn_in_order(store: Store) -> None:
     model = ScriptedModel("Hello Ada!", "You said your name is Ada.")
-    agent = Agent(name="a", model=model, instructions="be brief")
+    # History alone (automatic notes would also put the name in the system prompt).
+    agent = Agent(name="a", model=model, instructions="be brief", memory={"auto": False})
     async with running(store, agent) as rt:
         assert await rt.chat(agent, "my name is Ada", session_id="s") == "Hello Ada!"
         assert await rt.chat(agent, "what is my name?", session_id="s") == (

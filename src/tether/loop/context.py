@@ -10,17 +10,25 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tether.agent import Agent
 from tether.models.base import Model
 from tether.records import Item, NewItem, Principal, SessionKey, TurnEnding
 from tether.tools.approval import Approver
+from tether.tools.tool import Tool
+
+if TYPE_CHECKING:
+    from tether.memory.turn import TurnMemory
 
 
 class HistoryReader(Protocol):
     async def recent(self, before_seq: int | None, limit: int) -> list[Item]:
         """Items that may reach the model, newest first, older than ``before_seq``."""
+        ...
+
+    async def latest_summary(self) -> Item | None:
+        """The newest summary item that may reach the model, if any."""
         ...
 
 
@@ -60,11 +68,24 @@ class TurnContext:
     sink: TurnSink
     approver: Approver | None = None
     workspace: Path | None = None
+    memory: TurnMemory | None = None
+    extra_tools: tuple[Tool, ...] = ()
+    """Built-in tools the agent's memory policy turned on (``remember``, ``search_knowledge``)."""
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     cancel_status: str = "cancelled"
     """What a cancellation ends the turn as: ``cancelled``, ``interrupted`` or ``rolled_back``."""
     cancel_reason: str = "cancelled"
     _body: asyncio.Task[TurnResult] | None = field(default=None, repr=False)
+
+    @property
+    def tools(self) -> tuple[Tool, ...]:
+        return self.agent.tools + self.extra_tools
+
+    def tool_named(self, name: str) -> Tool | None:
+        for t in self.tools:
+            if t.name == name:
+                return t
+        return None
 
     def request_cancel(self, status: str = "cancelled", reason: str = "cancelled") -> bool:
         """Ask the running turn to stop; it ends as ``status`` with ``reason``.

@@ -9,6 +9,7 @@ together or left out together: a model must never see one without the other.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from tether.loop.context import HistoryReader
 from tether.models.base import Message, ToolCall
@@ -35,8 +36,19 @@ def item_tokens(item: Item) -> int:
     )
 
 
-async def select_window(history: HistoryReader, before_seq: int, budget: int) -> list[Item]:
-    """The newest items older than ``before_seq`` whose estimated size fits ``budget``, in order."""
+@dataclass(frozen=True, slots=True)
+class Window:
+    items: list[Item]
+    """The newest items that fit, oldest first, tool pairs whole."""
+    truncated: bool
+    """True when older items exist that did not fit."""
+
+
+async def select_window(history: HistoryReader, before_seq: int, budget: int) -> Window:
+    """The newest items older than ``before_seq`` whose estimated size fits ``budget``, in order.
+
+    Summary items are not part of the window: the newest one is placed before it separately.
+    """
     chosen: list[Item] = []
     used = 0
     cursor = before_seq
@@ -47,6 +59,8 @@ async def select_window(history: HistoryReader, before_seq: int, budget: int) ->
     while not full:
         page = await history.recent(cursor, size)
         for item in page:
+            if item.kind == "summary":
+                continue
             cost = item_tokens(item)
             if used + cost > budget:
                 full = True
@@ -58,7 +72,7 @@ async def select_window(history: HistoryReader, before_seq: int, budget: int) ->
         cursor = page[-1].seq
         size = min(size * 2, MAX_PAGE)
     chosen.reverse()
-    return _paired(chosen)
+    return Window(_paired(chosen), full)
 
 
 def _paired(items: list[Item]) -> list[Item]:

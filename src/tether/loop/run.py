@@ -11,11 +11,13 @@ import asyncio
 import logging
 
 from tether.errors import ModelError, StaleLease
+from tether.loop.compact import summarise, summary_tokens
 from tether.loop.context import TurnContext, TurnResult
 from tether.loop.model_step import model_step
 from tether.loop.prepare import estimate_tokens, render, select_window
 from tether.loop.state import TurnState
 from tether.loop.tools_step import run_call
+from tether.memory import recall
 from tether.models.base import Message
 from tether.records import NewItem, TurnEnding, TurnStatus
 from tether.store.base import ABORTED_TOOL_RESULT
@@ -26,21 +28,62 @@ DEFAULT_OUTPUT_RESERVE = 512
 LOOP_RESULT = "Tool call not executed: the same call was repeated three times in a row."
 
 
-def context_budget(ctx: TurnContext) -> int:
+def context_budget(ctx: TurnContext, system: str) -> int:
     agent = ctx.agent
     if agent.context_budget is not None:
         return agent.context_budget
     reserve = agent.max_output_tokens or DEFAULT_OUTPUT_RESERVE
-    fixed = estimate_tokens(agent.instructions) + estimate_tokens(ctx.input)
-    fixed += sum(estimate_tokens(str(t.parameters)) for t in agent.tools)
+    fixed = estimate_tokens(system) + estimate_tokens(ctx.input)
+    fixed += sum(estimate_tokens(str(t.parameters)) for t in ctx.tools)
     return max(0, ctx.model.context_window - reserve - fixed)
 
 
+async def _recall(ctx: TurnContext) -> str:
+    """The recalled-data block for the system prompt; memory trouble never fails the turn."""
+    if ctx.memory is None:
+        return ""
+    try:
+        hits = await ctx.memory.recall(ctx.input)
+        if hits:
+            ctx.sink.emit("memory.recalled", recall.event_data(hits))
+        # After recall: this message's own notes are in the prompt as the message itself.
+        await ctx.memory.keep_notes(ctx.input)
+    except (asyncio.CancelledError, StaleLease):
+        raise
+    except Exception:
+        log.warning("turn %s: memory unavailable; going on without it", ctx.turn_id, exc_info=True)
+        return ""
+    return recall.block(hits)
+
+
 async def prepare(ctx: TurnContext, state: TurnState) -> None:
-    window = await select_window(ctx.history, ctx.input_seq, context_budget(ctx))
+    instructions = ctx.agent.instructions
+    recalled = await _recall(ctx)
+    # Recalled data goes in the system prompt, after the instructions, as a block of its own;
+    # a model that attends to the end of its prompt (the embedded one) gets it as a system
+    # message right before the newest user message instead, when history stands in between
+    # (see LocalModel).
+    near_question = bool(recalled) and getattr(ctx.model, "recall_near_question", False)
+    budget = context_budget(ctx, f"{instructions}\n\n{recalled}" if recalled else instructions)
+    summary = await ctx.history.latest_summary()
+    window = await select_window(ctx.history, ctx.input_seq, budget - summary_tokens(summary))
+    if window.truncated and ctx.agent.memory.summarize:
+        first_kept = window.items[0].seq if window.items else ctx.input_seq
+        fresh = await summarise(ctx, state, summary, first_kept)
+        if fresh is not None:
+            summary = fresh
+            # The new summary may be longer than the old one: re-fit the window under it.
+            window = await select_window(
+                ctx.history, ctx.input_seq, budget - summary_tokens(summary)
+            )
+    late = near_question and bool(window.items)
+    system = f"{instructions}\n\n{recalled}" if recalled and not late else instructions
+    # The summary is about what came before the window, so it goes first (its own seq is later).
     state.messages = [
-        Message("system", ctx.agent.instructions),
-        *render(window),
+        Message("system", system),
+        *render([summary] if summary is not None and window.truncated else []),
+        *render(window.items),
+        *([Message("system", recalled)] if late else []),
         Message("user", ctx.input),
     ]
 
@@ -48,7 +91,7 @@ async def prepare(ctx: TurnContext, state: TurnState) -> None:
 async def drive(ctx: TurnContext, state: TurnState) -> TurnResult:
     await prepare(ctx, state)
     agent = ctx.agent
-    specs = tuple(t.spec for t in agent.tools)
+    specs = tuple(t.spec for t in ctx.tools)
     for _ in range(agent.max_iterations):
         state.step += 1
         out = await model_step(ctx, state, specs)

@@ -17,9 +17,9 @@ from tether.tools.context import ToolContext
 
 async def run_call(ctx: TurnContext, call: ToolCall) -> tuple[str, bool]:
     """Run one call; returns ``(result text, is_error)``."""
-    tool = ctx.agent.tool_named(call.name)
+    tool = ctx.tool_named(call.name)
     if tool is None:
-        names = ", ".join(t.name for t in ctx.agent.tools) or "none"
+        names = ", ".join(t.name for t in ctx.tools) or "none"
         return f"Error: there is no tool named {call.name!r} (available: {names}).", True
     try:
         tool.parse_arguments(call.arguments)
@@ -34,6 +34,7 @@ async def run_call(ctx: TurnContext, call: ToolCall) -> tuple[str, bool]:
         call_id=call.id,
         cancelled=ctx.cancelled,
         workspace=ctx.workspace,
+        memory=ctx.memory,
     )
     timeout = tool.timeout if tool.timeout is not None else ctx.agent.tool_timeout
     try:

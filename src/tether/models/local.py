@@ -189,6 +189,11 @@ class LocalModel:
         self._max_output_tokens = max_output_tokens
         self._last_job: _Job | None = None
 
+    # Recalled memory goes in a system message right before the user's newest message: this
+    # small model attends to the end of its prompt, and with earlier chat turns in between it
+    # mostly ignores facts at the top (measured: 5 of 6 names recalled, against 2 of 6).
+    recall_near_question = True
+
     @property
     def name(self) -> str:
         return "local:smollm2-135m-instruct"
@@ -236,12 +241,17 @@ class LocalModel:
         yield Finish(_FINISH_REASONS.get(finish or "", "other"))
 
 
+REPEAT_PENALTY = 1.1
+
+
 def _payload(request: ModelRequest, default_max_tokens: int) -> dict[str, Any]:
     messages = _chat_messages(request.messages)
     payload: dict[str, Any] = {
         "messages": messages,
         "max_tokens": request.max_output_tokens or default_max_tokens,
         "temperature": 0.0 if request.temperature is None else request.temperature,
+        # Greedy decoding of a 135M model loops ("I'm here to help." thirty times) without it.
+        "repeat_penalty": REPEAT_PENALTY,
         "stream": True,
         "stream_options": {"include_usage": True},
     }

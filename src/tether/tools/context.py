@@ -5,8 +5,12 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tether.records import Principal, SessionKey
+
+if TYPE_CHECKING:
+    from tether.memory.turn import TurnMemory
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,3 +27,5 @@ class ToolContext:
     call_id: str
     cancelled: asyncio.Event
     workspace: Path | None = None
+    memory: TurnMemory | None = None
+    """The caller's memory and the agent's knowledge (None when the runtime has no memory)."""

@@ -1,0 +1,1 @@
+"""Scoped memory and knowledge: records, embeddings, recall, documents (DESIGN §8)."""

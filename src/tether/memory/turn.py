@@ -1,0 +1,110 @@
+"""Memory as one turn sees it: bound to the turn's principal, session, agent and policy.
+
+The turn loop uses it to recall before the model runs and to keep automatic notes; tools reach
+it as ``ToolContext.memory`` (the built-in ``remember`` and ``search_knowledge`` tools, and any
+user tool that wants the caller's memory). Nothing here can name another principal's memory:
+every namespace is built from the bound principal.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tether.agent import MemoryPolicy
+from tether.errors import InvalidInput
+from tether.memory import auto
+from tether.memory.records import MemoryRecord, Namespace
+from tether.memory.service import Hit, MemoryService
+from tether.records import Principal, SessionKey
+
+log = logging.getLogger("tether.memory")
+
+AUTO_AUTHOR = "auto"
+MODEL_AUTHOR = "model"
+KNOWLEDGE_IN_PROMPT = 3
+
+
+@dataclass
+class TurnMemory:
+    service: MemoryService
+    principal: Principal
+    key: SessionKey
+    agent: str
+    policy: MemoryPolicy
+    turn_id: str
+
+    def namespaces(self, scopes: Sequence[str]) -> list[Namespace]:
+        return self.service.readable(
+            self.principal, scopes, session_id=self.key.session_id, agent=self.agent
+        )
+
+    def _own(self, scope: str) -> Namespace:
+        if scope == "session":
+            return Namespace.session(self.key)
+        if scope == "user":
+            return Namespace.user(self.key.tenant, self.key.owner)
+        raise InvalidInput("the model may write session or user memory only")
+
+    async def recall(self, query: str) -> list[Hit]:
+        """Memory items and knowledge chunks for the prompt, best first."""
+        hits: list[Hit] = []
+        if self.policy.scopes and self.policy.recall_limit > 0 and query.strip():
+            hits += await self.service.search(
+                self.namespaces(self.policy.scopes), query, limit=self.policy.recall_limit
+            )
+        if self.policy.knowledge and not self.policy.knowledge_tool and query.strip():
+            hits += await self.search_knowledge(query, limit=KNOWLEDGE_IN_PROMPT)
+        return hits
+
+    async def search_knowledge(self, query: str, *, limit: int = 5) -> list[Hit]:
+        if not self.policy.knowledge:
+            return []
+        namespaces = self.namespaces(("session", "user", "agent", "tenant"))
+        return await self.service.search_knowledge(
+            namespaces, query, self.policy.knowledge, limit=limit
+        )
+
+    async def remember(
+        self, content: str, *, scope: str = "user", kind: str = "fact"
+    ) -> MemoryRecord:
+        """Write session or user memory on the bound principal's behalf (the model's tool)."""
+        return await self.service.add(
+            self.principal,
+            content,
+            kind=kind,
+            turn_id=self.turn_id,
+            author=MODEL_AUTHOR,
+            namespace=self._own(scope),
+        )
+
+    async def keep_notes(self, text: str) -> list[MemoryRecord]:
+        """Automatic notes from the user's message; an already known note is not stored twice."""
+        if not self.policy.auto:
+            return []
+        ns = self._own(self.policy.note_scope)
+        kept: list[MemoryRecord] = []
+        for note in auto.statements(text):
+            known = await self.service.search([ns], note, limit=3)
+            if any(h.record.content == note for h in known):
+                continue
+            kept.append(
+                await self.service.add(
+                    self.principal,
+                    note,
+                    kind="note",
+                    turn_id=self.turn_id,
+                    author=AUTO_AUTHOR,
+                    namespace=ns,
+                )
+            )
+        return kept
+
+    async def forget_turn(self) -> int:
+        """Drop what this turn wrote itself (its turn was rolled back)."""
+        namespaces = [self._own("session"), self._own("user")]
+        removed = 0
+        for author in (AUTO_AUTHOR, MODEL_AUTHOR):
+            removed += await self.service.store.delete_turn_memory(namespaces, self.turn_id, author)
+        return removed
