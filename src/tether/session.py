@@ -5,6 +5,8 @@
     session = Session(session_id="chat_123", user_id="user_456", session_ttl=3600)
     helper = session.Agent(name="Assistant", instructions="…")
     helper.chat("…")                      # history persists under the data directory
+    session.add_memory("Prefers metric units"); session.search_memory("units")
+    session.add_knowledge("handbook.pdf"); session.search_knowledge("holiday policy")
     session.save_state({"step": 2}); session.restore_state()
     session.is_expired(); session.time_to_expiry(); session.close()
 
@@ -15,12 +17,16 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from tether.agent import Agent as AgentTemplate
 from tether.embedded import EmbeddedRuntime, default_runtime
-from tether.errors import ConfigError, SessionNotFound
+from tether.errors import ConfigError, SessionNotFound, TetherError
+from tether.memory.service import Hit
 from tether.records import Principal, SessionKey, SessionRecord, new_session_id, validate_session_id
+
+DEFAULT_COLLECTION = "knowledge"
 
 
 class Session:
@@ -96,6 +102,10 @@ class Session:
                 "session_id": self.session_id,
                 "user_id": self.user_id,
                 "session_ttl": self.session_ttl,
+                # A Session names its user, so its memory and knowledge follow that user.
+                "scopes": ["session", "user", "agent", "tenant"],
+                "knowledge": [DEFAULT_COLLECTION],
+                **options.pop("memory", {}),
             },
             **options,
         )
@@ -171,6 +181,101 @@ class Session:
             out.append(entry)
         return out
 
+    # -- memory and knowledge -------------------------------------------------------------------
+    @property
+    def principal(self) -> Principal:
+        # Embedded use is the whole store's own: it may write agent and tenant memory too.
+        return Principal("local", self.user_id, frozenset({"admin"}))
+
+    def add_memory(self, content: str, *, scope: str = "user", kind: str = "fact") -> str:
+        """Remember ``content`` (``user`` scope: every session of this user; or ``session``);
+        returns the item's id."""
+        if self._client is not None:
+            body = {"content": content, "scope": scope, "kind": kind}
+            if scope == "session":
+                self._client.ensure_session(self.session_id, self.agent_name)
+                body["session_id"] = self.session_id
+            return str(self._client.request("POST", "/v1/memory", json=body)["id"])
+        rt = self._rt()
+        if scope == "session":
+            self._ensure(self._chat_agent().name)
+        record = rt.call(
+            rt.runtime.memory.add(
+                self.principal, content, scope=scope, kind=kind, session_id=self.session_id
+            )
+        )
+        return record.id
+
+    def search_memory(self, query: str, *, limit: int = 5) -> list[dict[str, Any]]:
+        """The best memory items for ``query`` from this session, this user and shared memory."""
+        if self._client is not None:
+            body: dict[str, Any] = {"query": query, "limit": limit}
+            if self._record_remote_exists():
+                body["session_id"] = self.session_id
+            hits = self._client.request("POST", "/v1/memory/search", json=body)["data"]
+            return [{**h["item"], "score": h["score"]} for h in hits]
+        rt = self._rt()
+        session_id = self.session_id if self._record() is not None else None
+        found: list[Hit] = rt.call(
+            rt.runtime.memory.search_for(
+                self.principal,
+                query,
+                session_id=session_id,
+                agent=self._chat_agent().name,
+                limit=limit,
+            )
+        )
+        return [_hit_dict(h) for h in found]
+
+    def add_knowledge(
+        self, source: str | Path, *, collection: str = DEFAULT_COLLECTION, name: str | None = None
+    ) -> dict[str, Any]:
+        """Index a file (text, Markdown, HTML, PDF) or, if ``source`` is not a file, the text
+        itself, into this user's ``collection``; this session's agents retrieve from it."""
+        path = Path(source) if not isinstance(source, str) or len(source) < 4096 else None
+        if path is not None and path.is_file():
+            data, doc_name = path.read_bytes(), name or path.name
+        else:
+            data, doc_name = str(source).encode(), name or "text"
+        if self._client is not None:
+            files = {"file": (doc_name, data)}
+            out: dict[str, Any] = self._client.request(
+                "POST", f"/v1/knowledge/{collection}/documents", files=files
+            )
+            return out
+        rt = self._rt()
+        doc = rt.call(
+            rt.runtime.memory.add_document(self.principal, collection, data, name=doc_name)
+        )
+        return {"id": doc.id, "name": doc.name, "chunks": doc.chunks, "collection": collection}
+
+    def search_knowledge(
+        self, query: str, *, collection: str = DEFAULT_COLLECTION, limit: int = 5
+    ) -> list[dict[str, Any]]:
+        if self._client is not None:
+            body = {"query": query, "limit": limit}
+            hits = self._client.request("POST", f"/v1/knowledge/{collection}/search", json=body)[
+                "data"
+            ]
+            return list(hits)
+        rt = self._rt()
+        memory = rt.runtime.memory
+        namespaces = memory.readable(
+            self.principal, session_id=self.session_id, agent=self._chat_agent().name
+        )
+        found: list[Hit] = rt.call(
+            memory.search_knowledge(namespaces, query, [collection], limit=limit)
+        )
+        return [_hit_dict(h) for h in found]
+
+    def _record_remote_exists(self) -> bool:
+        assert self._client is not None
+        try:
+            self._client.request("GET", f"/v1/sessions/{self.session_id}")
+        except TetherError:
+            return False
+        return True
+
     def is_expired(self) -> bool:
         remaining = self.time_to_expiry()
         return remaining is not None and remaining <= 0
@@ -198,3 +303,16 @@ class Session:
             self._client.close()
             self._client = None
         self._closed = True
+
+
+def _hit_dict(hit: Hit) -> dict[str, Any]:
+    r = hit.record
+    return {
+        "id": r.id,
+        "scope": r.namespace.scope,
+        "kind": r.kind,
+        "content": r.content,
+        "collection": r.collection or None,
+        "meta": dict(r.meta),
+        "score": hit.score,
+    }

@@ -130,6 +130,18 @@ def fuzz(op: Operation, mode: GenerationMode, target: Target, base_url: str) -> 
 
 
 ROUTES = {
+    ("get", "/v1/memory"): "200",
+    ("post", "/v1/memory"): "201",
+    ("delete", "/v1/memory"): "200",
+    ("post", "/v1/memory/search"): "200",
+    ("get", "/v1/memory/{item_id}"): "200",
+    ("patch", "/v1/memory/{item_id}"): "200",
+    ("delete", "/v1/memory/{item_id}"): "204",
+    ("post", "/v1/knowledge/{collection}/documents"): "201",
+    ("get", "/v1/knowledge/{collection}/documents"): "200",
+    ("delete", "/v1/knowledge/{collection}/documents/{doc_id}"): "204",
+    ("post", "/v1/knowledge/{collection}/search"): "200",
+    ("delete", "/v1/users/me/data"): "200",
     ("get", "/healthz"): "200",
     ("get", "/readyz"): "200",
     ("get", "/v1/agents"): "200",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
@@ -14,26 +15,37 @@ from tether.runtime import Runtime
 from tether.server import problems
 from tether.server.approvals import Approvals
 from tether.server.auth import Authenticator
-from tether.server.routes import chat, meta, sessions, turns
+from tether.server.routes import chat, knowledge, memory, meta, sessions, turns, users
 from tether.server.settings import Settings
 from tether.server.state import ServerState
 from tether.store import open_store_url
 
 
 class BodyLimit:
-    """Refuse request bodies over ``limit`` bytes (413), declared or streamed."""
+    """Refuse request bodies over ``limit`` bytes (413), declared or streamed; paths matching a
+    ``wider`` pattern (uploads) may send up to its own, larger bound."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(
+        self, app: ASGIApp, limit: int, wider: Sequence[tuple[re.Pattern[str], int]] = ()
+    ) -> None:
         self.app = app
         self.limit = limit
+        self.wider = list(wider)
+
+    def limit_for(self, path: str) -> int:
+        for pattern, limit in self.wider:
+            if pattern.fullmatch(path):
+                return max(limit, self.limit)
+        return self.limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        bound = self.limit_for(scope.get("path", ""))
         for name, value in scope.get("headers", []):
-            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
-                await self._reject(send)
+            if name == b"content-length" and value.isdigit() and int(value) > bound:
+                await self._reject(send, bound)
                 return
         seen = 0
         too_large = False
@@ -44,7 +56,7 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.limit:
+                if seen > bound:
                     too_large = True
                     raise _TooLarge
             return message
@@ -64,14 +76,14 @@ class BodyLimit:
             if not too_large:
                 raise
         if too_large and not started:
-            await self._reject(send)
+            await self._reject(send, bound)
 
-    async def _reject(self, send: Send) -> None:
+    async def _reject(self, send: Send, bound: int) -> None:
         body = problems.problem_response(
             413,
             "too-large",
             "Payload too large",
-            f"request bodies are limited to {self.limit} bytes",
+            f"request bodies are limited to {bound} bytes",
         )
         await send({"type": "http.response.start", "status": 413, "headers": body.raw_headers})
         await send({"type": "http.response.body", "body": body.body})
@@ -122,11 +134,23 @@ def create_app(settings: Settings | None = None, agents: Sequence[Agent] | None 
     )
     app.state.tether = state
     problems.install(app)
-    routers = [meta.router, sessions.router, turns.router, chat.router]
+    routers = [
+        meta.router,
+        sessions.router,
+        turns.router,
+        chat.router,
+        memory.router,
+        knowledge.router,
+        users.router,
+    ]
     for router in routers:
         app.include_router(router)
     problems.document(app, [route for router in routers for route in router.routes])
-    app.add_middleware(BodyLimit, limit=settings.limits.max_body_bytes)
+    app.add_middleware(
+        BodyLimit,
+        limit=settings.limits.max_body_bytes,
+        wider=[(knowledge.UPLOAD_PATH, knowledge.MAX_UPLOAD_BYTES)],
+    )
     return app
 
 

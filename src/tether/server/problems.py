@@ -20,10 +20,12 @@ from starlette.routing import BaseRoute
 
 from tether.errors import (
     Conflict,
+    Forbidden,
     InvalidInput,
     ModelError,
     NotFound,
     QueueFull,
+    RevisionConflict,
     SessionBusy,
     ShuttingDown,
     StoreError,
@@ -40,10 +42,6 @@ BASE = "https://tether.dev/problems/"
 
 class Unauthorized(TetherError):
     """No credentials, or credentials that are unknown or revoked."""
-
-
-class Forbidden(TetherError):
-    """The principal may not do this."""
 
 
 class Problem(Exception):
@@ -93,6 +91,8 @@ def from_error(exc: TetherError) -> JSONResponse:
             headers: dict[str, str] | None = None
             if isinstance(exc, SessionBusy):
                 extra["busy_turn_id"] = exc.busy_turn_id
+            if isinstance(exc, RevisionConflict):
+                extra["current_revision"] = exc.current_revision
             if isinstance(exc, Unauthorized):
                 headers = {"WWW-Authenticate": "Bearer"}
             if isinstance(exc, QueueFull):
@@ -194,6 +194,7 @@ _EVENT: dict[str, Any] = {
 DESCRIPTIONS: dict[int, str] = {
     400: "malformed JSON, or an invalid session id",
     401: "no credentials, or an unknown or revoked API key",
+    403: "you may read this but not change it (agent and tenant memory: admins only)",
     404: "unknown or not yours (indistinguishable)",
     409: "conflict",
     413: "the body, message or metadata is over its size bound",
