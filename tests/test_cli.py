@@ -98,3 +98,67 @@ def test_agents_from_yaml(tmp_path: Path) -> None:
         load_agents(str(tmp_path / "missing.yaml"))
     with pytest.raises(ConfigError):
         load_agents("no_such_module_here:app")
+
+
+def _docs(tmp_path: Path) -> Path:
+    from fpdf import FPDF
+
+    docs = tmp_path / "docs"
+    (docs / "sub").mkdir(parents=True)
+    (docs / "leave.md").write_text("# Leave\n\nStaff get 27 days of paid leave a year.\n")
+    pdf = FPDF()
+    pdf.add_page()
+    pdf.set_font("Helvetica", size=12)
+    pdf.multi_cell(0, 8, "The office parrot is called Captain Quillfeather.")
+    pdf.output(str(docs / "sub" / "parrot.pdf"))
+    (docs / "notes.bin").write_bytes(b"\x00\x01 not a document")  # not picked up
+    return docs
+
+
+def test_knowledge_add_search_and_forget_on_the_local_store(tmp_path: Path) -> None:
+    data = ["--data-dir", str(tmp_path / "data")]
+    added = runner.invoke(
+        app, ["knowledge", "add", str(_docs(tmp_path)), "--collection", "office", *data]
+    )
+    assert added.exit_code == 0, added.output
+    assert "added 2 of 2 documents to 'office'" in added.output
+    found = runner.invoke(
+        app, ["knowledge", "search", "what is the parrot called", "--collection", "office", *data]
+    )
+    assert found.exit_code == 0, found.output
+    first = found.output.split("\n\n")[0]
+    assert "parrot.pdf p.1" in first and "Quillfeather" in first
+
+    forgot = runner.invoke(app, ["forget", "--user", "local", "--tenant", "local", "-y", *data])
+    assert forgot.exit_code == 0, forgot.output
+    assert "forgot 0 sessions, 2 memory items and chunks, 2 documents" in forgot.output
+    gone = runner.invoke(app, ["knowledge", "search", "parrot", "--collection", "office", *data])
+    assert "no passage matched" in gone.output
+
+
+def test_knowledge_add_shows_a_progress_bar_in_a_terminal(tmp_path: Path) -> None:
+    import sys
+
+    import pexpect
+
+    child = pexpect.spawn(
+        sys.executable,
+        [
+            "-m",
+            "tether",
+            "knowledge",
+            "add",
+            str(_docs(tmp_path)),
+            "--data-dir",
+            str(tmp_path / "data"),
+        ],
+        encoding="utf-8",
+        timeout=60,
+        dimensions=(24, 120),
+    )
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0, child.before
+    screen = child.before or ""
+    assert "documents" in screen and "2/2" in screen  # the bar's label and its count
+    assert "━" in screen  # the bar itself
