@@ -280,9 +280,13 @@ class MemoryService:
         query = query[:MAX_QUERY_CHARS]
         if not namespaces or limit <= 0:
             return []
-        versions = [
-            (ns, await self.store.vector_version(ns, collection=collection)) for ns in namespaces
-        ]
+        versions = list(
+            zip(
+                namespaces,
+                await self.store.vector_versions(namespaces, collection=collection),
+                strict=True,
+            )
+        )
         if not any(v for _, v in versions):
             return []  # nothing was ever written here: no query to embed, no search to run
         lexical = await self.store.lexical_search(

@@ -219,6 +219,11 @@ class MemoryRecall:
     async def vector_version(self, ns: Namespace, *, collection: str) -> int:
         return self._versions.get((ns.key, collection), 0)
 
+    async def vector_versions(
+        self, namespaces: Sequence[Namespace], *, collection: str
+    ) -> list[int]:
+        return [self._versions.get((ns.key, collection), 0) for ns in namespaces]
+
     async def load_vectors(self, ns: Namespace, *, collection: str) -> VectorSnapshot:
         seqs = self._seqs([ns], collection)
         return VectorSnapshot(

@@ -289,6 +289,22 @@ class PostgresRecall:
             version = await conn.fetchval(VERSION, ns.key, collection)
         return int(version) if version is not None else 0
 
+    async def vector_versions(
+        self, namespaces: Sequence[Namespace], *, collection: str
+    ) -> list[int]:
+        keys = [ns.key for ns in namespaces]
+        if not keys:
+            return []
+        async with self._conn() as conn:
+            rows = await conn.fetch(
+                "SELECT ns, version FROM memory_versions"
+                " WHERE collection = $1 AND ns = ANY($2::text[])",
+                collection,
+                keys,
+            )
+        found = {str(r[0]): int(r[1]) for r in rows}
+        return [found.get(k, 0) for k in keys]
+
     async def load_vectors(self, ns: Namespace, *, collection: str) -> VectorSnapshot:
         # REPEATABLE READ: the version and the vectors come from one snapshot, so a cache keyed
         # by that version holds exactly these vectors.

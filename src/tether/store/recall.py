@@ -106,6 +106,13 @@ class RecallStore(Protocol):
         deleted (cheap: it is read before every vector search)."""
         ...
 
+    async def vector_versions(
+        self, namespaces: Sequence[Namespace], *, collection: str
+    ) -> list[int]:
+        """:meth:`vector_version` of each namespace, in order, in one round trip (a turn reads
+        those of every scope it recalls from)."""
+        ...
+
     async def load_vectors(self, ns: Namespace, *, collection: str) -> VectorSnapshot: ...
 
     # -- knowledge documents ---------------------------------------------------------------------

@@ -276,6 +276,24 @@ class SQLiteRecall:
     async def vector_version(self, ns: Namespace, *, collection: str) -> int:
         return await self._run(lambda c: _version(c, ns, collection))
 
+    async def vector_versions(
+        self, namespaces: Sequence[Namespace], *, collection: str
+    ) -> list[int]:
+        keys = [ns.key for ns in namespaces]
+        if not keys:
+            return []
+
+        def read(c: sqlite3.Connection) -> list[int]:
+            marks = ",".join("?" * len(keys))
+            rows = c.execute(
+                f"SELECT ns, version FROM memory_versions WHERE collection = ? AND ns IN ({marks})",
+                (collection, *keys),
+            ).fetchall()
+            found = {str(r[0]): int(r[1]) for r in rows}
+            return [found.get(k, 0) for k in keys]
+
+        return await self._run(read)
+
     async def load_vectors(self, ns: Namespace, *, collection: str) -> VectorSnapshot:
         def read(c: sqlite3.Connection) -> VectorSnapshot:
             version = _version(c, ns, collection)

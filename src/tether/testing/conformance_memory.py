@@ -139,7 +139,10 @@ async def ids(store: Store, namespaces: list[Namespace], collection: str = "") -
 
 
 async def version(store: Store, ns: Namespace, collection: str = "") -> int:
-    return await store.vector_version(ns, collection=collection)
+    single = await store.vector_version(ns, collection=collection)
+    # The batched read must always agree with the single one.
+    assert await store.vector_versions([ns], collection=collection) == [single]
+    return single
 
 
 class MemoryConformance:
@@ -459,6 +462,19 @@ class MemoryConformance:
         # After a forget, a new write still gets a version never seen before.
         await put(store, ALICE, "m6")
         await moved()
+
+    async def test_vector_versions_reads_many_namespaces_in_order(self, store: Store) -> None:
+        await put(store, ALICE, "a1")
+        await put(store, BOB, "b1")
+        await put(store, BOB, "b2")
+        nobody = Namespace.user("acme", "nobody")
+        asked = [BOB, nobody, ALICE, BOB]
+        got = await store.vector_versions(asked, collection="")
+        singles = [await store.vector_version(ns, collection="") for ns in asked]
+        assert got == singles
+        assert got[1] == 0 and got[0] == got[3] and got[0] != got[2] and got[2] > 0
+        assert await store.vector_versions([], collection="") == []
+        assert await store.vector_versions([ALICE], collection="docs") == [0]
 
     async def test_load_vectors_round_trips_float32_bytes(self, store: Store) -> None:
         floats = [[(n * 7 + i) % 11 / 3.0 - 1.5 for i in range(256)] for n in range(5)]
