@@ -76,8 +76,11 @@ REVISION_OF = "SELECT revision FROM memory WHERE id = $1 AND ns = $2"
 # an operator); the text forms of those queries are valid tsquery syntax and are OR-ed, then
 # cast rather than parsed by to_tsquery, which would stem the already stemmed lexemes again.
 # Terms that are only stop words drop out; with none left the query is NULL and matches nothing.
+# MATERIALIZED: without statistics (a fresh table) the planner otherwise inlines q and rebuilds
+# the query once per row instead of using the GIN index (measured: 483 ms against 16 at 10k).
 LEXICAL_SEARCH = (
-    "WITH q AS (SELECT array_to_string(array_agg('(' || t.q::text || ')'), ' | ')::tsquery AS q"
+    "WITH q AS MATERIALIZED"
+    " (SELECT array_to_string(array_agg('(' || t.q::text || ')'), ' | ')::tsquery AS q"
     "  FROM (SELECT plainto_tsquery('english', term) AS q FROM unnest($1::text[]) AS term) t"
     "  WHERE numnode(t.q) > 0)"
     " SELECT m.seq FROM memory m, q WHERE m.tsv @@ q.q AND m.ns = ANY($2::text[])"

@@ -215,7 +215,7 @@ class SQLiteRecall:
             # json_each: any number of seqs in one parameter, whatever SQLite's variable limit.
             rows = c.execute(
                 f"SELECT {RECORD_COLS} FROM memory WHERE seq IN (SELECT value FROM json_each(?))"
-                f" AND ns IN ({_marks(len(keys))})",
+                f" AND +ns IN ({_marks(len(keys))})",  # "+": look up by seq, not scan the ns index
                 (json.dumps(wanted), *keys),
             ).fetchall()
             found = {r.seq: r for r in map(record_row, rows)}
