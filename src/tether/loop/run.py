@@ -65,23 +65,31 @@ async def prepare(ctx: TurnContext, state: TurnState) -> None:
     # (see LocalModel).
     near_question = bool(recalled) and getattr(ctx.model, "recall_near_question", False)
     budget = context_budget(ctx, f"{instructions}\n\n{recalled}" if recalled else instructions)
-    summary = await ctx.history.latest_summary()
-    window = await select_window(ctx.history, ctx.input_seq, budget - summary_tokens(summary))
-    if window.truncated and ctx.agent.memory.summarize:
-        first_kept = window.items[0].seq if window.items else ctx.input_seq
-        fresh = await summarise(ctx, state, summary, first_kept)
-        if fresh is not None:
-            summary = fresh
-            # The new summary may be longer than the old one: re-fit the window under it.
+    window = await select_window(ctx.history, ctx.input_seq, budget)
+    summary = None
+    if window.truncated:
+        # Only a conversation that outgrew the window has a summary to place (or to make): the
+        # common short one costs no summary read.
+        summary = await ctx.history.latest_summary()
+        if summary is not None:
             window = await select_window(
                 ctx.history, ctx.input_seq, budget - summary_tokens(summary)
             )
+        if ctx.agent.memory.summarize:
+            first_kept = window.items[0].seq if window.items else ctx.input_seq
+            fresh = await summarise(ctx, state, summary, first_kept)
+            if fresh is not None:
+                summary = fresh
+                # The new summary may be longer than the old one: re-fit the window under it.
+                window = await select_window(
+                    ctx.history, ctx.input_seq, budget - summary_tokens(summary)
+                )
     late = near_question and bool(window.items)
     system = f"{instructions}\n\n{recalled}" if recalled and not late else instructions
     # The summary is about what came before the window, so it goes first (its own seq is later).
     state.messages = [
         Message("system", system),
-        *render([summary] if summary is not None and window.truncated else []),
+        *render([summary] if summary is not None else []),
         *render(window.items),
         *([Message("system", recalled)] if late else []),
         Message("user", ctx.input),
