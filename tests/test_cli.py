@@ -83,12 +83,16 @@ def test_agents_from_yaml(tmp_path: Path) -> None:
         "    instructions: You answer questions about our product.\n"
         "    model: openai:gpt-4o-mini\n"
         "    max_iterations: 4\n"
+        "    memory: {scopes: [session, user], knowledge: [handbook], remember: true}\n"
         "  - name: writer\n"
         "    role: Copywriter\n"
         "    goal: Write short taglines\n"
     )
     support, writer = load_agents(str(spec))
     assert support.model == "openai:gpt-4o-mini" and support.max_iterations == 4
+    assert support.memory.scopes == ("session", "user")
+    assert support.memory.knowledge == ("handbook",) and support.memory.remember
+    assert writer.memory.scopes == ("session", "agent", "tenant")  # the default
     assert writer.instructions == "Role: Copywriter\nGoal: Write short taglines"
     bad = tmp_path / "bad.yaml"
     bad.write_text("agents:\n  - name: x\n    temprature: 0.2\n")
@@ -162,3 +166,16 @@ def test_knowledge_add_shows_a_progress_bar_in_a_terminal(tmp_path: Path) -> Non
     screen = child.before or ""
     assert "documents" in screen and "2/2" in screen  # the bar's label and its count
     assert "━" in screen  # the bar itself
+
+
+def test_knowledge_add_checks_its_options_before_reading_files(tmp_path: Path) -> None:
+    docs = _docs(tmp_path)
+    data = ["--data-dir", str(tmp_path / "data")]
+    for args, message in (
+        (["--collection", "bad name"], "collection name"),
+        (["--scope", "galaxy"], "--scope must be"),
+        (["--scope", "agent"], "needs --agent"),
+    ):
+        result = runner.invoke(app, ["knowledge", "add", str(docs), *args, *data])
+        assert result.exit_code != 0 and message in result.output, result.output
+        assert "skipped" not in result.output and "documents" not in result.output

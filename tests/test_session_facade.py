@@ -62,3 +62,30 @@ async def test_astream_yields_events_until_the_end(data_dir: Path) -> None:
     assert types[0] == "turn.queued" and types[-1] == "turn.ended"
     assert "".join(e.data["text"] for e in events if e.type == "message.delta") == ("one two three")
     assert events[-1].data["status"] == "completed"
+
+
+def test_memory_and_knowledge_as_the_first_calls_of_a_process(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    session = Session(session_id="first-1", user_id="u-first")
+    # Each of these may be the very first thing a program does: the store opens on demand.
+    assert Session(session_id="k", user_id="u-first").search_knowledge("vacation") == []
+    handbook = tmp_path / "handbook.md"
+    handbook.write_text("# Leave\n\nStaff get 27 days of paid leave.\n")
+    assert session.add_knowledge(handbook)["chunks"] == 1
+    item = session.add_memory("The user prefers metric units.")
+    assert item.startswith("mem_")
+    found = Session(session_id="other", user_id="u-first").search_memory("units")
+    assert [h["content"] for h in found] == ["The user prefers metric units."]
+    hits = session.search_knowledge("paid leave days")
+    assert "27 days" in hits[0]["content"]
+    # A mistyped file name is an error, not a one-line document; text is indexed as text.
+    with pytest.raises(FileNotFoundError):
+        session.add_knowledge("handbok.md")
+    with pytest.raises(FileNotFoundError):
+        session.add_knowledge("docs/handbok")
+    assert session.add_knowledge("Meals and/or taxis are reimbursed.")["name"] == "text"
+    # Another user sees none of it.
+    stranger = Session(session_id="first-1", user_id="someone-else")
+    assert stranger.search_memory("units") == []
+    assert stranger.search_knowledge("paid leave days") == []

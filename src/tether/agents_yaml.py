@@ -27,6 +27,7 @@ _ALLOWED = {
     "max_output_tokens",
     "temperature",
     "description",
+    "memory",
     "role",
     "goal",
     "backstory",

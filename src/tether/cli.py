@@ -490,8 +490,16 @@ def knowledge_add(
     collection: Annotated[str, typer.Option(help="The collection to add to.")] = "knowledge",
     scope: Annotated[str, typer.Option(help="user, agent or tenant.")] = "user",
     agent: Annotated[str | None, typer.Option(help="The agent, for --scope agent.")] = None,
-    user: Annotated[str, typer.Option(help="Whose knowledge (local store).")] = "local",
-    tenant: Annotated[str, typer.Option(help="The user's tenant (local store).")] = "local",
+    user: Annotated[
+        str, typer.Option(help="Whose knowledge (local store; 'local' is embedded use's user).")
+    ] = "local",
+    tenant: Annotated[
+        str,
+        typer.Option(
+            help="The tenant (local store): 'local' for embedded use, 'default' for API keys "
+            "created without --tenant."
+        ),
+    ] = "local",
     url: UrlOpt = None,
     key: KeyOpt = None,
     data_dir: DataDirOpt = None,
@@ -500,6 +508,15 @@ def knowledge_add(
     """Index text, Markdown, HTML and PDF files into a knowledge collection, with progress."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+    from tether.memory.service import check_collection
+
+    # Options are checked once, before any file is read.
+    with _errors():
+        check_collection(collection)
+    if scope not in ("user", "agent", "tenant"):
+        raise fail("--scope must be user, agent or tenant")
+    if scope == "agent" and not agent:
+        raise fail("--scope agent needs --agent NAME")
     files: list[Path] = []
     for path in paths:
         if path.is_dir():

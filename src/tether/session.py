@@ -17,8 +17,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tether.agent import Agent as AgentTemplate
 from tether.embedded import EmbeddedRuntime, default_runtime
@@ -27,6 +28,7 @@ from tether.memory.service import Hit
 from tether.records import Principal, SessionKey, SessionRecord, new_session_id, validate_session_id
 
 DEFAULT_COLLECTION = "knowledge"
+T = TypeVar("T")
 
 
 class Session:
@@ -200,8 +202,15 @@ class Session:
         if scope == "session":
             self._ensure(self._chat_agent().name)
         record = rt.call(
-            rt.runtime.memory.add(
-                self.principal, content, scope=scope, kind=kind, session_id=self.session_id
+            self._started(
+                rt.runtime.memory.add(
+                    self.principal,
+                    content,
+                    scope=scope,
+                    kind=kind,
+                    session_id=self.session_id,
+                    agent=self._chat_agent().name,
+                )
             )
         )
         return record.id
@@ -217,12 +226,14 @@ class Session:
         rt = self._rt()
         session_id = self.session_id if self._record() is not None else None
         found: list[Hit] = rt.call(
-            rt.runtime.memory.search_for(
-                self.principal,
-                query,
-                session_id=session_id,
-                agent=self._chat_agent().name,
-                limit=limit,
+            self._started(
+                rt.runtime.memory.search_for(
+                    self.principal,
+                    query,
+                    session_id=session_id,
+                    agent=self._chat_agent().name,
+                    limit=limit,
+                )
             )
         )
         return [_hit_dict(h) for h in found]
@@ -232,8 +243,8 @@ class Session:
     ) -> dict[str, Any]:
         """Index a file (text, Markdown, HTML, PDF) or, if ``source`` is not a file, the text
         itself, into this user's ``collection``; this session's agents retrieve from it."""
-        path = Path(source) if not isinstance(source, str) or len(source) < 4096 else None
-        if path is not None and path.is_file():
+        path = _as_path(source)
+        if path is not None:
             data, doc_name = path.read_bytes(), name or path.name
         else:
             data, doc_name = str(source).encode(), name or "text"
@@ -245,7 +256,9 @@ class Session:
             return out
         rt = self._rt()
         doc = rt.call(
-            rt.runtime.memory.add_document(self.principal, collection, data, name=doc_name)
+            self._started(
+                rt.runtime.memory.add_document(self.principal, collection, data, name=doc_name)
+            )
         )
         return {"id": doc.id, "name": doc.name, "chunks": doc.chunks, "collection": collection}
 
@@ -264,9 +277,14 @@ class Session:
             self.principal, session_id=self.session_id, agent=self._chat_agent().name
         )
         found: list[Hit] = rt.call(
-            memory.search_knowledge(namespaces, query, [collection], limit=limit)
+            self._started(memory.search_knowledge(namespaces, query, [collection], limit=limit))
         )
         return [_hit_dict(h) for h in found]
+
+    async def _started(self, work: Awaitable[T]) -> T:
+        # The store opens with the runtime's first use; memory calls may be that first use.
+        await self._rt().runtime.start()
+        return await work
 
     def _record_remote_exists(self) -> bool:
         assert self._client is not None
@@ -303,6 +321,30 @@ class Session:
             self._client.close()
             self._client = None
         self._closed = True
+
+
+_DOCUMENT_SUFFIXES = (".txt", ".text", ".md", ".markdown", ".html", ".htm", ".pdf")
+
+
+def _as_path(source: str | Path) -> Path | None:
+    """The file ``source`` names, or None when it is text to index as it is.
+
+    Something that looks like a file name (a Path, one line ending in a document suffix, or a
+    word with a path separator) must exist: a typo is an error, not a one-line document.
+    """
+    if isinstance(source, Path):
+        path = source
+    elif "\n" in source or len(source) > 1024:
+        return None
+    elif source.lower().endswith(_DOCUMENT_SUFFIXES) or (
+        not any(c.isspace() for c in source) and ("/" in source or source.startswith("~"))
+    ):
+        path = Path(source).expanduser()
+    else:
+        return None
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file: {path}")
+    return path
 
 
 def _hit_dict(hit: Hit) -> dict[str, Any]:

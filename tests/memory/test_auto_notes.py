@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tether.memory.auto import statements
+from tether.memory.auto import attribute, statements
 
 
 @pytest.mark.parametrize(
@@ -19,6 +19,8 @@ from tether.memory.auto import statements
         ("Please write my essay", []),
         ("Can you remind me of my name", []),
         ("The sky is blue", []),
+        ("My password is hunter2", []),
+        ("my API key is sk-123 and my name is Ann", []),
         ("", []),
     ],
 )
@@ -30,3 +32,9 @@ def test_notes_are_bounded() -> None:
     many = " ".join(f"My fact number {n} is {n}." for n in range(20))
     assert len(statements(many)) == 5
     assert statements("My " + "very " * 100 + "long sentence.") == []
+
+
+def test_the_attribute_a_note_states() -> None:
+    assert attribute("The user's name is Bob.") == "the user's name is"
+    assert attribute("The user's Name is Bob.") == "the user's name is"
+    assert attribute('The user said: "I like pizza".') is None

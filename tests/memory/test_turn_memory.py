@@ -220,3 +220,40 @@ async def test_an_agent_retrieves_from_its_knowledge_collections(store: Store) -
         assert "27 days of paid leave" in reply
         assert "search_knowledge" in [t.name for t in tool_model.requests[0].tools]
         assert OPEN not in system_of(tool_model.requests[0])  # not in the prompt: a tool
+
+
+async def test_a_newer_statement_replaces_the_older_note_and_secrets_are_not_kept(
+    store: Store,
+) -> None:
+    model = EchoModel()
+    agent = Agent(name="a", model=model, memory={"scopes": ["user"]})
+    user_ns = [Namespace.user("acme", "alice")]
+    async with running(store, agent) as rt:
+        await rt.chat(agent, "My name is Alice. I live in Lyon.", session_id="s", principal=ALICE)
+        await rt.chat(agent, "My name is Bob", session_id="s", principal=ALICE)
+        await rt.chat(agent, "My password is hunter2", session_id="s", principal=ALICE)
+        notes = sorted(m.content for m in await rt.store.list_memory(user_ns))
+        await rt.chat(agent, "What's my name?", session_id="s", principal=ALICE)
+    assert notes == ['The user said: "I live in Lyon".', "The user's name is Bob."]
+    block = data_block(system_of(model.requests[-1]))
+    assert "Bob" in block and "Alice" not in block and "hunter2" not in block
+
+
+async def test_adding_a_document_again_replaces_it(store: Store) -> None:
+    async with running(store) as rt:
+        first = await rt.memory.add_document(
+            ALICE, "docs", b"Version one of the plan.", name="plan.md"
+        )
+        second = await rt.memory.add_document(
+            ALICE, "docs", b"Version two of the plan.", name="plan.md"
+        )
+        other = await rt.memory.add_document(ALICE, "docs", b"Unrelated notes.", name="notes.md")
+        docs = await rt.memory.list_documents(ALICE, collection="docs")
+        hits = await rt.memory.search_knowledge(
+            rt.memory.readable(ALICE), "plan version", ["docs"], limit=5
+        )
+    assert sorted(d.id for d in docs) == sorted([second.id, other.id])
+    assert first.id not in {d.id for d in docs}
+    assert [h.record.content for h in hits if "plan" in h.record.content] == [
+        "Version two of the plan."
+    ]

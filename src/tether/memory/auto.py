@@ -30,6 +30,13 @@ _REWRITES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\bmine\b", re.I), "the user's"),
 ]
 _SIMPLE = re.compile(r"^\s*(the user('s)?\b)", re.I)
+# Credentials are not facts to keep: a statement naming one is never noted.
+_SECRET = re.compile(
+    r"\b(password|passcode|passphrase|pin|secret|api[ _-]?key|token|credit card|card number|"
+    r"cvv|iban|social security|ssn)\b",
+    re.I,
+)
+_ATTRIBUTE = re.compile(r"^(The user's [\w' -]{1,40}? is) ", re.I)
 
 
 def _rewrite(sentence: str) -> str:
@@ -53,6 +60,8 @@ def statements(text: str) -> list[str]:
             continue
         if _REQUEST.match(sentence) or not _FIRST_PERSON.search(sentence):
             continue
+        if _SECRET.search(sentence):
+            continue
         # Strip a greeting in front ("Hi, my name is Alice").
         sentence = re.sub(
             r"^(hi|hello|hey|hiya|good (morning|afternoon|evening))\b[,!.\s]*",
@@ -68,3 +77,10 @@ def statements(text: str) -> list[str]:
         if len(notes) >= MAX_NOTES_PER_TURN:
             break
     return notes
+
+
+def attribute(note: str) -> str | None:
+    """``"The user's name is"`` for ``"The user's name is Bob."``: what a newer note of the same
+    attribute replaces (None for notes that state no single attribute)."""
+    m = _ATTRIBUTE.match(note)
+    return m.group(1).lower() if m else None

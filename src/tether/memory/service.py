@@ -382,7 +382,14 @@ class MemoryService:
             chars=sum(len(p) for p in parsed.pages),
             created_at=now,
         )
-        return await self.store.add_document(document, records)
+        stored = await self.store.add_document(document, records)
+        # Adding a document again (same name, same collection and scope) replaces it: re-running
+        # an ingestion must not double every passage. The new one is in before the old goes,
+        # so a search in between finds one or the other, never neither.
+        for old in await self.store.list_documents(ns, collection=collection):
+            if old.name == document.name and old.id != doc_id:
+                await self.store.delete_document(ns, collection, old.id)
+        return stored
 
     async def list_documents(
         self,

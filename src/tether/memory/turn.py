@@ -86,9 +86,20 @@ class TurnMemory:
         ns = self._own(self.policy.note_scope)
         kept: list[MemoryRecord] = []
         for note in auto.statements(text):
-            known = await self.service.search([ns], note, limit=3)
+            known = await self.service.search([ns], note, limit=5)
             if any(h.record.content == note for h in known):
                 continue
+            # "My name is Bob" after "My name is Alice": the newer statement replaces the
+            # older automatic note instead of leaving two answers to recall.
+            attr = auto.attribute(note)
+            for h in known:
+                old = h.record
+                if (
+                    attr is not None
+                    and old.meta.get("author") == AUTO_AUTHOR
+                    and auto.attribute(old.content) == attr
+                ):
+                    await self.service.store.delete_memory(ns, old.id)
             kept.append(
                 await self.service.add(
                     self.principal,
