@@ -41,6 +41,9 @@ async def summarise(
     The summary is committed through the turn's fenced sink, so a stale owner cannot write one.
     """
     covered = int(previous.meta.get("upto_seq", 0)) if previous is not None else 0
+    if first_kept_seq - covered - 1 < MIN_NEW_ITEMS:
+        # Seqs count every item, so fewer seqs than that cannot hold enough items: no read.
+        return None
     budget = min(MAX_INPUT_TOKENS, max(256, ctx.model.context_window // 2))
     gap: list[Item] = []
     used = 0
