@@ -96,6 +96,7 @@ class Runtime:
             await self._warming
             self._warming = None
         await self.scheduler.close(drain_timeout)
+        await self.memory.close()
         await self.store.close()
 
     async def __aenter__(self) -> Runtime:

@@ -112,6 +112,9 @@ class OpenAIEmbedder:
             max_retries=2,
         )
 
+    async def aclose(self) -> None:
+        await self._client.close()
+
     async def embed(self, texts: Sequence[str]) -> Vectors:
         import openai
 

@@ -102,6 +102,14 @@ class MemoryService:
         self._embedder: Embedder | None = None
         self.index = index or VectorIndex()
 
+    async def close(self) -> None:
+        """Close an embedder this service made from a spec (one passed in is the caller's)."""
+        if self._embedder is not None and self._embedder is not self._embedder_spec:
+            closer = getattr(self._embedder, "aclose", None)
+            if closer is not None:
+                await closer()
+            self._embedder = None
+
     async def warm(self) -> None:
         """Load the default embedder's weights in a thread, so no turn waits for them."""
         try:
