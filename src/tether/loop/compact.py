@@ -14,7 +14,7 @@ import logging
 
 from tether.errors import ModelError
 from tether.loop.context import TurnContext
-from tether.loop.prepare import estimate_tokens, item_tokens, render
+from tether.loop.prepare import estimate_tokens, item_tokens, paired, render
 from tether.loop.state import TurnState
 from tether.models.base import Message, ModelRequest, TextDelta
 from tether.models.base import Usage as ModelUsage
@@ -74,7 +74,7 @@ async def summarise(
     transcript = "\n".join(
         f"{m.role}: {m.content}"
         + (f" [called {', '.join(c.name for c in m.tool_calls)}]" if m.tool_calls else "")
-        for m in render(_complete_pairs(gap))
+        for m in render(paired(gap))
     )
     messages.append(Message("user", f"Conversation:\n{transcript}\n\nWrite the summary now."))
     try:
@@ -93,17 +93,6 @@ async def summarise(
         {"summary_seq": stored.seq, "upto_seq": upto, "summarised_items": len(gap)},
     )
     return stored
-
-
-def _complete_pairs(items: list[Item]) -> list[Item]:
-    calls = {i.call_id for i in items if i.kind == "tool_call"}
-    results = {i.call_id for i in items if i.kind == "tool_result"}
-    return [
-        i
-        for i in items
-        if not (i.kind == "tool_call" and i.call_id not in results)
-        and not (i.kind == "tool_result" and i.call_id not in calls)
-    ]
 
 
 async def _complete(ctx: TurnContext, state: TurnState, messages: list[Message]) -> str:

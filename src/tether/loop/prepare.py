@@ -72,10 +72,10 @@ async def select_window(history: HistoryReader, before_seq: int, budget: int) ->
         cursor = page[-1].seq
         size = min(size * 2, MAX_PAGE)
     chosen.reverse()
-    return Window(_paired(chosen), full)
+    return Window(paired(chosen), full)
 
 
-def _paired(items: list[Item]) -> list[Item]:
+def paired(items: list[Item]) -> list[Item]:
     """Drop tool calls without their result and results without their call."""
     calls = {i.call_id for i in items if i.kind == "tool_call"}
     results = {i.call_id for i in items if i.kind == "tool_result"}
