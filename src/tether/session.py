@@ -97,6 +97,9 @@ class Session:
         self, name: str, instructions: str = "You are a helpful assistant.", **options: Any
     ) -> AgentTemplate:
         """An agent whose conversation is this session (PraisonAI's ``session.Agent``)."""
+        extra = options.pop("memory", None) or {}
+        if not isinstance(extra, dict):
+            raise ConfigError("Session.Agent takes memory options as a dict (the session sets ids)")
         agent = AgentTemplate(
             name=name,
             instructions=instructions,
@@ -107,7 +110,7 @@ class Session:
                 # A Session names its user, so its memory and knowledge follow that user.
                 "scopes": ["session", "user", "agent", "tenant"],
                 "knowledge": [DEFAULT_COLLECTION],
-                **options.pop("memory", {}),
+                **extra,
             },
             **options,
         )
