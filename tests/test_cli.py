@@ -92,7 +92,8 @@ def test_agents_from_yaml(tmp_path: Path) -> None:
     assert support.model == "openai:gpt-4o-mini" and support.max_iterations == 4
     assert support.memory.scopes == ("session", "user")
     assert support.memory.knowledge == ("handbook",) and support.memory.remember
-    assert writer.memory.scopes == ("session", "agent", "tenant")  # the default
+    assert writer.memory.scopes == ("session", "user", "agent", "tenant")  # the default
+    assert writer.memory.note_scope == "session" and support.memory.note_scope == "user"
     assert writer.instructions == "Role: Copywriter\nGoal: Write short taglines"
     bad = tmp_path / "bad.yaml"
     bad.write_text("agents:\n  - name: x\n    temprature: 0.2\n")

@@ -34,10 +34,11 @@ _MEMORY_OPTIONS = frozenset(
         "knowledge",
         "knowledge_tool",
         "summarize",
+        "notes",
     }
 )
 _SCOPES = ("session", "user", "agent", "tenant")
-_DEFAULT_SCOPES = ("session", "agent", "tenant")
+_DEFAULT_SCOPES = ("session", "user", "agent", "tenant")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,11 +52,14 @@ class MemoryPolicy:
     session_ttl: float | None = None
     """Seconds the session lives after it is created; then turns on it are refused."""
     scopes: tuple[str, ...] = _DEFAULT_SCOPES
-    """Memory scopes recalled before each turn. Add ``user`` to carry memory across a user's
-    sessions; remove all for no recall."""
+    """Memory scopes recalled before each turn (all four by default: what the caller wrote to
+    their user memory, or an admin to the agent's, is recalled); an empty list for no recall."""
     auto: bool = True
-    """Keep the user's statements about themselves as notes (in ``user`` memory when that scope
-    is on, else ``session``), so even a small model can answer from recall."""
+    """Keep the user's statements about themselves as notes, so even a small model can answer
+    from recall."""
+    notes: str = "session"
+    """Where automatic notes go: ``session`` (default), or ``user`` to carry them across the
+    user's sessions — chosen when ``scopes`` is given explicitly and names ``user``."""
     remember: bool = False
     """Give the model a ``remember`` tool (session or user memory only)."""
     recall_limit: int = 5
@@ -70,7 +74,7 @@ class MemoryPolicy:
 
     @property
     def note_scope(self) -> str:
-        return "user" if "user" in self.scopes else "session"
+        return self.notes
 
     @classmethod
     def coerce(cls, value: MemoryPolicy | Mapping[str, Any] | bool | None) -> MemoryPolicy:
@@ -92,6 +96,11 @@ class MemoryPolicy:
         scopes = value.get("scopes", _DEFAULT_SCOPES)
         if isinstance(scopes, str) or not all(s in _SCOPES for s in scopes):
             raise ConfigError(f"memory scopes must be a list of {', '.join(_SCOPES)}")
+        # Naming the user scope on purpose means "remember this user across sessions": the
+        # automatic notes follow. By default they stay in the session they were said in.
+        notes = value.get("notes", "user" if "scopes" in value and "user" in scopes else "session")
+        if notes not in ("session", "user"):
+            raise ConfigError("memory notes must be 'session' or 'user'")
         knowledge = value.get("knowledge", ())
         if isinstance(knowledge, str):
             knowledge = (knowledge,)
@@ -103,6 +112,7 @@ class MemoryPolicy:
             user_id=value.get("user_id"),
             session_ttl=ttl,
             scopes=tuple(dict.fromkeys(scopes)),
+            notes=notes,
             auto=bool(value.get("auto", True)),
             remember=bool(value.get("remember", False)),
             recall_limit=limit,

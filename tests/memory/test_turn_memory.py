@@ -257,3 +257,21 @@ async def test_adding_a_document_again_replaces_it(store: Store) -> None:
     assert [h.record.content for h in hits if "plan" in h.record.content] == [
         "Version two of the plan."
     ]
+
+
+async def test_by_default_user_memory_is_recalled_and_notes_stay_in_their_session(
+    store: Store,
+) -> None:
+    model = EchoModel()
+    agent = Agent(name="a", model=model)  # all defaults
+    async with running(store, agent) as rt:
+        await rt.memory.add(ALICE, "The user's tea is jasmine.", scope="user")
+        await rt.chat(agent, "My bike is blue", session_id="one", principal=ALICE)
+        await rt.chat(agent, "Which tea and which bike?", session_id="two", principal=ALICE)
+        block = data_block(system_of(model.requests[-1]))
+        session_notes = await rt.store.list_memory(
+            [Namespace.session(SessionKey("acme", "alice", "one"))]
+        )
+    assert "jasmine" in block  # written to user memory: recalled in any session
+    assert "blue" not in block  # an automatic note of session one stays there
+    assert [n.content for n in session_notes] == ["The user's bike is blue."]
