@@ -145,3 +145,32 @@ async def test_two_stores_on_one_file_share_state_and_fence_each_other(tmp_path:
     finally:
         await a.close()
         await b.close()
+
+
+async def test_forget_user_leaves_no_trace_in_the_database_files(tmp_path: Path) -> None:
+    """After a forget, the user's text is in neither the database file nor its WAL."""
+    from tether import Agent
+    from tether.memory.records import Namespace
+    from tether.memory.service import MemoryService
+    from tether.records import Principal
+    from tether.runtime import Runtime
+    from tether.testing import EchoModel
+
+    agent = Agent(name="a", model=EchoModel(), memory={"scopes": ["session", "user"]})
+    canary_a, canary_b = "zqxalphacanary", "zqxbravocanary"
+    alice, bob = Principal("acme", "alice"), Principal("acme", "bob")
+    path = tmp_path / "tether.db"
+    async with Runtime(SQLiteStore(path), agents=[agent]) as rt:
+        for who, canary in ((alice, canary_a), (bob, canary_b)):
+            await rt.chat(agent, f"My code word is {canary}", session_id="s", principal=who)
+            await rt.memory.add(who, f"Remember {canary} always.", scope="user")
+            await rt.memory.add_document(
+                who, "docs", f"Manual about {canary}.".encode(), name="m.md"
+            )
+        memory = MemoryService(rt.store)
+        report = await memory.forget_user("acme", "alice")
+        assert report.sessions == 1 and report.documents == 1
+        assert await rt.store.list_memory([Namespace.user("acme", "alice")]) == []
+    raw = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("tether.db"))
+    assert canary_a.encode() not in raw
+    assert canary_b.encode() in raw  # Bob's data is still there (and the check can see text)

@@ -351,6 +351,16 @@ class SQLiteRecall:
     # -- forget ----------------------------------------------------------------------------------
     async def forget_user(self, tenant: str, user: str) -> ForgetReport:
         def do(c: sqlite3.Connection) -> ForgetReport:
+            # Forgetting means no trace in the file either: freed cells and pages are zeroed
+            # (secure_delete), and the full-text index, which keeps deleted terms in its older
+            # segments until they merge, is merged now.
+            c.execute("PRAGMA secure_delete=ON")
+            try:
+                return forget(c)
+            finally:
+                c.execute("PRAGMA secure_delete=OFF")
+
+        def forget(c: sqlite3.Connection) -> ForgetReport:
             args = (tenant, user)
             # Items, turns and events go with their sessions (ON DELETE CASCADE).
             sessions = c.execute(
@@ -362,9 +372,14 @@ class SQLiteRecall:
             # Deleted, not bumped: no row reads as version 0, "nothing here", which is now
             # true, and the clock gives any later write a version never seen before.
             c.execute(f"DELETE FROM memory_versions WHERE {mine}", args)
+            c.execute("INSERT INTO memory_fts(memory_fts) VALUES ('optimize')")
             return ForgetReport(sessions=sessions, memory=memory, documents=documents)
 
-        return await self._write(do)
+        report = await self._write(do)
+        # The old page images may still sit in the write-ahead log: fold it into the file and
+        # empty it (best effort: a reader holding a snapshot defers it to a later checkpoint).
+        await self._run(lambda c: c.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall())
+        return report
 
 
 def _version(c: sqlite3.Connection, ns: Namespace, collection: str) -> int:
