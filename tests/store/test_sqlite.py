@@ -147,6 +147,11 @@ async def test_two_stores_on_one_file_share_state_and_fence_each_other(tmp_path:
         await b.close()
 
 
+def _database_bytes(folder: Path) -> bytes:
+    """The database file and whatever sits beside it (WAL, shared memory)."""
+    return b"".join(p.read_bytes() for p in folder.iterdir() if p.name.startswith("tether.db"))
+
+
 async def test_forget_user_leaves_no_trace_in_the_database_files(tmp_path: Path) -> None:
     """After a forget, the user's text is in neither the database file nor its WAL."""
     from tether import Agent
@@ -171,6 +176,6 @@ async def test_forget_user_leaves_no_trace_in_the_database_files(tmp_path: Path)
         report = await memory.forget_user("acme", "alice")
         assert report.sessions == 1 and report.documents == 1
         assert await rt.store.list_memory([Namespace.user("acme", "alice")]) == []
-    raw = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("tether.db"))
+    raw = _database_bytes(tmp_path)
     assert canary_a.encode() not in raw
     assert canary_b.encode() in raw  # Bob's data is still there (and the check can see text)
