@@ -1,7 +1,9 @@
 """Recall for a turn: what memory and knowledge put in front of the model, and how.
 
-Recalled text is data, never authority (DESIGN §11). It goes into the system prompt only inside
-one delimited block that says so, one item per line, with its provenance; anything in an item
+Recalled text is data, never authority (DESIGN §11). It reaches the model only inside one
+delimited block that says so, one item per line, with its provenance (in the system prompt, or
+as a system message of its own right before the question for a model that asks for it, see
+``LocalModel.recall_near_question``); anything in an item
 that could close the block or pose as a new section (angle brackets, line breaks) is neutralised,
 so an item reading "ignore previous instructions…" stays a quoted line inside the data block.
 """

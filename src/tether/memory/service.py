@@ -17,7 +17,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tether.errors import DocumentNotFound, Forbidden, InvalidInput, MemoryNotFound, TooLarge
+from tether.errors import (
+    DocumentNotFound,
+    Forbidden,
+    InvalidInput,
+    MemoryNotFound,
+    SessionNotFound,
+    TooLarge,
+)
 from tether.memory import documents
 from tether.memory.embed import (
     Embedder,
@@ -137,11 +144,11 @@ class MemoryService:
     ) -> Namespace:
         """The namespace of ``scope`` for ``principal``; a session must exist and be theirs."""
         ns = Namespace.for_principal(principal, scope, session_id=session_id, agent=agent)
-        if ns.scope == "session":
-            from tether.errors import SessionNotFound
-
-            if await self.store.get_session(SessionKey.of(principal, ns.session_id)) is None:
-                raise SessionNotFound("session not found")
+        if (
+            ns.scope == "session"
+            and await self.store.get_session(SessionKey.of(principal, ns.session_id)) is None
+        ):
+            raise SessionNotFound("session not found")
         if write and not ns.writable_by(principal):
             raise Forbidden(f"only admins may write {ns.scope} memory")
         return ns
