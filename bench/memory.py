@@ -79,11 +79,17 @@ from rich.table import Table
 from tether.agent import Agent
 from tether.memory import documents
 from tether.memory.embed import Vectors, default_embedder, to_blob
-from tether.memory.records import MEMORY_KINDS, MemoryRecord, Namespace, new_memory_id
 from tether.memory.search import query_terms
 from tether.memory.service import CANDIDATES, MemoryService
 from tether.models.base import ModelRequest
-from tether.records import LOCAL_PRINCIPAL, Principal
+from tether.records import (
+    LOCAL_PRINCIPAL,
+    MEMORY_KINDS,
+    MemoryRecord,
+    Namespace,
+    Principal,
+    new_memory_id,
+)
 from tether.runtime import Runtime
 from tether.store import PostgresStore, SQLiteStore, Store
 from tether.store.postgres_memory import insert as pg_insert

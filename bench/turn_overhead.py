@@ -53,11 +53,19 @@ from rich.table import Table
 
 from tether.agent import Agent
 from tether.models.base import ModelRequest
-from tether.records import LOCAL_PRINCIPAL, NewItem, SessionKey, TurnEnding, Usage, new_turn_id
+from tether.records import (
+    LOCAL_PRINCIPAL,
+    NewEvent,
+    NewItem,
+    SessionKey,
+    TurnEnding,
+    Usage,
+    new_turn_id,
+)
 from tether.runtime import Runtime
-from tether.store.base import NewEvent, Store
 from tether.store.memory import MemoryStore
-from tether.store.rows import terminal_event_data
+from tether.store.protocol import Store
+from tether.store.rules import terminal_event_data
 from tether.store.sqlite import SQLiteStore
 from tether.testing.scripted import ScriptedModel, last_user_text
 

@@ -7,7 +7,7 @@ import pytest
 
 from tests.helpers import StoreFactory, store_factory
 from tether.models import guard
-from tether.store.base import Store
+from tether.store.protocol import Store
 
 
 @pytest.fixture(autouse=True)

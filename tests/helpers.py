@@ -11,7 +11,7 @@ from tether.agent import Agent
 from tether.records import LOCAL_PRINCIPAL, Item, Principal, SessionKey
 from tether.runtime import Runtime
 from tether.store import MemoryStore, SQLiteStore
-from tether.store.base import Store
+from tether.store.protocol import Store
 
 StoreFactory = Callable[[], Store]
 

@@ -6,7 +6,6 @@ import dataclasses
 
 import pytest
 
-import tether
 from tether import Agent, ConfigError, InvalidSessionId, tool
 
 
@@ -42,52 +41,3 @@ def test_agent_validation() -> None:
 
 def test_each_agent_object_has_its_own_default_session() -> None:
     assert Agent(name="a").session_id != Agent(name="a").session_id
-
-
-def test_public_api_is_small_and_exact() -> None:
-    assert sorted(tether.__all__) == sorted(
-        [
-            "Agent",
-            "AgentNotFound",
-            "AgentOS",
-            "App",
-            "ConfigError",
-            "Conflict",
-            "Event",
-            "InvalidInput",
-            "InvalidSessionId",
-            "Item",
-            "MemoryPolicy",
-            "ModelError",
-            "NotFound",
-            "Principal",
-            "QueueFull",
-            "RetryPolicy",
-            "Runtime",
-            "Session",
-            "SessionBusy",
-            "SessionKey",
-            "SessionNotFound",
-            "StaleLease",
-            "StoreError",
-            "SyncInAsyncContext",
-            "TetherError",
-            "TooLarge",
-            "Tool",
-            "ToolContext",
-            "Turn",
-            "TurnFailed",
-            "TurnNotFound",
-            "__version__",
-            "tool",
-        ]
-    )
-    for name in tether.__all__:
-        assert hasattr(tether, name)
-
-
-def test_every_error_is_a_tether_error() -> None:
-    for name in tether.__all__:
-        obj = getattr(tether, name)
-        if isinstance(obj, type) and issubclass(obj, Exception):
-            assert issubclass(obj, tether.TetherError), name

@@ -14,7 +14,7 @@ from tests.helpers import all_items, running
 from tether import Agent, Principal, SyncInAsyncContext
 from tether.models.base import ModelRequest
 from tether.records import SessionKey
-from tether.store.base import Store
+from tether.store.protocol import Store
 from tether.testing import EchoModel, ScriptedModel, last_user_text
 
 

@@ -15,7 +15,7 @@ from tether.models.base import ModelRequest
 from tether.records import LOCAL_PRINCIPAL, NewItem, SessionKey
 from tether.runtime import Runtime
 from tether.store import MemoryStore
-from tether.store.base import Store
+from tether.store.protocol import Store
 from tether.testing import ScriptedModel, Slow
 
 

@@ -1,7 +1,13 @@
-"""tether: run LLM agents for many conversations at once, with real isolation between them."""
+"""tether: run LLM agents for many conversations at once, with real isolation between them.
+
+The names below are the whole public API (checked by ``tests/test_public_api.py``). The
+templates, records and errors load at once; the runtime, the server app and the ``Session``
+facade load when first used, so ``import tether`` stays light and loads no database driver.
+"""
+
+from typing import TYPE_CHECKING, Any
 
 from tether.agent import Agent, MemoryPolicy, RetryPolicy
-from tether.app import AgentOS, App
 from tether.errors import (
     AgentNotFound,
     ConfigError,
@@ -22,11 +28,33 @@ from tether.errors import (
     TurnNotFound,
 )
 from tether.records import Event, Item, Principal, SessionKey, Turn
-from tether.runtime import Runtime
-from tether.session import Session
 from tether.tools import Tool, ToolContext, tool
 
+if TYPE_CHECKING:
+    from tether.app import AgentOS, App
+    from tether.runtime import Runtime
+    from tether.session import Session
+
 __version__ = "0.1.0"
+
+_LAZY = {
+    "App": "tether.app",
+    "AgentOS": "tether.app",
+    "Runtime": "tether.runtime",
+    "Session": "tether.session",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tether' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once loaded, a plain attribute
+    return value
+
 
 __all__ = [
     "Agent",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from tether.loop.context import TurnContext
 from tether.records import Lease, SessionKey, Turn
-from tether.store.base import CancelFeed, Store
+from tether.store.protocol import CancelFeed, Store
 
 log = logging.getLogger("tether.scheduler")
 

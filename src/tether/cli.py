@@ -19,7 +19,7 @@ from rich.table import Table
 from tether.errors import ConfigError, TetherError
 
 if TYPE_CHECKING:
-    from tether.store.base import Store
+    from tether.store.protocol import Store
 
 T = TypeVar("T")
 

@@ -22,7 +22,7 @@ from tether.cli import (
 from tether.errors import TetherError
 
 if TYPE_CHECKING:
-    from tether.store.base import Store
+    from tether.store.protocol import Store
 
 knowledge_app = typer.Typer(
     help="Add documents to knowledge collections and search them.", no_args_is_help=True

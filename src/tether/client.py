@@ -14,16 +14,7 @@ from typing import Any
 
 import httpx
 
-from tether.errors import NotFound, SessionBusy, TetherError
-
-
-class RemoteError(TetherError):
-    def __init__(self, status: int, type: str, detail: str, body: dict[str, Any]) -> None:
-        super().__init__(f"HTTP {status}: {detail}")
-        self.status = status
-        self.type = type
-        self.detail = detail
-        self.body = body
+from tether.errors import NotFound, RemoteError, SessionBusy
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,31 +5,42 @@
     TetherError
     ├── ConfigError              bad configuration or arguments (typed, never ValueError)
     ├── InvalidInput             a caller's input is malformed (HTTP 400)
-    │   └── InvalidSessionId
+    │   └── InvalidSessionId     a session id outside 1-128 of [A-Za-z0-9._:-]
     ├── TooLarge                 a size bound was exceeded (HTTP 413)
     ├── NotFound                 unknown *or foreign*: callers cannot tell which (HTTP 404)
     │   ├── SessionNotFound
     │   ├── TurnNotFound
-    │   └── AgentNotFound
+    │   ├── AgentNotFound
+    │   ├── MemoryNotFound
+    │   └── DocumentNotFound
     ├── Conflict                 a precondition moved: revision, existing id (HTTP 409)
+    │   └── RevisionConflict     an update named a revision that is no longer current
+    ├── Unauthorized             no credentials, or unknown or revoked ones (HTTP 401)
+    ├── Forbidden                readable but not writable by this principal (HTTP 403)
     ├── SessionBusy              policy=reject and a turn is queued or running (HTTP 409)
     │   └── QueueFull            policy=enqueue and the session's queue is at its bound (HTTP 429)
     ├── StaleLease               a write carried a fencing token that is no longer current
     ├── StoreError               the store failed or is unreachable (HTTP 503)
     ├── ShuttingDown             the server is draining and takes no new turns (HTTP 503)
     ├── ModelError               a provider failed; ``transient`` says if a retry may help
-    │   └── ModelRequestsForbidden  a real provider was called while tests forbid it
+    │   ├── ModelRequestsForbidden  a real provider was called while tests forbid it
+    │   └── ScriptExhausted      a ScriptedModel was asked for more than its script holds
     ├── TurnFailed               a turn ended in a status other than completed (carries the turn)
+    ├── RemoteError              a tether server answered a problem the client has no class for
     └── SyncInAsyncContext       a blocking method was called from inside a running event loop
+
+The tree above is checked against the classes by a test: a new error is drawn here or the
+suite fails.
 
 Control signals (cancellation) are not errors and stay out of this tree.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    # For the annotation only: records import errors at run time, never the other way round.
     from tether.records import Turn
 
 
@@ -58,23 +69,23 @@ class NotFound(TetherError):
 
 
 class SessionNotFound(NotFound):
-    pass
+    """No such session in the caller's namespace (or it has expired)."""
 
 
 class TurnNotFound(NotFound):
-    pass
+    """No such turn in the caller's session."""
 
 
 class AgentNotFound(NotFound):
-    pass
+    """No agent of that name is served."""
 
 
 class MemoryNotFound(NotFound):
-    pass
+    """No such memory item the caller may read."""
 
 
 class DocumentNotFound(NotFound):
-    pass
+    """No such knowledge document the caller may read."""
 
 
 class Conflict(TetherError):
@@ -87,6 +98,10 @@ class RevisionConflict(Conflict):
     def __init__(self, message: str, *, current_revision: int | None) -> None:
         super().__init__(message)
         self.current_revision = current_revision
+
+
+class Unauthorized(TetherError):
+    """No credentials, or credentials that are unknown or revoked."""
 
 
 class Forbidden(TetherError):
@@ -137,6 +152,14 @@ class ModelRequestsForbidden(ModelError):
     """A real model provider was called while ``tether.models.ALLOW_MODEL_REQUESTS`` is false."""
 
 
+class ScriptExhausted(ModelError):
+    """A :class:`~tether.testing.ScriptedModel` was called after its script ran out.
+
+    A test that did not expect another model call fails loudly instead of reading a made-up
+    reply; give the model a ``default`` to answer every further call.
+    """
+
+
 class TurnFailed(TetherError):
     """A turn ended without a complete answer; ``turn`` holds its status, reason and error."""
 
@@ -144,6 +167,17 @@ class TurnFailed(TetherError):
         detail = f": {turn.error}" if turn.error else ""
         super().__init__(f"turn {turn.id} ended {turn.status} ({turn.reason}){detail}")
         self.turn = turn
+
+
+class RemoteError(TetherError):
+    """A problem+json answer from a tether server (``status``, ``type``, ``detail``, ``body``)."""
+
+    def __init__(self, status: int, type: str, detail: str, body: dict[str, Any]) -> None:
+        super().__init__(f"HTTP {status}: {detail}")
+        self.status = status
+        self.type = type
+        self.detail = detail
+        self.body = body
 
 
 class SyncInAsyncContext(TetherError):

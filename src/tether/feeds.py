@@ -12,7 +12,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 
 from tether.errors import TurnNotFound
 from tether.records import Event, SessionKey
-from tether.store.base import Store
+from tether.store.protocol import Store
 
 
 class TurnFeed:

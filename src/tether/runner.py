@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from tether.errors import StaleLease
+from tether.events import EventType
 from tether.feeds import TurnFeed
-from tether.records import Event, Item, Lease, NewItem, SessionKey, Turn, TurnEnding
-from tether.store.base import NewEvent, Store
+from tether.records import Event, Item, Lease, NewEvent, NewItem, SessionKey, Turn, TurnEnding
+from tether.store.protocol import Store
 
 log = logging.getLogger("tether.runner")
 
@@ -70,7 +71,7 @@ class FencedSink:
         self._started = False
         self._stale: StaleLease | None = None
 
-    def emit(self, type: str, data: dict[str, Any]) -> None:
+    def emit(self, type: EventType, data: dict[str, Any]) -> None:
         event = NewEvent(self._next_seq, type, data)
         self._next_seq += 1
         self._buffer.append(event)

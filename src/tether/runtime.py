@@ -27,7 +27,8 @@ from tether.records import (
     Turn,
 )
 from tether.scheduler import Scheduler
-from tether.store.base import DEFAULT_MAX_QUEUE, Store
+from tether.store.protocol import Store
+from tether.store.rules import DEFAULT_MAX_QUEUE
 from tether.store.sqlite import SQLiteStore
 from tether.tools.approval import Approver
 

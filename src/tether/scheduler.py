@@ -23,6 +23,7 @@ import math
 import time
 from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
+from typing import Literal
 
 from tether import chores
 from tether.agent import Agent
@@ -38,19 +39,21 @@ from tether.memory.turn import TurnMemory
 from tether.models import resolve_model
 from tether.records import (
     LOCAL_PRINCIPAL,
+    CancelStatus,
     Event,
     Lease,
     NewItem,
     Policy,
     Principal,
+    Reason,
     SessionKey,
     Turn,
     TurnEnding,
     new_turn_id,
 )
 from tether.runner import FencedSink, StoreHistory
-from tether.store.base import DEFAULT_MAX_QUEUE, Store
-from tether.store.rows import terminal_event_data
+from tether.store.protocol import Store
+from tether.store.rules import DEFAULT_MAX_QUEUE, terminal_event_data
 from tether.tools.approval import Approver
 
 log = logging.getLogger("tether.scheduler")
@@ -219,15 +222,18 @@ class Scheduler:
                 else:
                     del self._slot_waiters[key]
         self._waiters.setdefault(turn.id, (key, []))
-        if policy in ("interrupt", "rollback"):
-            await self._preempt(key, policy, turn.id)
+        if policy == "interrupt" or policy == "rollback":
+            await self._preempt(key, policy)
         self._kick(key)
         return turn
 
-    async def _preempt(self, key: SessionKey, policy: str, by: str) -> None:
-        """End the session's running turn for ``by`` (policy interrupt or rollback)."""
-        status = "interrupted" if policy == "interrupt" else "rolled_back"
-        reason = f"{policy} by turn {by}"
+    async def _preempt(self, key: SessionKey, policy: Literal["interrupt", "rollback"]) -> None:
+        """End the session's running turn for a newer one (policy interrupt or rollback).
+
+        The reason is the policy's name: a stable code, as every reason is.
+        """
+        status: CancelStatus = "interrupted" if policy == "interrupt" else "rolled_back"
+        reason: Reason = policy
         local = [r for r in self._running.values() if r.turn.key == key]
         for running in local:
             running.ctx.request_cancel(status, reason)
@@ -478,7 +484,7 @@ class Scheduler:
                 local[1].remove(fut)
             read_store = True
 
-    async def cancel(self, key: SessionKey, turn_id: str, reason: str = "cancelled") -> Turn:
+    async def cancel(self, key: SessionKey, turn_id: str, reason: Reason = "cancelled") -> Turn:
         """Cancel a queued or running turn; an ended turn is returned as it is."""
         turn = await self.store.get_turn(key, turn_id)
         if turn is None:

@@ -24,8 +24,14 @@ from typing import Any, TypeVar
 from tether.agent import Agent as AgentTemplate
 from tether.embedded import EmbeddedRuntime, default_runtime
 from tether.errors import ConfigError, SessionNotFound, TetherError
-from tether.memory.service import Hit
-from tether.records import Principal, SessionKey, SessionRecord, new_session_id, validate_session_id
+from tether.records import (
+    Hit,
+    Principal,
+    SessionKey,
+    SessionRecord,
+    new_session_id,
+    validate_session_id,
+)
 
 DEFAULT_COLLECTION = "knowledge"
 T = TypeVar("T")

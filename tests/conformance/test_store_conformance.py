@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tether.store import MemoryStore, PostgresStore, SQLiteStore
-from tether.store.base import Store
+from tether.store.protocol import Store
 from tether.testing.conformance import StoreConformance
 from tether.testing.conformance_memory import MemoryConformance
 

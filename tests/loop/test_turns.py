@@ -11,7 +11,8 @@ import pytest
 from tests.helpers import all_items, assert_paired, key, running, wait_until
 from tether import Agent, RetryPolicy, SessionBusy, TurnFailed, tool
 from tether.loop.prepare import INTERRUPTED_MARK
-from tether.store.base import ABORTED_TOOL_RESULT, Store
+from tether.records import ABORTED_TOOL_RESULT
+from tether.store.protocol import Store
 from tether.testing import Call, EchoModel, Fail, ScriptedModel, Slow, ToolCalls, transcript
 
 FAST_RETRY = RetryPolicy(attempts=3, initial_backoff=0.001, max_backoff=0.002)

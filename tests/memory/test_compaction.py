@@ -8,8 +8,8 @@ from tether.loop import compact
 from tether.loop.prepare import estimate_tokens
 from tether.loop.run import DEFAULT_OUTPUT_RESERVE
 from tether.models.base import ModelRequest
-from tether.records import LOCAL_PRINCIPAL, NewItem, SessionKey, TurnEnding, new_turn_id
-from tether.store.base import NewEvent, Store
+from tether.records import LOCAL_PRINCIPAL, NewEvent, NewItem, SessionKey, TurnEnding, new_turn_id
+from tether.store.protocol import Store
 from tether.testing import ScriptedModel
 
 WINDOW = 1_500

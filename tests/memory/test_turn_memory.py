@@ -11,10 +11,9 @@ import asyncio
 from tests.helpers import running
 from tether import Agent, Principal
 from tether.memory.recall import CLOSE, OPEN
-from tether.memory.records import Namespace
 from tether.models.base import ModelRequest
-from tether.records import SessionKey
-from tether.store.base import Store
+from tether.records import Namespace, SessionKey
+from tether.store.protocol import Store
 from tether.testing import Call, EchoModel, ScriptedModel, Slow, ToolCalls, last_user_text
 
 ALICE = Principal("acme", "alice")

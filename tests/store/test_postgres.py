@@ -15,9 +15,8 @@ import asyncpg  # type: ignore[import-untyped]
 import pytest
 
 from tether.errors import InvalidInput, StaleLease, StoreError
-from tether.records import Lease, NewItem, SessionKey, TurnEnding
+from tether.records import Lease, NewEvent, NewItem, SessionKey, TurnEnding
 from tether.store import PostgresStore, open_store_url
-from tether.store.base import NewEvent
 from tether.store.postgres_schema import MIGRATIONS
 
 KEY = SessionKey("acme", "alice", "s1")
@@ -69,11 +68,13 @@ async def test_data_survives_close_and_reopen(postgres_url: str) -> None:
     await store.enqueue_turn(KEY, turn_id="t1", input="hello", policy="enqueue")
     lease = await store.acquire_lease(KEY, "node-a", 0.05)
     assert lease is not None
-    await store.start_turn(lease, "t1", [NewItem("user", "hello")], [NewEvent(2, "start", {})])
+    await store.start_turn(
+        lease, "t1", [NewItem("user", "hello")], [NewEvent(2, "turn.started", {})]
+    )
     await store.end_turn(
         lease,
         "t1",
-        TurnEnding("completed", "done", output="hi", complete=True),
+        TurnEnding("completed", "answered", output="hi", complete=True),
         [NewItem("assistant", "hi", meta={"lang": "en"})],
         [NewEvent(3 + n, "message.delta", {"text": w}) for n, w in enumerate(["h", "i"])],
     )
@@ -128,7 +129,9 @@ async def test_two_stores_share_state_and_fence_each_other(postgres_url: str) ->
         assert lease_a is not None
         assert await b.acquire_lease(KEY, "node-b", 30) is None
         assert await b.lease_holder(KEY) == "node-a"
-        await a.start_turn(lease_a, "t1", [NewItem("user", "hello")], [NewEvent(2, "s", {})])
+        await a.start_turn(
+            lease_a, "t1", [NewItem("user", "hello")], [NewEvent(2, "turn.started", {})]
+        )
         await a.append(lease_a, "t1", [NewItem("tool_call", call_id="c1", tool_name="f")], [])
         assert [i.kind for i in await b.list_items(KEY)] == ["user", "tool_call"]
 
@@ -142,7 +145,7 @@ async def test_two_stores_share_state_and_fence_each_other(postgres_url: str) ->
         with pytest.raises(StaleLease):
             await a.append(lease_a, "t1", [NewItem("assistant", "zombie")], [])
         with pytest.raises(StaleLease):
-            await a.end_turn(lease_a, "t1", TurnEnding("completed", "done"), [], [])
+            await a.end_turn(lease_a, "t1", TurnEnding("completed", "answered"), [], [])
         assert await a.renew_leases([lease_a], 30) == []
         assert await b.list_items(KEY) == before
 

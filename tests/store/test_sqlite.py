@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 
 from tether.errors import StaleLease, StoreError
-from tether.records import NewItem, SessionKey, TurnEnding
+from tether.records import NewEvent, NewItem, SessionKey, TurnEnding
 from tether.store import SQLiteStore
-from tether.store.base import NewEvent
 from tether.store.sqlite_schema import MIGRATIONS
 
 KEY = SessionKey("acme", "alice", "s1")
@@ -39,11 +38,13 @@ async def test_data_survives_close_and_reopen(tmp_path: Path) -> None:
     await store.enqueue_turn(KEY, turn_id="t1", input="hello", policy="enqueue")
     lease = await store.acquire_lease(KEY, "node-a", 0.05)
     assert lease is not None
-    await store.start_turn(lease, "t1", [NewItem("user", "hello")], [NewEvent(2, "start", {})])
+    await store.start_turn(
+        lease, "t1", [NewItem("user", "hello")], [NewEvent(2, "turn.started", {})]
+    )
     await store.end_turn(
         lease,
         "t1",
-        TurnEnding("completed", "done", output="hi", complete=True),
+        TurnEnding("completed", "answered", output="hi", complete=True),
         [NewItem("assistant", "hi")],
         [NewEvent(3, "turn.ended", {})],
     )
@@ -119,7 +120,9 @@ async def test_two_stores_on_one_file_share_state_and_fence_each_other(tmp_path:
         assert lease_a is not None
         assert await b.acquire_lease(KEY, "node-b", 30) is None
         assert await b.lease_holder(KEY) == "node-a"
-        await a.start_turn(lease_a, "t1", [NewItem("user", "hello")], [NewEvent(2, "s", {})])
+        await a.start_turn(
+            lease_a, "t1", [NewItem("user", "hello")], [NewEvent(2, "turn.started", {})]
+        )
         await a.append(lease_a, "t1", [NewItem("tool_call", call_id="c1", tool_name="f")], [])
         assert [i.kind for i in await b.list_items(KEY)] == ["user", "tool_call"]
 
@@ -133,7 +136,7 @@ async def test_two_stores_on_one_file_share_state_and_fence_each_other(tmp_path:
         with pytest.raises(StaleLease):
             await a.append(lease_a, "t1", [NewItem("assistant", "zombie")], [])
         with pytest.raises(StaleLease):
-            await a.end_turn(lease_a, "t1", TurnEnding("completed", "done"), [], [])
+            await a.end_turn(lease_a, "t1", TurnEnding("completed", "answered"), [], [])
         assert await a.renew_leases([lease_a], 30) == []
         assert await b.list_items(KEY) == before
 
@@ -155,9 +158,8 @@ def _database_bytes(folder: Path) -> bytes:
 async def test_forget_user_leaves_no_trace_in_the_database_files(tmp_path: Path) -> None:
     """After a forget, the user's text is in neither the database file nor its WAL."""
     from tether import Agent
-    from tether.memory.records import Namespace
     from tether.memory.service import MemoryService
-    from tether.records import Principal
+    from tether.records import Namespace, Principal
     from tether.runtime import Runtime
     from tether.testing import EchoModel
 

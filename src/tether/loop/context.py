@@ -13,8 +13,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tether.agent import Agent
+from tether.events import EventType
 from tether.models.base import Model
-from tether.records import Item, NewItem, Principal, SessionKey, TurnEnding
+from tether.records import (
+    CancelStatus,
+    Item,
+    NewItem,
+    Principal,
+    Reason,
+    SessionKey,
+    TurnEnding,
+)
 from tether.tools.approval import Approver
 from tether.tools.tool import Tool
 
@@ -33,7 +42,7 @@ class HistoryReader(Protocol):
 
 
 class TurnSink(Protocol):
-    def emit(self, type: str, data: dict[str, Any]) -> None:
+    def emit(self, type: EventType, data: dict[str, Any]) -> None:
         """Publish an event now (live subscribers) and persist it with the next commit."""
         ...
 
@@ -72,9 +81,9 @@ class TurnContext:
     extra_tools: tuple[Tool, ...] = ()
     """Built-in tools the agent's memory policy turned on (``remember``, ``search_knowledge``)."""
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
-    cancel_status: str = "cancelled"
+    cancel_status: CancelStatus = "cancelled"
     """What a cancellation ends the turn as: ``cancelled``, ``interrupted`` or ``rolled_back``."""
-    cancel_reason: str = "cancelled"
+    cancel_reason: Reason = "cancelled"
     _body: asyncio.Task[TurnResult] | None = field(default=None, repr=False)
 
     @property
@@ -87,7 +96,9 @@ class TurnContext:
                 return t
         return None
 
-    def request_cancel(self, status: str = "cancelled", reason: str = "cancelled") -> bool:
+    def request_cancel(
+        self, status: CancelStatus = "cancelled", reason: Reason = "cancelled"
+    ) -> bool:
         """Ask the running turn to stop; it ends as ``status`` with ``reason``.
 
         Returns False when a cancellation was already requested (the first one wins).

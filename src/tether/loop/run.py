@@ -19,8 +19,7 @@ from tether.loop.state import TurnState
 from tether.loop.tools_step import run_call
 from tether.memory import recall
 from tether.models.base import Message
-from tether.records import NewItem, TurnEnding, TurnStatus
-from tether.store.base import ABORTED_TOOL_RESULT
+from tether.records import ABORTED_TOOL_RESULT, CancelStatus, NewItem, Reason, TurnEnding
 
 log = logging.getLogger("tether.loop")
 
@@ -210,7 +209,11 @@ async def run_turn(ctx: TurnContext) -> TurnResult:
 
 
 async def _closed(
-    ctx: TurnContext, state: TurnState, status: str, reason: str, error: str | None = None
+    ctx: TurnContext,
+    state: TurnState,
+    status: CancelStatus,
+    reason: Reason,
+    error: str | None = None,
 ) -> TurnResult:
     await ctx.sink.settle()
     items: list[NewItem] = []
@@ -232,5 +235,4 @@ async def _closed(
             "tool.result",
             {"call_id": call_id, "name": name, "output": ABORTED_TOOL_RESULT, "error": True},
         )
-    st: TurnStatus = status  # type: ignore[assignment]
-    return TurnResult(TurnEnding(st, reason, partial or None, False, error, state.usage), items)
+    return TurnResult(TurnEnding(status, reason, partial or None, False, error, state.usage), items)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from tether.memory.service import Hit
+from tether.records import Hit
 
 OPEN = "<memory>"
 CLOSE = "</memory>"

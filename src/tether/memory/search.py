@@ -22,8 +22,8 @@ import numpy.typing as npt
 from threadpoolctl import ThreadpoolController  # type: ignore[import-untyped]
 
 from tether.memory.embed import Vectors
-from tether.memory.records import Namespace
-from tether.store.recall import RecallStore
+from tether.records import Namespace
+from tether.store.protocol import RecallStore
 
 RRF_K = 60
 OFF_LOOP_ROWS = 20_000

@@ -14,7 +14,6 @@ import logging
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from tether.errors import (
@@ -33,20 +32,22 @@ from tether.memory.embed import (
     resolve_embedder,
     to_blob,
 )
-from tether.memory.records import (
+from tether.memory.search import VectorIndex, fuse, query_terms
+from tether.records import (
     CHUNK,
     MEMORY_KINDS,
     SCOPES,
     Document,
     ForgetReport,
+    Hit,
     MemoryRecord,
     Namespace,
+    Principal,
+    SessionKey,
     new_document_id,
     new_memory_id,
 )
-from tether.memory.search import VectorIndex, fuse, query_terms
-from tether.records import Principal, SessionKey
-from tether.store.base import Store
+from tether.store.protocol import Store
 
 log = logging.getLogger("tether.memory")
 
@@ -58,13 +59,6 @@ MIN_SIMILARITY = 0.25
 """A record found only by vector needs at least this cosine: below it, it is noise."""
 COLLECTION_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,64}")
 EMBED_BATCH = 256
-
-
-@dataclass(frozen=True, slots=True)
-class Hit:
-    record: MemoryRecord
-    score: float
-    """Reciprocal-rank-fusion score (higher is better; comparable within one search only)."""
 
 
 def _check_content(content: str) -> str:

@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from tether.agent import MemoryPolicy
 from tether.errors import InvalidInput
 from tether.memory import auto
-from tether.memory.records import MemoryRecord, Namespace
-from tether.memory.service import Hit, MemoryService
-from tether.records import Principal, SessionKey
+from tether.memory.service import MemoryService
+from tether.records import Hit, MemoryRecord, Namespace, Principal, SessionKey
 
 log = logging.getLogger("tether.memory")
 

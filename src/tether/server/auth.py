@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from tether.records import LOCAL_PRINCIPAL, Principal
-from tether.server.problems import Unauthorized
-from tether.store.base import ApiKey, Store
+from tether.errors import Unauthorized
+from tether.records import LOCAL_PRINCIPAL, ApiKey, Principal
+from tether.store.protocol import Store
 
 KEY_PREFIX = "tk_"
 _CACHE_SECONDS = 1.0

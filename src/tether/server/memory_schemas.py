@@ -6,8 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from tether.memory.records import Document, MemoryRecord
-from tether.memory.service import MAX_QUERY_CHARS, Hit
+from tether.memory.service import MAX_QUERY_CHARS
+from tether.records import Document, Hit, MemoryRecord
 from tether.server.schemas import SESSION_ID, Wire
 
 ScopeName = Literal["session", "user", "agent", "tenant"]

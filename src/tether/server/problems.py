@@ -31,6 +31,7 @@ from tether.errors import (
     StoreError,
     TetherError,
     TooLarge,
+    Unauthorized,
 )
 from tether.server.schemas import ProblemOut
 
@@ -38,10 +39,6 @@ log = logging.getLogger("tether.server")
 
 PROBLEM_JSON = "application/problem+json"
 BASE = "https://tether.dev/problems/"
-
-
-class Unauthorized(TetherError):
-    """No credentials, or credentials that are unknown or revoked."""
 
 
 class Problem(Exception):

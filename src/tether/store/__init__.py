@@ -1,16 +1,38 @@
-"""Durable state behind one protocol: in-memory (the spec), SQLite (embedded), PostgreSQL."""
+"""Durable state behind one protocol: in-memory (the spec), SQLite (embedded), PostgreSQL.
+
+The backends are imported when first named, so ``import tether`` loads no database driver: a
+script on SQLite never imports asyncpg.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from tether.errors import ConfigError
-from tether.store.base import Store
-from tether.store.memory import MemoryStore
-from tether.store.postgres import PostgresStore
-from tether.store.sqlite import SQLiteStore
+from tether.store.protocol import Store
+
+if TYPE_CHECKING:
+    from tether.store.memory import MemoryStore
+    from tether.store.postgres import PostgresStore
+    from tether.store.sqlite import SQLiteStore
 
 __all__ = ["MemoryStore", "PostgresStore", "SQLiteStore", "Store", "open_store_url"]
+
+_BACKENDS = {
+    "MemoryStore": "tether.store.memory",
+    "SQLiteStore": "tether.store.sqlite",
+    "PostgresStore": "tether.store.postgres",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _BACKENDS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
 
 
 def open_store_url(url: str) -> Store:
@@ -18,11 +40,15 @@ def open_store_url(url: str) -> Store:
     ``postgres://…``; query parameters asyncpg does not know, such as ``search_path``, become
     server settings), or a plain file path."""
     if url == "memory://":
+        from tether.store.memory import MemoryStore
+
         return MemoryStore()
-    if url.startswith("sqlite:///"):
-        return SQLiteStore(Path(url.removeprefix("sqlite:///")))
     if url.startswith(("postgresql://", "postgres://")):
+        from tether.store.postgres import PostgresStore
+
         return PostgresStore(url)
-    if "://" in url:
+    if "://" in url and not url.startswith("sqlite:///"):
         raise ConfigError(f"unsupported store URL {url!r}")
-    return SQLiteStore(Path(url))
+    from tether.store.sqlite import SQLiteStore
+
+    return SQLiteStore(Path(url.removeprefix("sqlite:///")))

@@ -14,29 +14,27 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tether.errors import Conflict, QueueFull, SessionBusy, SessionNotFound, StaleLease
-from tether.memory.records import ForgetReport
 from tether.records import (
+    ABORTED_TOOL_RESULT,
+    ApiKey,
+    CancelStatus,
     Event,
+    ForgetReport,
     Item,
     Lease,
+    NewEvent,
     NewItem,
     Policy,
+    Reason,
     SessionKey,
     SessionRecord,
+    SessionStats,
     Turn,
     TurnEnding,
     Usage,
 )
-from tether.store.base import (
-    ABORTED_TOOL_RESULT,
-    DEFAULT_MAX_QUEUE,
-    ApiKey,
-    NewEvent,
-    SessionStats,
-    initial_token,
-)
 from tether.store.memory_recall import MemoryRecall
-from tether.store.rows import terminal_event_data
+from tether.store.rules import DEFAULT_MAX_QUEUE, initial_token, terminal_event_data
 
 
 @dataclass
@@ -60,7 +58,7 @@ class MemoryStore(MemoryRecall):
         super().__init__()
         self._sessions: dict[SessionKey, _Session] = {}
         self._keys: dict[str, ApiKey] = {}
-        self._cancels: dict[str, tuple[str, str]] = {}
+        self._cancels: dict[str, tuple[CancelStatus, Reason]] = {}
 
     async def open(self) -> None:
         return None
@@ -247,7 +245,9 @@ class MemoryStore(MemoryRecall):
         s = self._get(key)
         return [s.turns[t] for t in s.active]
 
-    async def cancel_queued_turn(self, key: SessionKey, turn_id: str, reason: str) -> Turn | None:
+    async def cancel_queued_turn(
+        self, key: SessionKey, turn_id: str, reason: Reason
+    ) -> Turn | None:
         s = self._get(key)
         turn = s.turns.get(turn_id)
         if turn is None or turn.status != "queued":
@@ -443,7 +443,9 @@ class MemoryStore(MemoryRecall):
             out.append(self._finish(s, turn, ending, [_terminal(s, turn, ending)]))
         return out
 
-    async def request_cancel(self, key: SessionKey, turn_id: str, status: str, reason: str) -> bool:
+    async def request_cancel(
+        self, key: SessionKey, turn_id: str, status: CancelStatus, reason: Reason
+    ) -> bool:
         s = self._sessions.get(key)
         turn = s.turns.get(turn_id) if s is not None else None
         if turn is None or turn.status != "running" or turn_id in self._cancels:
@@ -451,7 +453,9 @@ class MemoryStore(MemoryRecall):
         self._cancels[turn_id] = (status, reason)
         return True
 
-    async def cancel_requests(self, turn_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+    async def cancel_requests(
+        self, turn_ids: Sequence[str]
+    ) -> dict[str, tuple[CancelStatus, Reason]]:
         return {t: self._cancels[t] for t in turn_ids if t in self._cancels}
 
     # -- events --------------------------------------------------------------------------------

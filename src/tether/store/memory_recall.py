@@ -19,8 +19,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from tether.errors import Conflict, MemoryNotFound, RevisionConflict
-from tether.memory.records import Document, MemoryRecord, Namespace, VectorSnapshot
-from tether.store.recall_rows import (
+from tether.records import Document, MemoryRecord, Namespace, VectorSnapshot
+from tether.store.rules import (
     PERSONAL_SCOPES,
     STOP_WORDS,
     document_chunks,

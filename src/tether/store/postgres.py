@@ -37,19 +37,23 @@ from tether.errors import (
     StoreError,
 )
 from tether.records import (
+    ApiKey,
+    CancelStatus,
     Event,
     Item,
     Lease,
+    NewEvent,
     NewItem,
     Policy,
+    Reason,
     SessionKey,
     SessionRecord,
+    SessionStats,
     Turn,
     TurnEnding,
     Usage,
 )
 from tether.store import postgres_schema as q
-from tether.store.base import DEFAULT_MAX_QUEUE, ApiKey, NewEvent, SessionStats, initial_token
 from tether.store.postgres_memory import PostgresRecall
 from tether.store.postgres_writes import (
     Conn,
@@ -63,7 +67,8 @@ from tether.store.postgres_writes import (
 )
 
 # The row shapes are the SQLite store's, so both backends return the very same records.
-from tether.store.rows import item_row, session_row, turn_row
+from tether.store.rows import cancel_json, cancel_of, item_row, session_row, turn_row
+from tether.store.rules import DEFAULT_MAX_QUEUE, initial_token
 
 
 class _Pool(Protocol):
@@ -365,8 +370,10 @@ class PostgresStore(PostgresRecall):
             ended_at=None,
         )
 
-    async def request_cancel(self, key: SessionKey, turn_id: str, status: str, reason: str) -> bool:
-        request = json.dumps({"status": status, "reason": reason})
+    async def request_cancel(
+        self, key: SessionKey, turn_id: str, status: CancelStatus, reason: Reason
+    ) -> bool:
+        request = cancel_json(status, reason)
         async with self._tx() as conn:
             done = await conn.fetchval(q.REQUEST_CANCEL, *key_args(key), turn_id, request)
             if done is not None:
@@ -409,13 +416,14 @@ class PostgresStore(PostgresRecall):
         finally:
             conn.terminate()
 
-    async def cancel_requests(self, turn_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+    async def cancel_requests(
+        self, turn_ids: Sequence[str]
+    ) -> dict[str, tuple[CancelStatus, Reason]]:
         if not turn_ids:
             return {}
         out = {}
         for turn_id, raw in await self._fetch(q.CANCEL_REQUESTS, list(turn_ids)):
-            request = json.loads(raw)
-            out[turn_id] = (str(request["status"]), str(request["reason"]))
+            out[turn_id] = cancel_of(raw)
         return out
 
     async def get_turn(self, key: SessionKey, turn_id: str) -> Turn | None:
@@ -432,7 +440,9 @@ class PostgresStore(PostgresRecall):
     async def active_turns(self, key: SessionKey) -> list[Turn]:
         return [turn_row(r) for r in await self._rows_of(key, q.ACTIVE_TURNS)]
 
-    async def cancel_queued_turn(self, key: SessionKey, turn_id: str, reason: str) -> Turn | None:
+    async def cancel_queued_turn(
+        self, key: SessionKey, turn_id: str, reason: Reason
+    ) -> Turn | None:
         async with self._tx() as conn:
             # Locked like a fenced write, so the turn cannot start between the check and the end.
             pk = int((await lock_session(conn, key))[0])

@@ -22,20 +22,19 @@ from typing import TYPE_CHECKING, Any
 import asyncpg  # type: ignore[import-untyped]
 
 from tether.errors import Conflict, MemoryNotFound, RevisionConflict
-from tether.memory.records import Document, ForgetReport, MemoryRecord, Namespace, VectorSnapshot
+from tether.records import Document, ForgetReport, MemoryRecord, Namespace, VectorSnapshot
 from tether.store.postgres_writes import Conn
-from tether.store.recall_rows import (
+from tether.store.rows import (
     DOCUMENT_COLS,
     DOCUMENT_INSERT_COLS,
     INSERT_COLS,
-    PERSONAL_SCOPES,
     RECORD_COLS,
-    document_chunks,
     document_row,
     document_values,
     record_row,
     record_values,
 )
+from tether.store.rules import PERSONAL_SCOPES, document_chunks
 
 Pair = tuple[str, str]
 """``(namespace key, collection)``: what a version counts the changes of."""

@@ -16,12 +16,21 @@ from typing import Any, Protocol
 import asyncpg  # type: ignore[import-untyped]
 
 from tether.errors import Conflict, SessionNotFound, StaleLease
-from tether.records import Item, Lease, NewItem, SessionKey, Turn, TurnEnding
+from tether.records import (
+    ABORTED_TOOL_RESULT,
+    Item,
+    Lease,
+    NewEvent,
+    NewItem,
+    SessionKey,
+    Turn,
+    TurnEnding,
+)
 from tether.store import postgres_schema as q
-from tether.store.base import ABORTED_TOOL_RESULT, NewEvent
 
 # The folding of text deltas and the JSON of usage are the SQLite store's: one record format.
-from tether.store.rows import event_rows, terminal_event_data, turn_row, usage_json
+from tether.store.rows import event_rows, turn_row, usage_json
+from tether.store.rules import terminal_event_data
 
 Row = tuple[Any, ...]
 """An ``asyncpg.Record``: read here only as a tuple is (by position, unpacked)."""

@@ -1,4 +1,5 @@
-"""Record shapes shared by every store backend."""
+"""Row shapes of the SQL backends: SQLite and PostgreSQL read the same columns in the same order
+(``*_COLS``), so both return the very same records."""
 
 from __future__ import annotations
 
@@ -7,25 +8,21 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from tether.records import Item, SessionKey, SessionRecord, Turn, TurnEnding, Usage
-from tether.store.base import NewEvent
-
-
-def terminal_event_data(turn_id: str, ending: TurnEnding) -> dict[str, Any]:
-    """The body of a ``turn.ended`` event; one shape for every writer of it."""
-    return {
-        "turn_id": turn_id,
-        "status": ending.status,
-        "reason": ending.reason,
-        "output": ending.output,
-        "complete": ending.complete,
-        "error": ending.error,
-        "usage": {
-            "input_tokens": ending.usage.input_tokens,
-            "output_tokens": ending.usage.output_tokens,
-            "model_calls": ending.usage.model_calls,
-        },
-    }
+from tether.records import (
+    ApiKey,
+    CancelStatus,
+    Document,
+    Item,
+    MemoryRecord,
+    Namespace,
+    NewEvent,
+    Reason,
+    SessionKey,
+    SessionRecord,
+    Turn,
+    Usage,
+)
+from tether.store.rules import cancel_request, provenance, usage_data
 
 
 # -- rows of the SQL backends (same column order in SQLite and PostgreSQL) ----------------
@@ -79,13 +76,7 @@ def item_row(row: tuple[Any, ...]) -> Item:
 
 
 def usage_json(u: Usage) -> str:
-    return json.dumps(
-        {
-            "input_tokens": u.input_tokens,
-            "output_tokens": u.output_tokens,
-            "model_calls": u.model_calls,
-        }
-    )
+    return json.dumps(usage_data(u))
 
 
 def event_rows(events: Sequence[NewEvent]) -> list[tuple[int, int | None, str, str]]:
@@ -117,3 +108,111 @@ def event_rows(events: Sequence[NewEvent]) -> list[tuple[int, int | None, str, s
             rows.append((e.seq, None, e.type, json.dumps(e.data)))
     flush()
     return rows
+
+
+# -- memory tables -----------------------------------------------------------------------------
+RECORD_COLS = (
+    "seq, id, ns, collection, document_id, kind, content, meta, revision, created_at, updated_at"
+)
+DOCUMENT_COLS = "id, ns, collection, name, media_type, chunks, chars, created_at, meta"
+
+
+def record_row(row: Sequence[Any]) -> MemoryRecord:
+    return MemoryRecord(
+        id=row[1],
+        namespace=Namespace.from_key(row[2]),
+        kind=row[5],
+        content=row[6],
+        collection=row[3],
+        document_id=row[4],
+        meta=json.loads(row[7]),
+        revision=int(row[8]),
+        # float(): SQLite's RETURNING gives a value before the column's REAL affinity applies.
+        created_at=float(row[9]),
+        updated_at=float(row[10]),
+        seq=int(row[0]),
+    )
+
+
+def document_row(row: Sequence[Any]) -> Document:
+    return Document(
+        id=row[0],
+        namespace=Namespace.from_key(row[1]),
+        collection=row[2],
+        name=row[3],
+        media_type=row[4],
+        chunks=int(row[5]),
+        chars=int(row[6]),
+        created_at=float(row[7]),
+        meta=json.loads(row[8]),
+    )
+
+
+def record_values(record: MemoryRecord, embedding: bytes) -> tuple[Any, ...]:
+    """The insert values of ``record``, in the order of ``INSERT_COLS``."""
+    ns = record.namespace
+    turn_id, author = provenance(record)
+    return (
+        record.id,
+        ns.key,
+        ns.scope,
+        ns.tenant,
+        ns.owner,
+        record.collection,
+        record.document_id,
+        record.kind,
+        record.content,
+        json.dumps(record.meta),
+        turn_id,
+        author,
+        record.revision,
+        record.created_at,
+        record.updated_at,
+        bytes(embedding),
+    )
+
+
+INSERT_COLS = (
+    "id, ns, scope, tenant, owner, collection, document_id, kind, content, meta, turn_id,"
+    " author, revision, created_at, updated_at, embedding"
+)
+
+
+def document_values(document: Document) -> tuple[Any, ...]:
+    """The insert values of ``document``, in the order of ``DOCUMENT_INSERT_COLS``."""
+    ns = document.namespace
+    return (
+        document.id,
+        ns.key,
+        ns.scope,
+        ns.tenant,
+        ns.owner,
+        document.collection,
+        document.name,
+        document.media_type,
+        document.chunks,
+        document.chars,
+        document.created_at,
+        json.dumps(document.meta),
+    )
+
+
+DOCUMENT_INSERT_COLS = (
+    "id, ns, scope, tenant, owner, collection, name, media_type, chunks, chars, created_at, meta"
+)
+
+
+API_KEY_COLS = "id, tenant, user_id, roles, hash, created_at, revoked_at"
+
+
+def api_key_row(row: Sequence[Any]) -> ApiKey:
+    return ApiKey(row[0], row[1], row[2], frozenset(json.loads(row[3])), row[4], row[5], row[6])
+
+
+def cancel_json(status: CancelStatus, reason: Reason) -> str:
+    return json.dumps({"status": status, "reason": reason})
+
+
+def cancel_of(raw: str) -> tuple[CancelStatus, Reason]:
+    request = json.loads(raw)
+    return cancel_request(str(request["status"]), str(request["reason"]))

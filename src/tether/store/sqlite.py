@@ -25,31 +25,26 @@ from tether.errors import (
     StoreError,
 )
 from tether.records import (
+    ABORTED_TOOL_RESULT,
+    ApiKey,
+    CancelStatus,
     Event,
     Item,
     Lease,
+    NewEvent,
     NewItem,
     Policy,
+    Reason,
     SessionKey,
     SessionRecord,
+    SessionStats,
     Turn,
     TurnEnding,
     Usage,
 )
 from tether.store import sqlite_sql as sql
-from tether.store.base import (
-    ABORTED_TOOL_RESULT,
-    DEFAULT_MAX_QUEUE,
-    ApiKey,
-    NewEvent,
-    SessionStats,
-    initial_token,
-)
-from tether.store.rows import (
-    item_row,
-    session_row,
-    turn_row,
-)
+from tether.store.rows import cancel_json, cancel_of, item_row, session_row, turn_row
+from tether.store.rules import DEFAULT_MAX_QUEUE, initial_token
 from tether.store.sqlite_memory import SQLiteRecall
 from tether.store.sqlite_worker import SQLiteWorker
 
@@ -379,7 +374,9 @@ class SQLiteStore(SQLiteRecall):
 
         return await self._run(do)
 
-    async def cancel_queued_turn(self, key: SessionKey, turn_id: str, reason: str) -> Turn | None:
+    async def cancel_queued_turn(
+        self, key: SessionKey, turn_id: str, reason: Reason
+    ) -> Turn | None:
         def do(c: sqlite3.Connection) -> Turn | None:
             pk = sql.session_pk(c, key)
             turn = sql.get_turn(c, pk, turn_id)
@@ -565,7 +562,9 @@ class SQLiteStore(SQLiteRecall):
 
         return await self._write(do)
 
-    async def request_cancel(self, key: SessionKey, turn_id: str, status: str, reason: str) -> bool:
+    async def request_cancel(
+        self, key: SessionKey, turn_id: str, status: CancelStatus, reason: Reason
+    ) -> bool:
         def do(c: sqlite3.Connection) -> bool:
             try:
                 pk = sql.session_pk(c, key)
@@ -574,16 +573,18 @@ class SQLiteStore(SQLiteRecall):
             cur = c.execute(
                 "UPDATE turns SET cancel_request = ? WHERE id = ? AND session_pk = ?"
                 " AND status = 'running' AND cancel_request IS NULL",
-                (json.dumps({"status": status, "reason": reason}), turn_id, pk),
+                (cancel_json(status, reason), turn_id, pk),
             )
             return cur.rowcount == 1
 
         return await self._write(do)
 
-    async def cancel_requests(self, turn_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+    async def cancel_requests(
+        self, turn_ids: Sequence[str]
+    ) -> dict[str, tuple[CancelStatus, Reason]]:
         ids = list(turn_ids)
 
-        def do(c: sqlite3.Connection) -> dict[str, tuple[str, str]]:
+        def do(c: sqlite3.Connection) -> dict[str, tuple[CancelStatus, Reason]]:
             marks = ",".join("?" * len(ids))
             rows = c.execute(
                 f"SELECT id, cancel_request FROM turns WHERE id IN ({marks})"
@@ -592,8 +593,7 @@ class SQLiteStore(SQLiteRecall):
             ).fetchall()
             out = {}
             for turn_id, raw in rows:
-                request = json.loads(raw)
-                out[turn_id] = (str(request["status"]), str(request["reason"]))
+                out[turn_id] = cancel_of(raw)
             return out
 
         if not ids:

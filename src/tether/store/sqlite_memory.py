@@ -16,20 +16,18 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tether.errors import Conflict, MemoryNotFound, RevisionConflict
-from tether.memory.records import Document, ForgetReport, MemoryRecord, Namespace, VectorSnapshot
-from tether.store.recall_rows import (
+from tether.records import Document, ForgetReport, MemoryRecord, Namespace, VectorSnapshot
+from tether.store.rows import (
     DOCUMENT_COLS,
     DOCUMENT_INSERT_COLS,
     INSERT_COLS,
-    PERSONAL_SCOPES,
     RECORD_COLS,
-    document_chunks,
     document_row,
     document_values,
     record_row,
     record_values,
-    search_terms,
 )
+from tether.store.rules import PERSONAL_SCOPES, document_chunks, search_terms
 
 T = TypeVar("T")
 Pair = tuple[str, str]

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from tether.errors import Conflict, SessionBusy, SessionNotFound, StaleLease
-from tether.records import Item, Lease, NewItem, SessionKey, Turn, TurnEnding
-from tether.store.base import ApiKey, NewEvent
-from tether.store.rows import event_rows, terminal_event_data, turn_row, usage_json
+from tether.records import ApiKey, Item, Lease, NewEvent, NewItem, SessionKey, Turn, TurnEnding
+from tether.store.rows import event_rows, turn_row, usage_json
+from tether.store.rules import terminal_event_data
 from tether.store.sqlite_schema import MIGRATIONS
 
 SESSION_COLS = (

@@ -12,7 +12,7 @@ for every test, and closes it afterwards::
 
     import pytest
 
-    from tether.store.base import Store
+    from tether.store.protocol import Store
     from tether.testing.conformance import StoreConformance
 
 
@@ -51,8 +51,20 @@ from tether.errors import (
     SessionNotFound,
     StaleLease,
 )
-from tether.records import Event, Item, Lease, NewItem, SessionKey, Turn, TurnEnding, Usage
-from tether.store.base import ABORTED_TOOL_RESULT, NewEvent, Store
+from tether.events import EventType
+from tether.records import (
+    ABORTED_TOOL_RESULT,
+    Event,
+    Item,
+    Lease,
+    NewEvent,
+    NewItem,
+    SessionKey,
+    Turn,
+    TurnEnding,
+    Usage,
+)
+from tether.store.protocol import Store
 
 SHORT_TTL = 0.05
 """A lease that expires during the test (seconds)."""
@@ -69,7 +81,7 @@ def key(session_id: str = "s1", *, owner: str = "alice", tenant: str = "acme") -
     return SessionKey(tenant, owner, session_id)
 
 
-def ev(seq: int, type: str = "step", **data: Any) -> NewEvent:
+def ev(seq: int, type: EventType = "tool.result", **data: Any) -> NewEvent:
     return NewEvent(seq, type, dict(data))
 
 
@@ -313,7 +325,7 @@ class StoreConformance:
             assert rec is not None and rec.agent == f"agent-{n}"
 
         lease = await running_turn(store, key("s-1"), "t1", text="for s-1")
-        await store.end_turn(lease, "t1", TurnEnding("completed", "done"), [], [ev(3)])
+        await store.end_turn(lease, "t1", TurnEnding("completed", "answered"), [], [ev(3)])
         for sid in ids:
             if sid != "s-1":
                 assert await store.list_items(key(sid)) == []
@@ -382,7 +394,7 @@ class StoreConformance:
         assert running_busy.value.busy_turn_id == "t1"
         assert await snapshot(store, k) == before
 
-        await store.end_turn(lease, "t1", TurnEnding("completed", "done"), [], [ev(3)])
+        await store.end_turn(lease, "t1", TurnEnding("completed", "answered"), [], [ev(3)])
         accepted = await store.enqueue_turn(k, turn_id="t2", input="b", policy="reject")
         assert accepted.seq == 2  # the rejected attempts consumed no seq
         assert accepted.status == "queued"
@@ -411,11 +423,11 @@ class StoreConformance:
     async def test_active_turns_in_seq_order(self, store: Store) -> None:
         k = await new_session(store)
         lease = await running_turn(store, k, "t1")
-        await store.end_turn(lease, "t1", TurnEnding("completed", "done"), [], [ev(3)])
+        await store.end_turn(lease, "t1", TurnEnding("completed", "answered"), [], [ev(3)])
         await running_turn(store, k, "t2", lease=lease)
         for n in (3, 4, 5):
             await store.enqueue_turn(k, turn_id=f"t{n}", input="x", policy="enqueue")
-        await store.cancel_queued_turn(k, "t4", "cancelled_by_user")
+        await store.cancel_queued_turn(k, "t4", "cancelled")
         active = await store.active_turns(k)
         assert [(t.id, t.status) for t in active] == [
             ("t2", "running"),
@@ -428,30 +440,30 @@ class StoreConformance:
         k = await new_session(store)
         await store.enqueue_turn(k, turn_id="t1", input="a", policy="enqueue")
         await store.enqueue_turn(k, turn_id="t2", input="b", policy="enqueue")
-        cancelled = await store.cancel_queued_turn(k, "t2", "cancelled_by_user")
+        cancelled = await store.cancel_queued_turn(k, "t2", "cancelled")
         assert cancelled is not None
         assert (cancelled.id, cancelled.status, cancelled.reason) == (
             "t2",
             "cancelled",
-            "cancelled_by_user",
+            "cancelled",
         )
         assert cancelled.ended_at is not None and cancelled.ended
         assert await store.get_turn(k, "t2") == cancelled
         events = await store.list_events(k, "t2")
         assert [(e.seq, e.type) for e in events] == [(1, "turn.queued"), (2, "turn.ended")]
         assert events[1].data["status"] == "cancelled"
-        assert events[1].data["reason"] == "cancelled_by_user"
+        assert events[1].data["reason"] == "cancelled"
 
         # Once ended, or once running, it is no longer this call's to cancel.
-        assert await store.cancel_queued_turn(k, "t2", "again") is None
+        assert await store.cancel_queued_turn(k, "t2", "caller_cancelled") is None
         assert len(ended_events(await store.list_events(k, "t2"))) == 1
         lease = await acquire(store, k)
         await store.start_turn(lease, "t1", [NewItem("user", "a")], [ev(2)])
-        assert await store.cancel_queued_turn(k, "t1", "cancelled_by_user") is None
+        assert await store.cancel_queued_turn(k, "t1", "cancelled") is None
         t1 = await store.get_turn(k, "t1")
         assert t1 is not None and t1.status == "running"
         assert ended_events(await store.list_events(k, "t1")) == []
-        assert await store.cancel_queued_turn(k, "nope", "x") is None
+        assert await store.cancel_queued_turn(k, "nope", "internal_error") is None
         assert [t.id for t in await store.active_turns(k)] == ["t1"]
 
     # -- leases --------------------------------------------------------------------------------
@@ -503,7 +515,7 @@ class StoreConformance:
             await store.end_turn(
                 old,
                 "t1",
-                TurnEnding("completed", "done", output="late", complete=True),
+                TurnEnding("completed", "answered", output="late", complete=True),
                 [NewItem("assistant", "late")],
                 [ev(4, "turn.ended")],
             )
@@ -609,7 +621,7 @@ class StoreConformance:
             lease,
             "t1",
             [NewItem("assistant", "let me look", complete=False), call("c1")],
-            [ev(3, "text", delta="let me look"), ev(4, "tool_call", call_id="c1")],
+            [ev(3, "message.completed", delta="let me look"), ev(4, "tool.call", call_id="c1")],
         )
         assert [(i.seq, i.kind) for i in written] == [(2, "assistant"), (3, "tool_call")]
         assert written[0].complete is False
@@ -621,8 +633,8 @@ class StoreConformance:
         assert (await store.list_items(k))[1:] == written
         events = await store.list_events(k, "t1")
         assert [(e.seq, e.type, e.data) for e in events[2:]] == [
-            (3, "text", {"delta": "let me look"}),
-            (4, "tool_call", {"call_id": "c1"}),
+            (3, "message.completed", {"delta": "let me look"}),
+            (4, "tool.call", {"call_id": "c1"}),
         ]
         # Events alone, or nothing at all, are valid appends.
         assert await store.append(lease, "t1", [], [ev(5)]) == []
@@ -633,7 +645,7 @@ class StoreConformance:
         k = await new_session(store)
         other = await new_session(store, key("s1", owner="bob"))
         lease = await running_turn(store, k, "t1")
-        await store.end_turn(lease, "t1", TurnEnding("completed", "done"), [], [ev(3)])
+        await store.end_turn(lease, "t1", TurnEnding("completed", "answered"), [], [ev(3)])
         await store.enqueue_turn(k, turn_id="t2", input="x", policy="enqueue")
         bob_lease = await running_turn(store, other, "bob-turn")
         before, bob_before = await snapshot(store, k), await snapshot(store, other)
@@ -649,12 +661,12 @@ class StoreConformance:
         lease = await running_turn(store, k, "t1")
         await store.append(lease, "t1", [call("c1"), result("c1")], [ev(3)])
         await store.append(lease, "t1", [NewItem("assistant", "a")], [])
-        await store.end_turn(lease, "t1", TurnEnding("completed", "done"), [], [ev(4)])
+        await store.end_turn(lease, "t1", TurnEnding("completed", "answered"), [], [ev(4)])
         await running_turn(store, k, "t2", lease=lease)
         await store.end_turn(
             lease,
             "t2",
-            TurnEnding("completed", "done"),
+            TurnEnding("completed", "answered"),
             [NewItem("assistant", "b"), NewItem("assistant", "c")],
             [ev(3)],
         )
@@ -677,7 +689,7 @@ class StoreConformance:
             await store.end_turn(
                 lease,
                 "t1",
-                TurnEnding("completed", "done"),
+                TurnEnding("completed", "answered"),
                 [NewItem("assistant", "dup")],
                 [ev(2)],
             )
@@ -693,13 +705,13 @@ class StoreConformance:
         k = await new_session(store)
         lease = await running_turn(store, k, "t1")
         usage = Usage(input_tokens=120, output_tokens=45, model_calls=2)
-        ending = TurnEnding("completed", "final_answer", output="42", complete=True, usage=usage)
+        ending = TurnEnding("completed", "answered", output="42", complete=True, usage=usage)
         done = await store.end_turn(
             lease, "t1", ending, [NewItem("assistant", "42")], [ev(3, "turn.ended", status="x")]
         )
         assert (done.status, done.reason, done.output, done.complete, done.error) == (
             "completed",
-            "final_answer",
+            "answered",
             "42",
             True,
             None,
@@ -716,10 +728,10 @@ class StoreConformance:
         # An ended turn cannot be ended, started or cancelled again.
         before = await snapshot(store, k)
         with pytest.raises(Conflict):
-            await store.end_turn(lease, "t1", TurnEnding("failed", "again"), [], [ev(4)])
+            await store.end_turn(lease, "t1", TurnEnding("failed", "caller_cancelled"), [], [ev(4)])
         with pytest.raises(Conflict):
             await store.start_turn(lease, "t1", [], [ev(4)])
-        assert await store.cancel_queued_turn(k, "t1", "x") is None
+        assert await store.cancel_queued_turn(k, "t1", "internal_error") is None
         assert await snapshot(store, k) == before
 
     async def test_end_turn_requires_a_running_turn(self, store: Store) -> None:
@@ -732,7 +744,7 @@ class StoreConformance:
                 await store.end_turn(
                     lease,
                     turn_id,
-                    TurnEnding("completed", "done"),
+                    TurnEnding("completed", "answered"),
                     [NewItem("assistant", "x")],
                     [ev(2)],
                 )
@@ -742,7 +754,7 @@ class StoreConformance:
         k = await new_session(store)
         lease = await running_turn(store, k, "t1", text="first")
         await store.end_turn(
-            lease, "t1", TurnEnding("completed", "done"), [NewItem("assistant", "one")], [ev(3)]
+            lease, "t1", TurnEnding("completed", "answered"), [NewItem("assistant", "one")], [ev(3)]
         )
         await running_turn(store, k, "t2", lease=lease, text="second")
         await store.append(lease, "t2", [call("c1"), result("c1")], [ev(3)])
@@ -778,18 +790,18 @@ class StoreConformance:
         k = await new_session(store)
         lease = await running_turn(store, k, "t1", text="first")
         await store.end_turn(
-            lease, "t1", TurnEnding("completed", "done"), [NewItem("assistant", "one")], [ev(3)]
+            lease, "t1", TurnEnding("completed", "answered"), [NewItem("assistant", "one")], [ev(3)]
         )
         await running_turn(store, k, "t2", lease=lease, text="second")
         await store.append(lease, "t2", [NewItem("assistant", "half", complete=False)], [ev(3)])
         rolled = await store.end_turn(
             lease,
             "t2",
-            TurnEnding("rolled_back", "superseded"),
+            TurnEnding("rolled_back", "rollback"),
             [NewItem("assistant", "more")],
             [ev(4, "turn.ended")],
         )
-        assert (rolled.status, rolled.reason) == ("rolled_back", "superseded")
+        assert (rolled.status, rolled.reason) == ("rolled_back", "rollback")
         assert await store.get_turn(k, "t2") == rolled
         assert [e.seq for e in await store.list_events(k, "t2")] == [1, 2, 3, 4]
         assert [(i.turn_id, i.content) for i in await store.list_items(k)] == [
@@ -802,14 +814,14 @@ class StoreConformance:
         k = await new_session(store)
         lease = await running_turn(store, k, "t1")
         ending = TurnEnding(
-            "interrupted", "newer_turn", output="half an ans", complete=False, usage=Usage(5, 3, 1)
+            "interrupted", "interrupt", output="half an ans", complete=False, usage=Usage(5, 3, 1)
         )
         t1 = await store.end_turn(
             lease, "t1", ending, [NewItem("assistant", "half an ans", complete=False)], [ev(3)]
         )
         assert (t1.status, t1.reason, t1.output, t1.complete, t1.usage) == (
             "interrupted",
-            "newer_turn",
+            "interrupt",
             "half an ans",
             False,
             Usage(5, 3, 1),
@@ -828,11 +840,15 @@ class StoreConformance:
         k = await new_session(store)
         lease = await running_turn(store, k, "t1", text="u1")
         await store.end_turn(
-            lease, "t1", TurnEnding("completed", "done"), [NewItem("assistant", "a1")], [ev(3)]
+            lease, "t1", TurnEnding("completed", "answered"), [NewItem("assistant", "a1")], [ev(3)]
         )
         await running_turn(store, k, "t2", lease=lease, text="u2")
         await store.end_turn(
-            lease, "t2", TurnEnding("failed", "x"), [NewItem("assistant", "bad")], [ev(3)]
+            lease,
+            "t2",
+            TurnEnding("failed", "internal_error"),
+            [NewItem("assistant", "bad")],
+            [ev(3)],
         )
         await running_turn(store, k, "t3", lease=lease, text="u3")
         await store.append(lease, "t3", [NewItem("assistant", "a3")], [ev(3)])
@@ -913,7 +929,9 @@ class StoreConformance:
     async def test_recover_with_nothing_running(self, store: Store) -> None:
         k = await new_session(store)
         lease = await running_turn(store, k, "t1")
-        await store.end_turn(lease, "t1", TurnEnding("completed", "done"), [call("c9")], [ev(3)])
+        await store.end_turn(
+            lease, "t1", TurnEnding("completed", "answered"), [call("c9")], [ev(3)]
+        )
         await store.enqueue_turn(k, turn_id="t2", input="x", policy="enqueue")
         before = await snapshot(store, k)
         assert await store.recover(lease) == []
@@ -927,14 +945,14 @@ class StoreConformance:
             await store.clear_items(k)
         assert running_busy.value.busy_turn_id == "t1"
         await store.end_turn(
-            lease, "t1", TurnEnding("completed", "done"), [NewItem("summary", "s")], [ev(3)]
+            lease, "t1", TurnEnding("completed", "answered"), [NewItem("summary", "s")], [ev(3)]
         )
         await store.enqueue_turn(k, turn_id="t2", input="x", policy="enqueue")
         with pytest.raises(SessionBusy) as queued_busy:
             await store.clear_items(k)
         assert queued_busy.value.busy_turn_id == "t2"
         assert len(await store.list_items(k)) == 2
-        await store.cancel_queued_turn(k, "t2", "cancelled_by_user")
+        await store.cancel_queued_turn(k, "t2", "cancelled")
 
         assert await store.clear_items(k) == 2
         assert await store.list_items(k) == []
@@ -952,9 +970,9 @@ class StoreConformance:
         await store.enqueue_turn(queued, turn_id="q1", input="x", policy="enqueue")
         await running_turn(store, running, "r1")
         lease = await running_turn(store, ended, "e1")
-        await store.end_turn(lease, "e1", TurnEnding("completed", "done"), [], [ev(3)])
+        await store.end_turn(lease, "e1", TurnEnding("completed", "answered"), [], [ev(3)])
         await store.enqueue_turn(ended, turn_id="e2", input="x", policy="enqueue")
-        await store.cancel_queued_turn(ended, "e2", "x")
+        await store.cancel_queued_turn(ended, "e2", "internal_error")
         await store.create_session(key("queued", owner="bob"), "assistant")
         needing = await store.sessions_needing_work()
         assert sorted(needing, key=lambda k: k.session_id) == [queued, running]
@@ -965,7 +983,7 @@ class StoreConformance:
         foreign = [key("s1", owner="mallory"), key("s1", tenant="evil"), key("missing")]
         await new_session(store, foreign[0])
         lease = await running_turn(store, k, "t1")
-        await store.append(lease, "t1", [], [ev(n, "text", n=n) for n in range(3, 9)])
+        await store.append(lease, "t1", [], [ev(n, "tool.result", n=n) for n in range(3, 9)])
         events = await store.list_events(k, "t1")
         assert [e.seq for e in events] == list(range(1, 9))
         assert all(e.turn_id == "t1" for e in events)
@@ -1018,21 +1036,23 @@ class StoreConformance:
         other = key("s1", owner="mallory")
         await new_session(store, other)
         await store.enqueue_turn(k, turn_id="queued-only", input="x", policy="enqueue")
-        assert not await store.request_cancel(k, "queued-only", "cancelled", "user")
-        await store.cancel_queued_turn(k, "queued-only", "cleanup")
+        assert not await store.request_cancel(k, "queued-only", "cancelled", "cancelled")
+        await store.cancel_queued_turn(k, "queued-only", "session_deleted")
         lease = await running_turn(store, k, "t1")
         assert await store.cancel_requests(["t1"]) == {}
-        assert not await store.request_cancel(other, "t1", "cancelled", "foreign")  # not theirs
-        assert await store.request_cancel(k, "t1", "interrupted", "interrupt by t2")
-        assert not await store.request_cancel(k, "t1", "cancelled", "second")  # first one wins
+        assert not await store.request_cancel(
+            other, "t1", "cancelled", "client_disconnected"
+        )  # not theirs
+        assert await store.request_cancel(k, "t1", "interrupted", "interrupt")
+        assert not await store.request_cancel(k, "t1", "cancelled", "shutdown")  # first one wins
         assert await store.cancel_requests(["t1", "unknown"]) == {
-            "t1": ("interrupted", "interrupt by t2")
+            "t1": ("interrupted", "interrupt")
         }
         assert await store.cancel_requests([]) == {}
         await store.end_turn(
-            lease, "t1", TurnEnding("interrupted", "interrupt by t2"), [], [ev(3, "turn.ended")]
+            lease, "t1", TurnEnding("interrupted", "interrupt"), [], [ev(3, "turn.ended")]
         )
-        assert not await store.request_cancel(k, "t1", "cancelled", "too late")
+        assert not await store.request_cancel(k, "t1", "cancelled", "caller_cancelled")
 
     async def test_sweep_removes_only_expired_idle_sessions(self, store: Store) -> None:
         now = time.time()

@@ -43,9 +43,17 @@ from tether.errors import (
     RevisionConflict,
     SessionNotFound,
 )
-from tether.memory.records import CHUNK, Document, ForgetReport, MemoryRecord, Namespace
-from tether.records import NewItem, SessionKey, TurnEnding
-from tether.store.base import Store
+from tether.records import (
+    CHUNK,
+    Document,
+    ForgetReport,
+    MemoryRecord,
+    Namespace,
+    NewItem,
+    SessionKey,
+    TurnEnding,
+)
+from tether.store.protocol import Store
 from tether.testing.conformance import ev, key, new_session, running_turn
 
 ALICE = Namespace.user("acme", "alice")
@@ -792,7 +800,7 @@ class MemoryConformance:
         k = await new_session(store)
         assert await store.latest_summary(k) is None
         lease = await running_turn(store, k, "t1")
-        done = TurnEnding("completed", "done")
+        done = TurnEnding("completed", "answered")
         await store.end_turn(lease, "t1", done, [NewItem("summary", "first summary")], [ev(3)])
         first = await store.latest_summary(k)
         assert first is not None and (first.kind, first.content) == ("summary", "first summary")
@@ -801,7 +809,7 @@ class MemoryConformance:
         failed = TurnEnding("failed", "model_error", error="boom")
         await store.end_turn(lease, "t2", failed, [NewItem("summary", "from a failed turn")], [])
         await running_turn(store, k, "t3", lease=lease)
-        rolled = TurnEnding("rolled_back", "superseded")
+        rolled = TurnEnding("rolled_back", "rollback")
         await store.end_turn(lease, "t3", rolled, [NewItem("summary", "rolled back")], [])
         assert await store.latest_summary(k) == first
 

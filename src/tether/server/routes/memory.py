@@ -13,8 +13,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Path, Query, Response
 
 from tether.errors import AgentNotFound, InvalidInput, MemoryNotFound, SessionNotFound
-from tether.memory.records import SCOPES, MemoryRecord
-from tether.records import Principal, SessionKey
+from tether.records import SCOPES, MemoryRecord, Principal, SessionKey
 from tether.server.deps import Caller, State, expired
 from tether.server.memory_schemas import (
     SESSION_ID_DOC,

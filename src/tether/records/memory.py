@@ -7,12 +7,11 @@ ever name namespaces the caller may read; see :meth:`Namespace.readable_by`.
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tether.errors import InvalidInput
-from tether.records import Principal, SessionKey
+from tether.records.sessions import Principal, SessionKey
 
 Scope = Literal["session", "user", "agent", "tenant"]
 SCOPES: tuple[Scope, ...] = ("session", "user", "agent", "tenant")
@@ -100,14 +99,6 @@ class Namespace:
         return self.scope in ("session", "user") or principal.is_admin
 
 
-def new_memory_id() -> str:
-    return "mem_" + secrets.token_urlsafe(12)
-
-
-def new_document_id() -> str:
-    return "doc_" + secrets.token_urlsafe(12)
-
-
 @dataclass(frozen=True, slots=True)
 class MemoryRecord:
     """A memory item (``collection == ""``) or a knowledge chunk (``collection`` names it)."""
@@ -159,3 +150,12 @@ class ForgetReport:
     sessions: int = 0
     memory: int = 0
     documents: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """One result of a memory or knowledge search."""
+
+    record: MemoryRecord
+    score: float
+    """Reciprocal-rank-fusion score (higher is better; comparable within one search only)."""

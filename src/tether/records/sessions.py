@@ -1,0 +1,70 @@
+"""Who calls and what they own: principals, session keys, session rows, API keys."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tether.records.ids import validate_session_id
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling. Resolved outside the prompt, before anything else."""
+
+    tenant: str
+    user: str
+    roles: frozenset[str] = frozenset()
+
+    @property
+    def is_admin(self) -> bool:
+        return "admin" in self.roles
+
+
+LOCAL_PRINCIPAL = Principal(tenant="local", user="local", roles=frozenset({"admin"}))
+
+
+@dataclass(frozen=True, slots=True)
+class SessionKey:
+    """A session's identity: a ``session_id`` means something only inside its owner's namespace."""
+
+    tenant: str
+    owner: str
+    session_id: str
+
+    @classmethod
+    def of(cls, principal: Principal, session_id: str) -> SessionKey:
+        return cls(principal.tenant, principal.user, validate_session_id(session_id))
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    key: SessionKey
+    agent: str
+    metadata: dict[str, Any]
+    state: dict[str, Any]
+    created_at: float
+    updated_at: float
+    expires_at: float | None
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class SessionStats:
+    items: int
+    turns: int
+    active_turns: int
+    """Queued and running turns."""
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """An API key as stored: only the hash of its secret is kept."""
+
+    id: str
+    tenant: str
+    user: str
+    roles: frozenset[str]
+    hash: str
+    created_at: float
+    revoked_at: float | None

@@ -1,0 +1,114 @@
+"""Turns: their statuses and reasons (DESIGN §3), policies (§4), outcomes and leases."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from tether.records.sessions import SessionKey
+
+TurnStatus = Literal[
+    "queued",
+    "running",
+    "completed",
+    "cancelled",
+    "interrupted",
+    "rolled_back",
+    "limit_reached",
+    "failed",
+    "rejected",
+]
+EndStatus = Literal[
+    "completed", "cancelled", "interrupted", "rolled_back", "limit_reached", "failed", "rejected"
+]
+CancelStatus = Literal["cancelled", "interrupted", "rolled_back", "failed"]
+"""What a running turn may be asked to end as (``failed``: its process lost the lease)."""
+
+TERMINAL_STATUSES: Final[frozenset[str]] = frozenset(
+    {"completed", "cancelled", "interrupted", "rolled_back", "limit_reached", "failed", "rejected"}
+)
+ACTIVE_STATUSES: Final[frozenset[str]] = frozenset({"queued", "running"})
+# Items of turns that ended like this never reach a model again (DESIGN §3).
+EXCLUDED_STATUSES: Final[frozenset[str]] = frozenset({"failed", "rolled_back"})
+
+Reason = Literal[
+    # completed
+    "answered",
+    # limit_reached
+    "loop",
+    "max_iterations",
+    "token_budget",
+    # failed
+    "model_error",
+    "internal_error",
+    "agent_not_found",
+    "owner_lost",
+    "lease_lost",
+    # cancelled: who asked
+    "cancelled",
+    "caller_cancelled",
+    "client_disconnected",
+    "shutdown",
+    "session_expired",
+    "session_deleted",
+    "user_data_deleted",
+    # interrupted / rolled_back: a newer turn's policy
+    "interrupt",
+    "rollback",
+]
+"""The stable reason code a turn ends with, next to its status."""
+
+Policy = Literal["enqueue", "reject", "interrupt", "rollback"]
+POLICIES: Final[tuple[Policy, ...]] = ("enqueue", "reject", "interrupt", "rollback")
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    model_calls: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    id: str
+    key: SessionKey
+    seq: int
+    input: str
+    policy: Policy
+    status: TurnStatus
+    reason: str | None
+    """A :data:`Reason` once the turn has ended (stored as text: older rows may hold others)."""
+    error: str | None
+    output: str | None
+    complete: bool
+    usage: Usage
+    created_at: float
+    started_at: float | None
+    ended_at: float | None
+
+    @property
+    def ended(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+@dataclass(frozen=True, slots=True)
+class TurnEnding:
+    """How a turn ended, written with its last items in one fenced transaction."""
+
+    status: EndStatus
+    reason: Reason
+    output: str | None = None
+    complete: bool = False
+    error: str | None = None
+    usage: Usage = Usage()
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """Ownership of a session: writes are valid only while ``token`` is the current one."""
+
+    key: SessionKey
+    owner: str
+    token: int
+    expires_at: float

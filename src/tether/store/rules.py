@@ -1,0 +1,304 @@
+"""The rules every store backend keeps, written once and free of I/O (DESIGN §3, §4, §8).
+
+A backend gathers the facts a rule needs inside its transaction (the session's expiry, its
+active turns, a turn's unanswered calls…), asks the rule, and carries out the answer with its
+own statements. So admitting a turn, what each ending does to a turn's items, recovering a dead
+owner's turn, the terminal event and the first fencing token mean the same thing on every
+backend, and the in-memory store — the runnable spec — is the same code path as SQLite's and
+PostgreSQL's up to the I/O.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from typing import Any, Final, Literal, cast, get_args
+
+from tether import events
+from tether.errors import (
+    Conflict,
+    InvalidInput,
+    QueueFull,
+    SessionBusy,
+    SessionNotFound,
+    StoreError,
+)
+from tether.records import (
+    ABORTED_TOOL_RESULT,
+    CancelStatus,
+    Document,
+    Item,
+    MemoryRecord,
+    NewEvent,
+    NewItem,
+    Policy,
+    Reason,
+    SessionKey,
+    Turn,
+    TurnEnding,
+    TurnStatus,
+    Usage,
+)
+
+DEFAULT_MAX_QUEUE: Final = 16
+"""Queued turns a session may hold before ``enqueue`` answers QueueFull (DESIGN §4)."""
+
+QUEUED_EVENT_SEQ: Final = 1
+"""``turn.queued`` is every turn's first event, written when the turn is accepted."""
+
+
+# -- fencing ---------------------------------------------------------------------------------------
+def initial_token() -> int:
+    """The first fencing token of a new session.
+
+    Tokens only ever grow for one session row; starting a new row at the clock (in
+    microseconds) keeps them growing across a delete and re-create of the same id too, so a
+    lease from before the delete can never match a lease after it.
+    """
+    return int(time.time() * 1_000_000)
+
+
+def stale_message(token: int, current: int) -> str:
+    return f"lease token {token} is stale (current {current})"
+
+
+# -- admitting a turn ------------------------------------------------------------------------------
+def is_expired(expires_at: float | None, now: float) -> bool:
+    return expires_at is not None and expires_at <= now
+
+
+def admit(
+    policy: Policy,
+    *,
+    expires_at: float | None,
+    now: float,
+    first_active: str | None,
+    queued: Sequence[str],
+    max_queue: int,
+) -> None:
+    """Raise unless a turn with ``policy`` may join the session now.
+
+    ``first_active`` is the id of the session's oldest queued-or-running turn (None when idle);
+    ``queued`` the ids of its queued turns in seq order. The caller holds whatever makes these
+    facts stay true until its insert commits (a lock, a transaction, no await).
+    """
+    if is_expired(expires_at, now):
+        raise SessionNotFound("the session has expired")
+    if policy == "reject" and first_active is not None:
+        raise SessionBusy("a turn is already queued or running", busy_turn_id=first_active)
+    if len(queued) >= max_queue:
+        raise QueueFull(
+            f"the session already has {len(queued)} queued turns", busy_turn_id=queued[0]
+        )
+
+
+def busy(first_active: str | None) -> None:
+    """Raise SessionBusy when a turn is queued or running (clearing history waits for idle)."""
+    if first_active is not None:
+        raise SessionBusy("a turn is queued or running", busy_turn_id=first_active)
+
+
+def queued_turn(
+    turn_id: str, key: SessionKey, seq: int, input: str, policy: Policy, now: float
+) -> Turn:
+    """The record of a turn just admitted at ``seq``."""
+    return Turn(
+        id=turn_id,
+        key=key,
+        seq=seq,
+        input=input,
+        policy=policy,
+        status="queued",
+        reason=None,
+        error=None,
+        output=None,
+        complete=False,
+        usage=Usage(),
+        created_at=now,
+        started_at=None,
+        ended_at=None,
+    )
+
+
+def queued_event(turn: Turn) -> NewEvent:
+    return NewEvent(QUEUED_EVENT_SEQ, events.TURN_QUEUED, {"seq": turn.seq})
+
+
+def duplicate_turn(turn_id: str) -> Conflict:
+    return Conflict(f"turn {turn_id} already exists")
+
+
+# -- a turn's writes -------------------------------------------------------------------------------
+def not_in_status(turn_id: str, status: TurnStatus) -> Conflict:
+    """The error of a fenced write whose turn is not (any longer) in ``status``."""
+    return Conflict(f"turn {turn_id} is not {status}")
+
+
+def check_event_seqs(turn_id: str, last: int, seqs: Sequence[int]) -> None:
+    """Events are written once each, in a turn's seq order: every new seq is past ``last`` (the
+    highest already written) and none repeats. Checked before anything is written, so a
+    refused write changes nothing."""
+    if not seqs:
+        return
+    if min(seqs) <= last or len(set(seqs)) != len(seqs):
+        raise Conflict(f"an event seq of turn {turn_id} was already written")
+
+
+# -- endings ---------------------------------------------------------------------------------------
+ItemsEffect = Literal["keep", "exclude", "delete"]
+
+
+def items_effect(status: TurnStatus) -> ItemsEffect:
+    """What an ending does to the turn's items (DESIGN §3).
+
+    ``rolled_back``: they are removed, as if the turn never ran. ``failed``: they are kept for
+    audit but excluded, so no later prompt shows the model an error as if it had said it.
+    Every other ending keeps them (a partial reply is already flagged ``complete=False``).
+    """
+    if status == "rolled_back":
+        return "delete"
+    if status == "failed":
+        return "exclude"
+    return "keep"
+
+
+def ended(turn: Turn, ending: TurnEnding, now: float) -> Turn:
+    """The turn's record once ``ending`` is written."""
+    return replace(
+        turn,
+        status=ending.status,
+        reason=ending.reason,
+        error=ending.error,
+        output=ending.output,
+        complete=ending.complete,
+        usage=ending.usage,
+        ended_at=now,
+    )
+
+
+def usage_data(u: Usage) -> dict[str, int]:
+    return {
+        "input_tokens": u.input_tokens,
+        "output_tokens": u.output_tokens,
+        "model_calls": u.model_calls,
+    }
+
+
+def terminal_event_data(turn_id: str, ending: TurnEnding) -> dict[str, Any]:
+    """The body of a turn's ``turn.ended`` event; one shape for every writer of it."""
+    return {
+        "turn_id": turn_id,
+        "status": ending.status,
+        "reason": ending.reason,
+        "output": ending.output,
+        "complete": ending.complete,
+        "error": ending.error,
+        "usage": usage_data(ending.usage),
+    }
+
+
+def terminal_event(turn_id: str, ending: TurnEnding, last_seq: int) -> NewEvent:
+    """``turn.ended`` after the turn's last written event (store-side endings: a queued turn
+    cancelled, a dead owner's turn recovered; a running turn's own writer emits its own)."""
+    return NewEvent(last_seq + 1, events.TURN_ENDED, terminal_event_data(turn_id, ending))
+
+
+def cancelled_in_queue(reason: Reason) -> TurnEnding:
+    """A turn cancelled before it started: nothing ran, nothing to keep."""
+    return TurnEnding(status="cancelled", reason=reason)
+
+
+# -- recovery --------------------------------------------------------------------------------------
+OWNER_LOST: Final = TurnEnding(
+    status="failed", reason="owner_lost", error="the process running the turn was lost"
+)
+"""How a turn left ``running`` by a process that lost its lease ends (DESIGN §4)."""
+
+
+def unanswered_calls(items: Iterable[Item]) -> list[tuple[str | None, str | None]]:
+    """``(call_id, tool_name)`` of the tool calls among ``items`` (one turn's, in seq order)
+    that have no result."""
+    answered = {i.call_id for i in items if i.kind == "tool_result"}
+    return [
+        (i.call_id, i.tool_name)
+        for i in items
+        if i.kind == "tool_call" and i.call_id not in answered
+    ]
+
+
+def aborted_results(calls: Iterable[tuple[str | None, str | None]]) -> list[NewItem]:
+    """A result for each unanswered call, so every call keeps its pair (DESIGN §3)."""
+    return [
+        NewItem("tool_result", ABORTED_TOOL_RESULT, call_id=call_id, tool_name=tool)
+        for call_id, tool in calls
+    ]
+
+
+# -- memory and knowledge --------------------------------------------------------------------------
+PERSONAL_SCOPES: Final = ("session", "user")
+"""The scopes a user's data lives in: what ``forget_user`` deletes (agent and tenant stay)."""
+
+# The English stop words of Snowball, the list PostgreSQL's 'english' configuration drops from
+# every query. SQLite and the in-memory store drop them too: all backends then agree that "the"
+# matches nothing, and in SQLite, whose FTS5 has no stop list, such a word would otherwise
+# match nearly every record and make one search score them all.
+_SNOWBALL_ENGLISH = """
+    i me my myself we our ours ourselves you your yours yourself yourselves he him his
+    himself she her hers herself it its itself they them their theirs themselves what
+    which who whom this that these those am is are was were be been being have has had
+    having do does did doing a an the and but if or because as until while of at by for
+    with about against between into through during before after above below to from up
+    down in out on off over under again further then once here there when where why how
+    all any both each few more most other some such no nor not only own same so than too
+    very s t can will just don should now
+"""
+STOP_WORDS: Final = frozenset(_SNOWBALL_ENGLISH.split())
+
+
+def search_terms(terms: Sequence[str]) -> list[str]:
+    """The terms worth searching for: without blanks and stop words, each once."""
+    return list(dict.fromkeys(t for t in terms if t.strip() and t.lower() not in STOP_WORDS))
+
+
+def provenance(record: MemoryRecord) -> tuple[str | None, str | None]:
+    """``(turn_id, author)`` from the record's meta: what ``delete_turn_memory`` finds a
+    rolled-back turn's notes by."""
+    turn_id, author = record.meta.get("turn_id"), record.meta.get("author")
+    return (
+        str(turn_id) if turn_id is not None else None,
+        str(author) if author is not None else None,
+    )
+
+
+def document_chunks(
+    document: Document, chunks: Sequence[tuple[MemoryRecord, bytes]]
+) -> list[tuple[MemoryRecord, bytes]]:
+    """The chunks as stored: each names the document (filled in when it is None).
+
+    A chunk outside its document's namespace or collection is refused rather than stored
+    where its document is not: deleting or forgetting the document would leave it behind.
+    """
+    if not document.collection:
+        raise InvalidInput("a document belongs to a named collection ('' holds memory items)")
+    out = []
+    for record, embedding in chunks:
+        if record.namespace != document.namespace or record.collection != document.collection:
+            raise InvalidInput(f"chunk {record.id} is not in its document's namespace/collection")
+        if record.document_id not in (None, document.id):
+            raise InvalidInput(f"chunk {record.id} belongs to document {record.document_id}")
+        out.append((replace(record, document_id=document.id), embedding))
+    return out
+
+
+# -- cancel requests -------------------------------------------------------------------------------
+_CANCEL_STATUSES: Final = frozenset(get_args(CancelStatus))
+_REASONS: Final = frozenset(get_args(Reason))
+
+
+def cancel_request(status: str, reason: str) -> tuple[CancelStatus, Reason]:
+    """A cancel request read back from storage, checked: only what ``request_cancel`` accepts
+    ends a turn (an unknown value means the row was written by something else)."""
+    if status not in _CANCEL_STATUSES or reason not in _REASONS:
+        raise StoreError(f"unreadable cancel request ({status!r}, {reason!r})")
+    return cast(CancelStatus, status), cast(Reason, reason)
