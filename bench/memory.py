@@ -92,7 +92,7 @@ from tether.records import (
 )
 from tether.runtime import Runtime
 from tether.store import PostgresStore, SQLiteStore, Store
-from tether.store.postgres_memory import insert as pg_insert
+from tether.store.postgres.recall_steps import insert as pg_insert
 from tether.testing.scripted import ScriptedModel
 
 StoreKind = Literal["sqlite", "postgres"]

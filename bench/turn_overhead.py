@@ -63,7 +63,7 @@ from tether.records import (
     new_turn_id,
 )
 from tether.runtime import Runtime
-from tether.store.memory import MemoryStore
+from tether.store import InMemoryStore
 from tether.store.protocol import Store
 from tether.store.rules import terminal_event_data
 from tether.store.sqlite import SQLiteStore
@@ -153,7 +153,7 @@ def make_agent(context_budget: int | None) -> tuple[Agent, Responder]:
 
 def make_store(kind: StoreKind, root: Path) -> Store:
     if kind == "memory":
-        return MemoryStore()
+        return InMemoryStore()
     return SQLiteStore(root / "tether.db")
 
 

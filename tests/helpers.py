@@ -10,7 +10,7 @@ from pathlib import Path
 from tether.agent import Agent
 from tether.records import LOCAL_PRINCIPAL, Item, Principal, SessionKey
 from tether.runtime import Runtime
-from tether.store import MemoryStore, SQLiteStore
+from tether.store import InMemoryStore, SQLiteStore
 from tether.store.protocol import Store
 
 StoreFactory = Callable[[], Store]
@@ -18,7 +18,7 @@ StoreFactory = Callable[[], Store]
 
 def store_factory(kind: str, tmp_path: Path) -> StoreFactory:
     if kind == "memory":
-        return MemoryStore
+        return InMemoryStore
     return lambda: SQLiteStore(tmp_path / "tether.db")
 
 

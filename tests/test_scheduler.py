@@ -14,7 +14,7 @@ from tether.leases import owner_is_dead
 from tether.models.base import ModelRequest
 from tether.records import LOCAL_PRINCIPAL, NewItem, SessionKey
 from tether.runtime import Runtime
-from tether.store import MemoryStore
+from tether.store import InMemoryStore
 from tether.store.protocol import Store
 from tether.testing import ScriptedModel, Slow
 
@@ -125,7 +125,7 @@ async def test_two_schedulers_on_one_store_serialize_and_see_each_others_turns(
     make_store: StoreFactory,
 ) -> None:
     """Two runtimes on one database behave like two processes: one turn at a time, in order."""
-    if make_store is MemoryStore:
+    if make_store is InMemoryStore:
         pytest.skip("the in-memory store is one process's memory; it cannot be shared")
 
     def digest(request: ModelRequest) -> str:
@@ -164,7 +164,7 @@ async def first_delta(rt: Runtime, key: SessionKey, turn_id: str) -> None:
 async def test_cancel_and_interrupt_reach_a_turn_running_in_another_process(
     make_store: StoreFactory,
 ) -> None:
-    if make_store is MemoryStore:
+    if make_store is InMemoryStore:
         pytest.skip("the in-memory store is one process's memory; it cannot be shared")
     model = ScriptedModel(
         Slow("w " * 200, delay=0.02, forever=True),

@@ -10,7 +10,7 @@ import pytest
 from tests.helpers import all_items, assert_paired, key, running
 from tether import Agent, RetryPolicy, TurnFailed, tool
 from tether.models.openai import OpenAIModel
-from tether.store import MemoryStore
+from tether.store import InMemoryStore
 from tether.testing.fake_openai import FakeError, FakeOpenAIServer, FakeToolCall
 
 pytestmark = pytest.mark.real_model  # the fake server is reached over real HTTP
@@ -40,7 +40,7 @@ def add(a: int, b: int) -> int:
 async def test_streamed_text_and_continuity(fake: FakeOpenAIServer, model: OpenAIModel) -> None:
     fake.script("Hello there, Ada.", "Your name is Ada.")
     agent = Agent(name="a", model=model, instructions="sys")
-    async with running(MemoryStore(), agent) as rt:
+    async with running(InMemoryStore(), agent) as rt:
         turn = await rt.submit(agent, "I am Ada", session_id="s")
         deltas = [
             e.data["text"]
@@ -61,7 +61,7 @@ async def test_streamed_text_and_continuity(fake: FakeOpenAIServer, model: OpenA
 async def test_tool_call_round_trip(fake: FakeOpenAIServer, model: OpenAIModel) -> None:
     fake.script(FakeToolCall("add", json.dumps({"a": 2, "b": 40})), "It is 42.")
     agent = Agent(name="a", model=model, tools=[add])
-    async with running(MemoryStore(), agent) as rt:
+    async with running(InMemoryStore(), agent) as rt:
         assert await rt.chat(agent, "2+40?", session_id="s") == "It is 42."
         items = await all_items(rt, key("s"))
     assert_paired(items)
@@ -79,7 +79,7 @@ async def test_tool_call_round_trip(fake: FakeOpenAIServer, model: OpenAIModel) 
 async def test_429_then_success(fake: FakeOpenAIServer, model: OpenAIModel) -> None:
     fake.script(FakeError(429, "slow down", times=2), "made it")
     agent = Agent(name="a", model=model, retry=FAST_RETRY)
-    async with running(MemoryStore(), agent) as rt:
+    async with running(InMemoryStore(), agent) as rt:
         assert await rt.chat(agent, "hi", session_id="s") == "made it"
     assert len(fake.chat_requests) == 3
 
@@ -87,7 +87,7 @@ async def test_429_then_success(fake: FakeOpenAIServer, model: OpenAIModel) -> N
 async def test_persistent_500_fails_the_turn(fake: FakeOpenAIServer, model: OpenAIModel) -> None:
     fake.script(FakeError(500, "database on fire", times=3), "after")
     agent = Agent(name="a", model=model, retry=FAST_RETRY)
-    async with running(MemoryStore(), agent) as rt:
+    async with running(InMemoryStore(), agent) as rt:
         with pytest.raises(TurnFailed) as info:
             await rt.chat(agent, "doomed", session_id="s")
         assert await rt.chat(agent, "next", session_id="s") == "after"

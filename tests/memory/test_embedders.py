@@ -14,7 +14,7 @@ from tether.memory.embed import (
     resolve_embedder,
 )
 from tether.runtime import Runtime
-from tether.store import MemoryStore
+from tether.store import InMemoryStore
 from tether.testing.fake_openai import FakeOpenAIServer
 
 ALICE = Principal("acme", "alice")
@@ -42,7 +42,7 @@ def test_embedder_specs() -> None:
 async def test_an_openai_compatible_embeddings_endpoint_drives_memory_search() -> None:
     async with FakeOpenAIServer(embedding_dim=64) as fake:
         embedder = OpenAIEmbedder("fake-embed", base_url=fake.base_url, api_key="k")
-        async with Runtime(MemoryStore(), embedder=embedder) as rt:
+        async with Runtime(InMemoryStore(), embedder=embedder) as rt:
             await rt.memory.add(ALICE, "zebra crossings are striped", scope="user")
             hits = await rt.memory.search_for(ALICE, "zebra crossings are striped")
         await embedder.aclose()  # the caller's embedder: the runtime leaves it open

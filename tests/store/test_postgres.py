@@ -17,7 +17,7 @@ import pytest
 from tether.errors import InvalidInput, StaleLease, StoreError
 from tether.records import Lease, NewEvent, NewItem, SessionKey, TurnEnding
 from tether.store import PostgresStore, open_store_url
-from tether.store.postgres_schema import MIGRATIONS
+from tether.store.postgres.migrations import MIGRATIONS
 
 KEY = SessionKey("acme", "alice", "s1")
 

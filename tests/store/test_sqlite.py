@@ -12,7 +12,7 @@ import pytest
 from tether.errors import StaleLease, StoreError
 from tether.records import NewEvent, NewItem, SessionKey, TurnEnding
 from tether.store import SQLiteStore
-from tether.store.sqlite_schema import MIGRATIONS
+from tether.store.sqlite.migrations import MIGRATIONS
 
 KEY = SessionKey("acme", "alice", "s1")
 

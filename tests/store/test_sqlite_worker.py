@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tether.store.sqlite_worker import SQLiteWorker
+from tether.store.sqlite.worker import SQLiteWorker
 
 
 def _connect(path: Path) -> sqlite3.Connection:

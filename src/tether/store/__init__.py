@@ -13,20 +13,30 @@ from tether.errors import ConfigError
 from tether.store.protocol import Store
 
 if TYPE_CHECKING:
-    from tether.store.memory import MemoryStore
+    from tether.store.inmemory import InMemoryStore
+    from tether.store.inmemory import InMemoryStore as MemoryStore
     from tether.store.postgres import PostgresStore
     from tether.store.sqlite import SQLiteStore
 
-__all__ = ["MemoryStore", "PostgresStore", "SQLiteStore", "Store", "open_store_url"]
+__all__ = [
+    "InMemoryStore",
+    "MemoryStore",
+    "PostgresStore",
+    "SQLiteStore",
+    "Store",
+    "open_store_url",
+]
 
 _BACKENDS = {
-    "MemoryStore": "tether.store.memory",
+    "InMemoryStore": "tether.store.inmemory",
     "SQLiteStore": "tether.store.sqlite",
     "PostgresStore": "tether.store.postgres",
 }
 
 
 def __getattr__(name: str) -> Any:
+    if name == "MemoryStore":  # the in-memory store's name before 0.2, kept as an alias
+        name = "InMemoryStore"
     module = _BACKENDS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -40,9 +50,9 @@ def open_store_url(url: str) -> Store:
     ``postgres://…``; query parameters asyncpg does not know, such as ``search_path``, become
     server settings), or a plain file path."""
     if url == "memory://":
-        from tether.store.memory import MemoryStore
+        from tether.store.inmemory import InMemoryStore
 
-        return MemoryStore()
+        return InMemoryStore()
     if url.startswith(("postgresql://", "postgres://")):
         from tether.store.postgres import PostgresStore
 

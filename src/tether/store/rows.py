@@ -12,6 +12,7 @@ from tether.records import (
     ApiKey,
     CancelStatus,
     Document,
+    Event,
     Item,
     MemoryRecord,
     Namespace,
@@ -108,6 +109,22 @@ def event_rows(events: Sequence[NewEvent]) -> list[tuple[int, int | None, str, s
             rows.append((e.seq, None, e.type, json.dumps(e.data)))
     flush()
     return rows
+
+
+def events_of(
+    turn_id: str, rows: Sequence[Sequence[Any]], after_seq: int, limit: int
+) -> list[Event]:
+    """The events of ``(seq, last_seq, type, data, created_at)`` rows, a folded run of text
+    deltas unfolded into one event per seq, those after ``after_seq``, at most ``limit``."""
+    out: list[Event] = []
+    for seq, last_seq, type_, data, created in rows:
+        if last_seq is None:
+            out.append(Event(turn_id, seq, type_, json.loads(data), created))
+            continue
+        for offset, text in enumerate(json.loads(data)["texts"]):
+            if seq + offset > after_seq:
+                out.append(Event(turn_id, seq + offset, type_, {"text": text}, created))
+    return out[:limit]
 
 
 # -- memory tables -----------------------------------------------------------------------------

@@ -219,6 +219,7 @@ OWNER_LOST: Final = TurnEnding(
 def unanswered_calls(items: Iterable[Item]) -> list[tuple[str | None, str | None]]:
     """``(call_id, tool_name)`` of the tool calls among ``items`` (one turn's, in seq order)
     that have no result."""
+    items = list(items)
     answered = {i.call_id for i in items if i.kind == "tool_result"}
     return [
         (i.call_id, i.tool_name)

@@ -1,187 +1,13 @@
-"""PostgreSQL schema and statements.
+"""The PostgreSQL store's statements for sessions, turns, leases, events and keys, by name.
 
-``MIGRATIONS`` is versioned like the SQLite one and append only: a released migration is never
-edited. The schema is SQLite's, with PostgreSQL types: timestamps are ``double precision`` epoch
-seconds, JSON is kept as ``text`` (exactly what ``json.dumps`` wrote; ``jsonb`` would reorder keys
-and refuse ``\\u0000``), and the text columns that are ordered or compared carry
-``COLLATE "C"`` so they sort by bytes whatever the database's locale, as SQLite and the memory
-store do.
+Where ``KEY_WHERE`` appears, ``$1, $2, $3`` are tenant, owner, session_id. Memory statements are
+in :mod:`.recall_queries`.
 """
 
 from __future__ import annotations
 
-MIGRATION_LOCK = 0x7465_7468_6572_0001
-"""Key of the ``pg_advisory_xact_lock`` held while migrating (``"tether"`` and a 1)."""
+from tether.store.rows import API_KEY_COLS
 
-VERSION_TABLE = """
-CREATE TABLE IF NOT EXISTS schema_version (
-    version     integer PRIMARY KEY,
-    applied_at  double precision NOT NULL
-)
-"""
-
-MIGRATIONS: list[tuple[int, str]] = [
-    (
-        1,
-        """
-        CREATE TABLE sessions (
-            pk               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-            tenant           text COLLATE "C" NOT NULL,
-            owner            text COLLATE "C" NOT NULL,
-            session_id       text COLLATE "C" NOT NULL,
-            agent            text NOT NULL,
-            metadata         text NOT NULL DEFAULT '{}',
-            state            text NOT NULL DEFAULT '{}',
-            created_at       double precision NOT NULL,
-            updated_at       double precision NOT NULL,
-            expires_at       double precision,
-            revision         bigint NOT NULL DEFAULT 1,
-            next_turn_seq    bigint NOT NULL DEFAULT 1,
-            next_item_seq    bigint NOT NULL DEFAULT 1,
-            lease_owner      text,
-            lease_token      bigint NOT NULL DEFAULT 0,
-            lease_expires_at double precision NOT NULL DEFAULT 0,
-            UNIQUE (tenant, owner, session_id)
-        );
-        CREATE TABLE turns (
-            id          text COLLATE "C" PRIMARY KEY,
-            session_pk  bigint NOT NULL REFERENCES sessions (pk) ON DELETE CASCADE,
-            seq         bigint NOT NULL,
-            input       text NOT NULL,
-            policy      text NOT NULL,
-            status      text NOT NULL,
-            reason      text,
-            error       text,
-            output      text,
-            complete    boolean NOT NULL DEFAULT false,
-            usage       text NOT NULL DEFAULT '{}',
-            created_at  double precision NOT NULL,
-            started_at  double precision,
-            ended_at    double precision,
-            UNIQUE (session_pk, seq)
-        );
-        -- Per-session lookups by status are index probes however many turns a session has
-        -- had; the partial index serves the global "who has work" scan.
-        CREATE INDEX turns_by_status ON turns (session_pk, status, seq);
-        CREATE INDEX turns_active ON turns (session_pk, seq)
-            WHERE status IN ('queued', 'running');
-        CREATE TABLE items (
-            session_pk  bigint NOT NULL REFERENCES sessions (pk) ON DELETE CASCADE,
-            seq         bigint NOT NULL,
-            turn_id     text COLLATE "C" NOT NULL,
-            kind        text NOT NULL,
-            content     text NOT NULL,
-            complete    boolean NOT NULL,
-            call_id     text,
-            tool_name   text,
-            arguments   text,
-            meta        text NOT NULL DEFAULT '{}',
-            excluded    boolean NOT NULL DEFAULT false,
-            created_at  double precision NOT NULL,
-            PRIMARY KEY (session_pk, seq)
-        );
-        CREATE INDEX items_turn ON items (session_pk, turn_id);
-        -- A row is one event, or a run of message.delta events with consecutive seqs from
-        -- seq to last_seq (data holds their texts): a streamed reply is a row per commit.
-        CREATE TABLE events (
-            turn_id     text COLLATE "C" NOT NULL REFERENCES turns (id) ON DELETE CASCADE,
-            seq         bigint NOT NULL,
-            last_seq    bigint,
-            type        text NOT NULL,
-            data        text NOT NULL,
-            created_at  double precision NOT NULL,
-            PRIMARY KEY (turn_id, seq)
-        );
-        """,
-    ),
-    (
-        2,
-        """
-        CREATE TABLE api_keys (
-            id          text COLLATE "C" PRIMARY KEY,
-            tenant      text NOT NULL,
-            user_id     text NOT NULL,
-            roles       text NOT NULL,
-            hash        text COLLATE "C" NOT NULL UNIQUE,
-            created_at  double precision NOT NULL,
-            revoked_at  double precision
-        );
-        """,
-    ),
-    (
-        3,
-        """
-        ALTER TABLE turns ADD COLUMN cancel_request text;
-        """,
-    ),
-    (
-        4,
-        """
-        -- Memory items (collection '') and knowledge chunks (a collection and a document) of
-        -- every namespace; tsv is the English lexical index of content, kept by PostgreSQL.
-        CREATE TABLE memory (
-            seq          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-            id           text COLLATE "C" NOT NULL UNIQUE,
-            ns           text COLLATE "C" NOT NULL,
-            scope        text NOT NULL,
-            tenant       text COLLATE "C" NOT NULL,
-            owner        text COLLATE "C" NOT NULL,
-            collection   text COLLATE "C" NOT NULL,
-            document_id  text COLLATE "C",
-            kind         text NOT NULL,
-            content      text NOT NULL,
-            meta         text NOT NULL DEFAULT '{}',
-            turn_id      text COLLATE "C",
-            author       text COLLATE "C",
-            revision     bigint NOT NULL DEFAULT 1,
-            created_at   double precision NOT NULL,
-            updated_at   double precision NOT NULL,
-            embedding    bytea NOT NULL,
-            tsv          tsvector GENERATED ALWAYS AS (to_tsvector('english', content)) STORED
-        );
-        CREATE INDEX memory_by_ns ON memory (ns, collection, seq);
-        CREATE INDEX memory_by_owner ON memory (tenant, owner);
-        CREATE INDEX memory_by_document ON memory (document_id) WHERE document_id IS NOT NULL;
-        CREATE INDEX memory_by_turn ON memory (turn_id) WHERE turn_id IS NOT NULL;
-        CREATE INDEX memory_tsv ON memory USING gin (tsv);
-        CREATE TABLE documents (
-            seq          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-            id           text COLLATE "C" NOT NULL UNIQUE,
-            ns           text COLLATE "C" NOT NULL,
-            scope        text NOT NULL,
-            tenant       text COLLATE "C" NOT NULL,
-            owner        text COLLATE "C" NOT NULL,
-            collection   text COLLATE "C" NOT NULL,
-            name         text NOT NULL,
-            media_type   text NOT NULL,
-            chunks       bigint NOT NULL,
-            chars        bigint NOT NULL,
-            created_at   double precision NOT NULL,
-            meta         text NOT NULL DEFAULT '{}'
-        );
-        CREATE INDEX documents_by_ns ON documents (ns, collection, seq);
-        CREATE INDEX documents_by_owner ON documents (tenant, owner);
-        -- The version of each (namespace, collection), set from memory_clock by every write to
-        -- a record of it: a value is never handed out twice, so a row may be deleted (forget)
-        -- without a later version repeating one a cache still holds. No row: no record.
-        CREATE TABLE memory_versions (
-            ns           text COLLATE "C" NOT NULL,
-            collection   text COLLATE "C" NOT NULL,
-            scope        text NOT NULL,
-            tenant       text COLLATE "C" NOT NULL,
-            owner        text COLLATE "C" NOT NULL,
-            version      bigint NOT NULL,
-            PRIMARY KEY (ns, collection)
-        );
-        CREATE INDEX memory_versions_by_owner ON memory_versions (tenant, owner);
-        CREATE SEQUENCE memory_clock;
-        -- The newest summary of a long session without walking all of its items.
-        CREATE INDEX items_summaries ON items (session_pk, seq) WHERE kind = 'summary';
-        """,
-    ),
-]
-
-# -- statements --------------------------------------------------------------------------------
 # $1, $2, $3 are always tenant, owner, session_id where KEY_WHERE appears.
 KEY_WHERE = "tenant = $1 AND owner = $2 AND session_id = $3"
 SESSION_COLS = (
@@ -356,13 +182,12 @@ LIST_EVENTS = (
     " AND COALESCE(e.last_seq, e.seq) > $5 ORDER BY e.seq LIMIT $6"
 )
 
-KEY_COLS = "id, tenant, user_id, roles, hash, created_at, revoked_at"
 INSERT_API_KEY = (
     "INSERT INTO api_keys (id, tenant, user_id, roles, hash, created_at)"
     " VALUES ($1, $2, $3, $4, $5, $6)"
 )
-API_KEY_BY_HASH = f"SELECT {KEY_COLS} FROM api_keys WHERE hash = $1"
-LIST_API_KEYS = f"SELECT {KEY_COLS} FROM api_keys ORDER BY created_at, id"
+API_KEY_BY_HASH = f"SELECT {API_KEY_COLS} FROM api_keys WHERE hash = $1"
+LIST_API_KEYS = f"SELECT {API_KEY_COLS} FROM api_keys ORDER BY created_at, id"
 REVOKE_API_KEY = (
     "UPDATE api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL RETURNING id"
 )

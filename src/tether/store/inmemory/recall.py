@@ -1,7 +1,7 @@
-"""The memory and knowledge half of the in-memory store: the runnable spec of
-:class:`~tether.store.recall.RecallStore`.
+"""The memory and knowledge role of the in-memory store: the runnable spec of
+:class:`~tether.store.protocol.RecallStore`.
 
-As in the rest of :class:`~tether.store.memory.MemoryStore`, no method awaits, so on one event
+As in the rest of :class:`~tether.store.inmemory.InMemoryStore`, no method awaits, so on one event
 loop each call is atomic: a compare-and-set, a document with its chunks, a forget.
 
 Lexical search is deliberately simple: a record scores the number of distinct query terms it
@@ -16,10 +16,11 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from tether.errors import Conflict, MemoryNotFound, RevisionConflict
 from tether.records import Document, MemoryRecord, Namespace, VectorSnapshot
+from tether.store.inmemory.state import RecordRow, State
 from tether.store.rules import (
     PERSONAL_SCOPES,
     STOP_WORDS,
@@ -36,25 +37,8 @@ def _words(text: str) -> frozenset[str]:
     return frozenset(_WORD.findall(text.lower()))
 
 
-@dataclass(frozen=True, slots=True)
-class _Row:
-    record: MemoryRecord
-    embedding: bytes
-    words: frozenset[str]
-
-
-class MemoryRecall:
-    """Records, versions and documents, kept in dicts; mixed into ``MemoryStore``."""
-
-    def __init__(self) -> None:
-        self._rows: dict[int, _Row] = {}
-        self._seq_of: dict[str, int] = {}
-        # (namespace key, collection) → {seq: None}, in seq order (a seq only ever grows).
-        self._buckets: dict[Pair, dict[int, None]] = {}
-        self._versions: dict[Pair, int] = {}
-        self._clock = 0
-        self._next_seq = 1
-        self._documents: dict[str, Document] = {}
+class Recall(State):
+    """Records, versions and documents, kept in dicts."""
 
     # -- internals ---------------------------------------------------------------------------
     def _bump(self, pairs: Iterable[Pair]) -> None:
@@ -67,7 +51,7 @@ class MemoryRecall:
     def _store(self, record: MemoryRecord, embedding: bytes) -> MemoryRecord:
         stored = replace(record, meta=copy.deepcopy(record.meta), seq=self._next_seq)
         self._next_seq += 1
-        self._rows[stored.seq] = _Row(stored, bytes(embedding), _words(stored.content))
+        self._rows[stored.seq] = RecordRow(stored, bytes(embedding), _words(stored.content))
         self._seq_of[stored.id] = stored.seq
         self._buckets.setdefault((stored.namespace.key, stored.collection), {})[stored.seq] = None
         return stored
@@ -85,7 +69,7 @@ class MemoryRecall:
             changed.add(pair)
         return changed
 
-    def _in(self, namespaces: Sequence[Namespace], record_id: str) -> _Row | None:
+    def _in(self, namespaces: Sequence[Namespace], record_id: str) -> RecordRow | None:
         seq = self._seq_of.get(record_id)
         row = self._rows.get(seq) if seq is not None else None
         if row is None or row.record.namespace not in namespaces:
@@ -125,7 +109,7 @@ class MemoryRecall:
                 current_revision=old.revision,
             )
         new = replace(old, content=content, kind=kind, revision=old.revision + 1, updated_at=now)
-        self._rows[old.seq] = _Row(new, bytes(embedding), _words(content))
+        self._rows[old.seq] = RecordRow(new, bytes(embedding), _words(content))
         self._bump([(ns.key, old.collection)])
         return new
 

@@ -1,7 +1,8 @@
 """The PostgreSQL store's transactional steps: fencing, and a turn's writes.
 
 Each function runs inside a transaction its caller opened (READ COMMITTED) on one connection,
-and every write here is preceded, in that transaction, by the session's row lock.
+and every write here is preceded, in that transaction, by the session's row lock. What a step
+decides is :mod:`tether.store.rules`; this module reads the facts for it and writes the outcome.
 """
 
 from __future__ import annotations
@@ -10,27 +11,17 @@ import json
 import time
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import replace
 from typing import Any, Protocol
 
 import asyncpg  # type: ignore[import-untyped]
 
 from tether.errors import Conflict, SessionNotFound, StaleLease
-from tether.records import (
-    ABORTED_TOOL_RESULT,
-    Item,
-    Lease,
-    NewEvent,
-    NewItem,
-    SessionKey,
-    Turn,
-    TurnEnding,
-)
-from tether.store import postgres_schema as q
+from tether.records import Item, Lease, NewEvent, NewItem, SessionKey, Turn, TurnEnding
+from tether.store import rules
+from tether.store.postgres import queries as q
 
 # The folding of text deltas and the JSON of usage are the SQLite store's: one record format.
 from tether.store.rows import event_rows, turn_row, usage_json
-from tether.store.rules import terminal_event_data
 
 Row = tuple[Any, ...]
 """An ``asyncpg.Record``: read here only as a tuple is (by position, unpacked)."""
@@ -50,6 +41,11 @@ def key_args(key: SessionKey) -> tuple[str, str, str]:
     return key.tenant, key.owner, key.session_id
 
 
+def count(tag: str) -> int:
+    """The row count of a command tag such as ``DELETE 3``."""
+    return int(tag.rsplit(" ", 1)[-1]) if tag else 0
+
+
 async def lock_session(conn: Conn, key: SessionKey) -> Row:
     """``(pk, lease_token, expires_at)`` of the session, its row locked until the commit."""
     row = await conn.fetchrow(q.LOCK_SESSION, *key_args(key))
@@ -63,7 +59,7 @@ async def fenced_pk(conn: Conn, lease: Lease) -> int:
     # between this check and the writes that follow it.
     pk, token, _ = await lock_session(conn, lease.key)
     if token != lease.token:
-        raise StaleLease(f"lease token {lease.token} is stale (current {token})")
+        raise StaleLease(rules.stale_message(lease.token, token))
     return int(pk)
 
 
@@ -73,6 +69,10 @@ async def add(
     """Write items (the store assigns their seqs) and events of a turn."""
     now = time.time()
     out: list[Item] = []
+    if events:
+        # Checked before the first write: a refused call changes nothing.
+        last = await conn.fetchval(q.LAST_EVENT_SEQ, turn_id)
+        rules.check_event_seqs(turn_id, int(last), [e.seq for e in events])
     if items:
         first = int(await conn.fetchval(q.NEXT_ITEM_SEQS, pk, len(items), now))
         out = [
@@ -105,10 +105,6 @@ async def add(
             [json.dumps(i.meta) for i in out],
         )
     if events:
-        last = await conn.fetchval(q.LAST_EVENT_SEQ, turn_id)
-        seqs = [e.seq for e in events]
-        if min(seqs) <= last or len(set(seqs)) != len(seqs):
-            raise Conflict(f"an event seq of turn {turn_id} was already written")
         # One array per column (seq, last_seq, type, data): a single INSERT for all the rows.
         columns = [list(c) for c in zip(*event_rows(events), strict=True)]
         try:
@@ -118,12 +114,20 @@ async def add(
     return out
 
 
-async def finish(conn: Conn, pk: int, turn: Turn, ending: TurnEnding, write_terminal: bool) -> Turn:
-    """Give the turn its terminal status (and ``turn.ended`` event when ``write_terminal``)."""
+async def write_event(conn: Conn, turn_id: str, event: NewEvent) -> None:
+    """One event whose seq the caller knows to be new (a turn's first, or its terminal one)."""
+    data = json.dumps(event.data)
+    await conn.execute(q.INSERT_EVENT, turn_id, event.seq, event.type, data, time.time())
+
+
+async def finish(conn: Conn, pk: int, turn: Turn, ending: TurnEnding, *, terminal: bool) -> Turn:
+    """Give the turn its ending; with ``terminal``, also its ``turn.ended`` event (endings the
+    store makes itself: a queued turn cancelled, a dead owner's turn recovered)."""
     now = time.time()
-    if ending.status == "rolled_back":
+    effect = rules.items_effect(ending.status)
+    if effect == "delete":
         await conn.execute(q.DELETE_TURN_ITEMS, pk, turn.id)
-    elif ending.status == "failed":
+    elif effect == "exclude":
         await conn.execute(q.EXCLUDE_TURN_ITEMS, pk, turn.id)
     await conn.execute(
         q.FINISH_TURN,
@@ -136,34 +140,18 @@ async def finish(conn: Conn, pk: int, turn: Turn, ending: TurnEnding, write_term
         usage_json(ending.usage),
         now,
     )
-    if write_terminal:
-        last = await conn.fetchval(q.LAST_EVENT_SEQ, turn.id)
-        data = json.dumps(terminal_event_data(turn.id, ending))
-        await conn.execute(q.INSERT_EVENT, turn.id, last + 1, "turn.ended", data, now)
-    return replace(
-        turn,
-        status=ending.status,
-        reason=ending.reason,
-        error=ending.error,
-        output=ending.output,
-        complete=ending.complete,
-        usage=ending.usage,
-        ended_at=now,
-    )
+    if terminal:
+        last = int(await conn.fetchval(q.LAST_EVENT_SEQ, turn.id))
+        await write_event(conn, turn.id, rules.terminal_event(turn.id, ending, last))
+    return rules.ended(turn, ending, now)
 
 
-async def fail_running_turns(conn: Conn, pk: int) -> list[Turn]:
+async def recover(conn: Conn, pk: int) -> list[Turn]:
     """End the session's running turns as failed/``owner_lost``, answering orphaned calls."""
     out = []
     for turn in map(turn_row, await conn.fetch(q.RUNNING_TURNS, pk)):
         orphans = await conn.fetch(q.ORPHAN_CALLS, pk, turn.id)
-        aborted = [
-            NewItem("tool_result", ABORTED_TOOL_RESULT, call_id=call_id, tool_name=tool)
-            for call_id, tool in orphans
-        ]
+        aborted = rules.aborted_results((call_id, tool) for call_id, tool in orphans)
         await add(conn, pk, turn.id, aborted, [])
-        ending = TurnEnding(
-            status="failed", reason="owner_lost", error="the process running the turn was lost"
-        )
-        out.append(await finish(conn, pk, turn, ending, True))
+        out.append(await finish(conn, pk, turn, rules.OWNER_LOST, terminal=True))
     return out

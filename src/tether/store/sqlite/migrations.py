@@ -1,6 +1,12 @@
-"""Versioned SQLite migrations. Append only: a released migration is never edited."""
+"""Versioned SQLite migrations and how they are applied.
+
+Append only: a released migration is never edited. Each process applies what is missing when it
+opens the file, inside one ``BEGIN IMMEDIATE``, so processes starting together take turns.
+"""
 
 from __future__ import annotations
+
+import sqlite3
 
 MIGRATIONS: list[tuple[int, str]] = [
     (
@@ -170,3 +176,26 @@ MIGRATIONS: list[tuple[int, str]] = [
         """,
     ),
 ]
+
+
+def statements(sql: str) -> list[str]:
+    """Split a migration into statements; ``--`` comments go first (they may hold a ';')."""
+    lines = [line.split("--", 1)[0] for line in sql.splitlines()]
+    return [st.strip() for st in "\n".join(lines).split(";") if st.strip()]
+
+
+def migrate(conn: sqlite3.Connection) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+        row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
+        current = row[0] or 0
+        for version, sql in MIGRATIONS:
+            if version > current:
+                for statement in statements(sql):
+                    conn.execute(statement)
+                conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")

@@ -1,0 +1,168 @@
+"""Sessions, their history, API keys and sweeping, for the in-memory store."""
+
+from __future__ import annotations
+
+import bisect
+import time
+from dataclasses import replace
+from typing import Any
+
+from tether.errors import Conflict
+from tether.records import ApiKey, Item, SessionKey, SessionRecord, SessionStats
+from tether.store import rules
+from tether.store.inmemory.state import SessionState, State
+
+
+class Sessions(State):
+    # -- sessions ------------------------------------------------------------------------------
+    async def create_session(
+        self,
+        key: SessionKey,
+        agent: str,
+        *,
+        metadata: dict[str, Any] | None = None,
+        ttl_seconds: float | None = None,
+        exist_ok: bool = False,
+    ) -> tuple[SessionRecord, bool]:
+        existing = self._sessions.get(key)
+        if existing is not None:
+            if exist_ok:
+                return existing.record, False
+            raise Conflict("a session with this id already exists")
+        now = time.time()
+        record = SessionRecord(
+            key=key,
+            agent=agent,
+            metadata=dict(metadata or {}),
+            state={},
+            created_at=now,
+            updated_at=now,
+            expires_at=now + ttl_seconds if ttl_seconds is not None else None,
+            revision=1,
+        )
+        self._sessions[key] = SessionState(record)
+        return record, True
+
+    async def get_session(self, key: SessionKey) -> SessionRecord | None:
+        s = self._sessions.get(key)
+        return s.record if s is not None else None
+
+    async def list_sessions(
+        self, tenant: str, owner: str, *, limit: int = 50, after: str | None = None
+    ) -> list[SessionRecord]:
+        ids = sorted(
+            k.session_id
+            for k in self._sessions
+            if k.tenant == tenant and k.owner == owner and (after is None or k.session_id > after)
+        )
+        return [self._sessions[SessionKey(tenant, owner, i)].record for i in ids[:limit]]
+
+    async def update_session(
+        self,
+        key: SessionKey,
+        *,
+        metadata: dict[str, Any] | None = None,
+        state: dict[str, Any] | None = None,
+        ttl_seconds: float | None = None,
+        expected_revision: int | None = None,
+    ) -> SessionRecord:
+        s = self._get(key)
+        rec = s.record
+        if expected_revision is not None and rec.revision != expected_revision:
+            raise Conflict(f"session revision is {rec.revision}, not {expected_revision}")
+        now = time.time()
+        s.record = replace(
+            rec,
+            metadata=dict(metadata) if metadata is not None else rec.metadata,
+            state=dict(state) if state is not None else rec.state,
+            expires_at=now + ttl_seconds if ttl_seconds is not None else rec.expires_at,
+            updated_at=now,
+            revision=rec.revision + 1,
+        )
+        return s.record
+
+    async def delete_session(self, key: SessionKey) -> bool:
+        return self._sessions.pop(key, None) is not None
+
+    async def session_stats(self, key: SessionKey) -> SessionStats:
+        s = self._get(key)
+        return SessionStats(len(s.items), len(s.turns), len(s.active))
+
+    # -- items ---------------------------------------------------------------------------------
+    async def list_items(
+        self, key: SessionKey, *, after_seq: int = 0, limit: int = 100
+    ) -> list[Item]:
+        items = self._get(key).items
+        start = bisect.bisect_right([i.seq for i in items], after_seq)
+        return items[start : start + limit]
+
+    async def recent_items(
+        self, key: SessionKey, *, before_seq: int | None = None, limit: int = 64
+    ) -> list[Item]:
+        out: list[Item] = []
+        if limit <= 0:
+            return out
+        for item in reversed(self._get(key).items):
+            if before_seq is not None and item.seq >= before_seq:
+                continue
+            if item.excluded:
+                continue
+            out.append(item)
+            if len(out) >= limit:
+                break
+        return out
+
+    async def latest_summary(self, key: SessionKey) -> Item | None:
+        # A failed turn's items are excluded and a rolled-back turn's are gone.
+        items = self._get(key).items
+        return next((i for i in reversed(items) if i.kind == "summary" and not i.excluded), None)
+
+    async def clear_items(self, key: SessionKey) -> int:
+        s = self._get(key)
+        rules.busy(s.first_active())
+        n = len(s.items)
+        s.items.clear()
+        return n
+
+    # -- API keys ------------------------------------------------------------------------------
+    async def create_api_key(self, key: ApiKey) -> None:
+        if key.id in self._keys:
+            raise Conflict("an API key with this id exists")
+        self._keys[key.id] = key
+
+    async def api_key_by_hash(self, digest: str) -> ApiKey | None:
+        return next((k for k in self._keys.values() if k.hash == digest), None)
+
+    async def list_api_keys(self) -> list[ApiKey]:
+        return sorted(self._keys.values(), key=lambda k: k.created_at)
+
+    async def revoke_api_key(self, key_id: str) -> bool:
+        k = self._keys.get(key_id)
+        if k is None or k.revoked_at is not None:
+            return False
+        self._keys[key_id] = replace(k, revoked_at=time.time())
+        return True
+
+    async def count_api_keys(self) -> int:
+        return sum(1 for k in self._keys.values() if k.revoked_at is None)
+
+    # -- maintenance ---------------------------------------------------------------------------
+    async def sweep_expired(self, now: float, limit: int = 500) -> int:
+        doomed = [
+            k
+            for k, s in self._sessions.items()
+            if rules.is_expired(s.record.expires_at, now)
+            and not s.active
+            and (s.lease_owner is None or s.lease_expires_at <= now)
+        ][:limit]
+        for k in doomed:
+            del self._sessions[k]
+        return len(doomed)
+
+    async def sessions_needing_work(self, *, unowned_at: float | None = None) -> list[SessionKey]:
+        return [
+            k
+            for k, s in self._sessions.items()
+            if s.active
+            and (unowned_at is None or s.lease_owner is None or s.lease_expires_at <= unowned_at)
+        ]

@@ -1,0 +1,255 @@
+"""Turns, leases, a turn's fenced writes and cancel requests, for the in-memory store.
+
+What each step means (admission, endings, recovery) is :mod:`tether.store.rules`; here it is
+only carried out on dicts, in one call that never awaits (see :mod:`.state`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+
+from tether.records import (
+    CancelStatus,
+    Event,
+    Item,
+    Lease,
+    NewEvent,
+    NewItem,
+    Policy,
+    Reason,
+    SessionKey,
+    Turn,
+    TurnEnding,
+)
+from tether.store import rules
+from tether.store.inmemory.state import SessionState, State
+from tether.store.rules import DEFAULT_MAX_QUEUE
+
+
+class Turns(State):
+    # -- turns ---------------------------------------------------------------------------------
+    async def enqueue_turn(
+        self,
+        key: SessionKey,
+        *,
+        turn_id: str,
+        input: str,
+        policy: Policy,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+    ) -> Turn:
+        s = self._get(key)
+        now = time.time()
+        rules.admit(
+            policy,
+            expires_at=s.record.expires_at,
+            now=now,
+            first_active=s.first_active(),
+            queued=[t for t in s.active if s.turns[t].status == "queued"],
+            max_queue=max_queue,
+        )
+        if turn_id in s.turns:
+            raise rules.duplicate_turn(turn_id)
+        turn = rules.queued_turn(turn_id, key, s.next_turn_seq, input, policy, now)
+        s.next_turn_seq += 1
+        s.turns[turn_id] = turn
+        s.turn_order.append(turn_id)
+        s.active.append(turn_id)
+        self._add_events(s, turn_id, [rules.queued_event(turn)], now)
+        return turn
+
+    async def get_turn(self, key: SessionKey, turn_id: str) -> Turn | None:
+        s = self._sessions.get(key)
+        return s.turns.get(turn_id) if s is not None else None
+
+    async def list_turns(
+        self, key: SessionKey, *, after_seq: int = 0, limit: int = 100
+    ) -> list[Turn]:
+        s = self._get(key)
+        turns = [s.turns[t] for t in s.turn_order if s.turns[t].seq > after_seq]
+        return turns[:limit]
+
+    async def active_turns(self, key: SessionKey) -> list[Turn]:
+        s = self._get(key)
+        return [s.turns[t] for t in s.active]
+
+    async def cancel_queued_turn(
+        self, key: SessionKey, turn_id: str, reason: Reason
+    ) -> Turn | None:
+        s = self._get(key)
+        turn = s.turns.get(turn_id)
+        if turn is None or turn.status != "queued":
+            return None
+        return self._finish(s, turn, rules.cancelled_in_queue(reason), terminal=True)
+
+    # -- leases --------------------------------------------------------------------------------
+    async def acquire_lease(self, key: SessionKey, owner: str, ttl: float) -> Lease | None:
+        s = self._get(key)
+        now = time.time()
+        if s.lease_owner is not None and s.lease_expires_at > now:
+            return None
+        return self._grant(s, key, owner, now + ttl)
+
+    async def lease_holder(self, key: SessionKey) -> str | None:
+        s = self._get(key)
+        return s.lease_owner if s.lease_expires_at > time.time() else None
+
+    async def take_over_lease(
+        self, key: SessionKey, owner: str, ttl: float, from_owner: str
+    ) -> Lease | None:
+        s = self._get(key)
+        if s.lease_owner != from_owner:
+            return None
+        return self._grant(s, key, owner, time.time() + ttl)
+
+    @staticmethod
+    def _grant(s: SessionState, key: SessionKey, owner: str, expires_at: float) -> Lease:
+        s.lease_token += 1  # every acquisition is a new token: the old owner's writes fail
+        s.lease_owner = owner
+        s.lease_expires_at = expires_at
+        return Lease(key, owner, s.lease_token, expires_at)
+
+    async def renew_leases(self, leases: Sequence[Lease], ttl: float) -> list[Lease]:
+        now = time.time()
+        kept: list[Lease] = []
+        for lease in leases:
+            s = self._sessions.get(lease.key)
+            if s is not None and s.lease_token == lease.token and s.lease_owner == lease.owner:
+                s.lease_expires_at = now + ttl
+                kept.append(replace(lease, expires_at=s.lease_expires_at))
+        return kept
+
+    async def release_lease(self, lease: Lease) -> None:
+        s = self._sessions.get(lease.key)
+        if s is not None and s.lease_token == lease.token:
+            s.lease_owner = None
+            s.lease_expires_at = 0.0
+
+    # -- fenced writes -------------------------------------------------------------------------
+    def _running(self, lease: Lease, turn_id: str, status: str = "running") -> SessionState:
+        s = self._fenced(lease)
+        turn = s.turns.get(turn_id)
+        if turn is None or turn.status != status:
+            raise rules.not_in_status(turn_id, "running" if status == "running" else "queued")
+        return s
+
+    async def start_turn(
+        self, lease: Lease, turn_id: str, items: Sequence[NewItem], events: Sequence[NewEvent]
+    ) -> list[Item]:
+        s = self._running(lease, turn_id, "queued")
+        # Every check before the first change: a refused write changes nothing, as a rolled
+        # back transaction would not.
+        rules.check_event_seqs(turn_id, s.last_event_seq(turn_id), [e.seq for e in events])
+        now = time.time()
+        s.turns[turn_id] = replace(s.turns[turn_id], status="running", started_at=now)
+        out = self._add_items(s, turn_id, items, now)
+        self._add_events(s, turn_id, events, now)
+        return out
+
+    async def append(
+        self, lease: Lease, turn_id: str, items: Sequence[NewItem], events: Sequence[NewEvent]
+    ) -> list[Item]:
+        s = self._running(lease, turn_id)
+        rules.check_event_seqs(turn_id, s.last_event_seq(turn_id), [e.seq for e in events])
+        now = time.time()
+        out = self._add_items(s, turn_id, items, now)
+        self._add_events(s, turn_id, events, now)
+        return out
+
+    async def end_turn(
+        self,
+        lease: Lease,
+        turn_id: str,
+        ending: TurnEnding,
+        items: Sequence[NewItem],
+        events: Sequence[NewEvent],
+    ) -> Turn:
+        s = self._running(lease, turn_id)
+        rules.check_event_seqs(turn_id, s.last_event_seq(turn_id), [e.seq for e in events])
+        now = time.time()
+        self._add_items(s, turn_id, items, now)
+        self._add_events(s, turn_id, events, now)
+        return self._finish(s, s.turns[turn_id], ending, terminal=False)
+
+    async def recover(self, lease: Lease) -> list[Turn]:
+        s = self._fenced(lease)
+        out = []
+        for tid in list(s.active):
+            turn = s.turns[tid]
+            if turn.status != "running":
+                continue
+            calls = rules.unanswered_calls(i for i in s.items if i.turn_id == tid)
+            self._add_items(s, tid, rules.aborted_results(calls), time.time())
+            out.append(self._finish(s, turn, rules.OWNER_LOST, terminal=True))
+        return out
+
+    def _add_items(
+        self, s: SessionState, turn_id: str, items: Sequence[NewItem], now: float
+    ) -> list[Item]:
+        out = []
+        for new in items:
+            item = Item(
+                seq=s.next_item_seq,
+                turn_id=turn_id,
+                kind=new.kind,
+                content=new.content,
+                complete=new.complete,
+                call_id=new.call_id,
+                tool_name=new.tool_name,
+                arguments=new.arguments,
+                meta=dict(new.meta),
+                created_at=now,
+            )
+            s.next_item_seq += 1
+            s.items.append(item)
+            out.append(item)
+        return out
+
+    @staticmethod
+    def _add_events(s: SessionState, turn_id: str, events: Sequence[NewEvent], now: float) -> None:
+        log = s.events.setdefault(turn_id, [])
+        log.extend(Event(turn_id, e.seq, e.type, e.data, now) for e in events)
+        if any(a.seq > b.seq for a, b in itertools.pairwise(log[-len(events) - 1 :])):
+            log.sort(key=lambda e: e.seq)  # kept in seq order, as the other backends read it
+
+    def _finish(self, s: SessionState, turn: Turn, ending: TurnEnding, *, terminal: bool) -> Turn:
+        effect = rules.items_effect(ending.status)
+        if effect == "delete":
+            s.items = [i for i in s.items if i.turn_id != turn.id]
+        elif effect == "exclude":
+            s.items = [replace(i, excluded=True) if i.turn_id == turn.id else i for i in s.items]
+        now = time.time()
+        done = rules.ended(turn, ending, now)
+        s.turns[turn.id] = done
+        if turn.id in s.active:
+            s.active.remove(turn.id)
+        if terminal:
+            event = rules.terminal_event(turn.id, ending, s.last_event_seq(turn.id))
+            self._add_events(s, turn.id, [event], now)
+        return done
+
+    # -- cancel requests and events --------------------------------------------------------------
+    async def request_cancel(
+        self, key: SessionKey, turn_id: str, status: CancelStatus, reason: Reason
+    ) -> bool:
+        s = self._sessions.get(key)
+        turn = s.turns.get(turn_id) if s is not None else None
+        if turn is None or turn.status != "running" or turn_id in self._cancels:
+            return False
+        self._cancels[turn_id] = (status, reason)
+        return True
+
+    async def cancel_requests(
+        self, turn_ids: Sequence[str]
+    ) -> dict[str, tuple[CancelStatus, Reason]]:
+        return {t: self._cancels[t] for t in turn_ids if t in self._cancels}
+
+    async def list_events(
+        self, key: SessionKey, turn_id: str, *, after_seq: int = 0, limit: int = 1000
+    ) -> list[Event]:
+        s = self._sessions.get(key)
+        if s is None or turn_id not in s.turns:
+            return []
+        return [e for e in s.events.get(turn_id, []) if e.seq > after_seq][:limit]

@@ -1,0 +1,162 @@
+"""The PostgreSQL store's connections: an asyncpg pool, one transaction per call.
+
+asyncpg is a native asyncio driver, so nothing here blocks the event loop. Transactions run at
+READ COMMITTED (set explicitly, whatever the server default): every statement sees what was
+committed before it started, so once a transaction holds a session's row lock, the reads that
+follow see the latest state of that session.
+
+Fencing is the row lock: a fenced write first locks its session row (``SELECT … FOR UPDATE``)
+and compares the lease token, in the same transaction as the writes. Acquiring or taking over a
+lease is a conditional ``UPDATE … RETURNING`` of that same row, so it either commits before the
+lock (and the write then reads the new token and raises StaleLease) or waits until the write
+has committed under a token that was current.
+
+Driver and socket errors never leave the store: they become :class:`StoreError` (HTTP 503),
+or InvalidInput for a value PostgreSQL cannot hold (text with a NUL character).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, NoReturn, Protocol, cast
+from urllib.parse import urlsplit
+
+import asyncpg  # type: ignore[import-untyped]
+
+from tether.errors import ConfigError, InvalidInput, SessionNotFound, StoreError
+from tether.records import SessionKey
+from tether.store.postgres import queries as q
+from tether.store.postgres.migrations import migrate
+from tether.store.postgres.steps import Conn, Row, key_args
+
+
+class _Pool(Protocol):
+    def acquire(self, *, timeout: float | None = None) -> AbstractAsyncContextManager[Conn]: ...
+    async def close(self) -> None: ...
+    def terminate(self) -> None: ...
+
+
+DRIVER_ERRORS = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.InternalClientError,
+    OSError,
+    TimeoutError,
+)
+
+
+def translate(exc: BaseException) -> NoReturn:
+    """Re-raise a driver or socket error as the tether error it means."""
+    if isinstance(exc, asyncpg.ClientConfigurationError):
+        raise ConfigError(f"invalid PostgreSQL URL: {exc}") from exc
+    if isinstance(exc, asyncpg.DataError):
+        # A value PostgreSQL cannot hold (text with a NUL, an int past 64 bits): the caller's.
+        raise InvalidInput(f"PostgreSQL cannot store this value: {exc}") from exc
+    raise StoreError(f"postgresql: {exc.__class__.__name__}: {exc}") from exc
+
+
+class Connection:
+    """Plumbing every role of :class:`~tether.store.postgres.PostgresStore` runs its calls on."""
+
+    def __init__(
+        self, url: str, *, min_size: int = 1, max_size: int = 10, connect_timeout: float = 10.0
+    ) -> None:
+        self.url = url
+        self._min_size = min_size
+        self._max_size = max_size
+        self._timeout = connect_timeout
+        self._pool: _Pool | None = None
+
+    def __repr__(self) -> str:
+        parts = urlsplit(self.url)  # never the password
+        return f"PostgresStore({parts.hostname}:{parts.port or 5432}{parts.path})"
+
+    @asynccontextmanager
+    async def _conn(self) -> AsyncIterator[Conn]:
+        if self._pool is None:
+            raise StoreError("the store is not open")
+        try:
+            async with self._pool.acquire(timeout=self._timeout) as conn:
+                yield conn
+        except DRIVER_ERRORS as exc:
+            translate(exc)
+
+    @asynccontextmanager
+    async def _tx(self) -> AsyncIterator[Conn]:
+        async with self._conn() as conn, conn.transaction(isolation="read_committed"):
+            yield conn
+
+    async def _fetch(self, sql: str, *args: Any) -> list[Row]:
+        async with self._conn() as conn:
+            return await conn.fetch(sql, *args)
+
+    async def _fetchrow(self, sql: str, *args: Any) -> Row | None:
+        async with self._conn() as conn:
+            return await conn.fetchrow(sql, *args)
+
+    async def _fetchval(self, sql: str, *args: Any) -> Any:
+        async with self._conn() as conn:
+            return await conn.fetchval(sql, *args)
+
+    async def _execute(self, sql: str, *args: Any) -> str:
+        """The command tag (``DELETE 3``…) of one statement."""
+        async with self._conn() as conn:
+            return await conn.execute(sql, *args)
+
+    @staticmethod
+    async def _pk(conn: Conn, key: SessionKey) -> int:
+        pk = await conn.fetchval(q.SESSION_PK, *key_args(key))
+        if pk is None:
+            raise SessionNotFound("session not found")
+        return int(pk)
+
+    async def _rows_of(self, key: SessionKey, sql: str, *args: Any) -> list[Row]:
+        """Rows of ``sql`` (``$1`` is the session's pk); SessionNotFound without the session."""
+        async with self._conn() as conn:
+            return await conn.fetch(sql, await self._pk(conn, key), *args)
+
+    async def open(self) -> None:
+        if self._pool is not None:
+            return
+        try:
+            pool = cast(
+                _Pool,
+                await asyncpg.create_pool(
+                    self.url,
+                    min_size=self._min_size,
+                    max_size=self._max_size,
+                    timeout=self._timeout,
+                ),
+            )
+        except DRIVER_ERRORS as exc:
+            translate(exc)
+        try:
+            async with pool.acquire(timeout=self._timeout) as conn:
+                await migrate(conn)
+        except BaseException as exc:
+            pool.terminate()
+            if isinstance(exc, DRIVER_ERRORS):
+                translate(exc)
+            raise
+        self._pool = pool
+
+    async def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        try:
+            # Waits for connections in use to come back; a call stuck on a lock does not get
+            # to hold up shutdown for longer than this.
+            async with asyncio.timeout(self._timeout):
+                await pool.close()
+        except DRIVER_ERRORS:  # TimeoutError among them
+            pool.terminate()
+
+    async def ping(self) -> None:
+        try:
+            async with asyncio.timeout(self._timeout):
+                await self._fetchval("SELECT 1")
+        except TimeoutError as exc:  # the deadline's own, which _conn does not see
+            raise StoreError(f"postgresql: no answer within {self._timeout} s") from exc

@@ -1,0 +1,213 @@
+"""Turns, leases, a turn's fenced writes and cancel requests, for the PostgreSQL store.
+
+What each step means (admission, endings, recovery) is :mod:`tether.store.rules`; here every
+write that depends on a session's state first takes that session's row lock, in the same
+transaction, so the facts a rule was asked about hold until the write commits — across any
+number of processes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from tether.errors import SessionNotFound
+from tether.records import (
+    CancelStatus,
+    Event,
+    Item,
+    Lease,
+    NewEvent,
+    NewItem,
+    Policy,
+    Reason,
+    SessionKey,
+    Turn,
+    TurnEnding,
+)
+from tether.store import rules
+from tether.store.postgres import queries as q
+from tether.store.postgres import steps
+from tether.store.postgres.connection import Connection
+from tether.store.postgres.steps import key_args, lock_session
+from tether.store.rows import cancel_json, cancel_of, events_of, turn_row
+from tether.store.rules import DEFAULT_MAX_QUEUE
+
+
+class Turns(Connection):
+    # -- turns ---------------------------------------------------------------------------------
+    async def enqueue_turn(
+        self,
+        key: SessionKey,
+        *,
+        turn_id: str,
+        input: str,
+        policy: Policy,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+    ) -> Turn:
+        async with self._tx() as conn:
+            # The session row lock makes the busy and queue-bound checks hold until commit.
+            pk, _, expires_at = await lock_session(conn, key)
+            now = time.time()
+            rules.admit(
+                policy,
+                expires_at=expires_at,
+                now=now,
+                first_active=await conn.fetchval(q.FIRST_ACTIVE_TURN, pk),
+                queued=[r[0] for r in await conn.fetch(q.QUEUED_TURN_IDS, pk)],
+                max_queue=max_queue,
+            )
+            seq = int(await conn.fetchval(q.NEXT_TURN_SEQ, pk))
+            turn = rules.queued_turn(turn_id, key, seq, input, policy, now)
+            if await conn.fetchval(q.INSERT_TURN, turn_id, pk, seq, input, policy, now) is None:
+                raise rules.duplicate_turn(turn_id)  # rolls the seq back too
+            await steps.write_event(conn, turn_id, rules.queued_event(turn))
+        return turn
+
+    async def get_turn(self, key: SessionKey, turn_id: str) -> Turn | None:
+        row = await self._fetchrow(q.GET_TURN_BY_KEY, *key_args(key), turn_id)
+        return turn_row(row) if row is not None else None
+
+    async def list_turns(
+        self, key: SessionKey, *, after_seq: int = 0, limit: int = 100
+    ) -> list[Turn]:
+        rows = await self._rows_of(key, q.LIST_TURNS, after_seq, max(limit, 0))
+        return [turn_row(r) for r in rows]
+
+    async def active_turns(self, key: SessionKey) -> list[Turn]:
+        return [turn_row(r) for r in await self._rows_of(key, q.ACTIVE_TURNS)]
+
+    async def cancel_queued_turn(
+        self, key: SessionKey, turn_id: str, reason: Reason
+    ) -> Turn | None:
+        async with self._tx() as conn:
+            # Locked like a fenced write, so the turn cannot start between the check and the end.
+            pk = int((await lock_session(conn, key))[0])
+            row = await conn.fetchrow(q.GET_TURN, pk, turn_id)
+            if row is None or row[7] != "queued":
+                return None
+            ending = rules.cancelled_in_queue(reason)
+            return await steps.finish(conn, pk, turn_row(row), ending, terminal=True)
+
+    # -- leases --------------------------------------------------------------------------------
+    async def acquire_lease(self, key: SessionKey, owner: str, ttl: float) -> Lease | None:
+        now = time.time()
+        async with self._conn() as conn:
+            # Conditional on the lease being free or expired: of racing acquirers, the first to
+            # update the row wins; the others re-check it after that commit and match nothing.
+            token = await conn.fetchval(q.ACQUIRE_LEASE, *key_args(key), owner, now + ttl, now)
+            if token is None:
+                await self._pk(conn, key)  # SessionNotFound when it is the session that is missing
+                return None
+        return Lease(key, owner, int(token), now + ttl)
+
+    async def lease_holder(self, key: SessionKey) -> str | None:
+        row = await self._fetchrow(q.LEASE_HOLDER, *key_args(key))
+        if row is None:
+            raise SessionNotFound("session not found")
+        holder: str | None = row[0]
+        return holder if holder is not None and row[1] > time.time() else None
+
+    async def take_over_lease(
+        self, key: SessionKey, owner: str, ttl: float, from_owner: str
+    ) -> Lease | None:
+        now = time.time()
+        async with self._conn() as conn:
+            token = await conn.fetchval(
+                q.TAKE_OVER_LEASE, *key_args(key), owner, now + ttl, from_owner
+            )
+            if token is None:
+                await self._pk(conn, key)  # as the in-memory store: SessionNotFound when missing
+                return None
+        return Lease(key, owner, int(token), now + ttl)
+
+    async def renew_leases(self, leases: Sequence[Lease], ttl: float) -> list[Lease]:
+        if not leases:
+            return []
+        now = time.time()
+        rows = await self._fetch(
+            q.RENEW_LEASES,
+            now + ttl,
+            [lease.key.tenant for lease in leases],
+            [lease.key.owner for lease in leases],
+            [lease.key.session_id for lease in leases],
+            [lease.token for lease in leases],
+            [lease.owner for lease in leases],
+        )
+        renewed = {(SessionKey(r[0], r[1], r[2]), int(r[3])) for r in rows}
+        return [
+            Lease(lease.key, lease.owner, lease.token, now + ttl)
+            for lease in leases
+            if (lease.key, lease.token) in renewed
+        ]
+
+    async def release_lease(self, lease: Lease) -> None:
+        await self._execute(q.RELEASE_LEASE, *key_args(lease.key), lease.token)
+
+    # -- fenced writes -------------------------------------------------------------------------
+    async def start_turn(
+        self, lease: Lease, turn_id: str, items: Sequence[NewItem], events: Sequence[NewEvent]
+    ) -> list[Item]:
+        async with self._tx() as conn:
+            pk = await steps.fenced_pk(conn, lease)
+            if await conn.fetchval(q.START_TURN, pk, turn_id, time.time()) is None:
+                raise rules.not_in_status(turn_id, "queued")
+            return await steps.add(conn, pk, turn_id, items, events)
+
+    async def append(
+        self, lease: Lease, turn_id: str, items: Sequence[NewItem], events: Sequence[NewEvent]
+    ) -> list[Item]:
+        async with self._tx() as conn:
+            pk = await steps.fenced_pk(conn, lease)
+            # Turn ids are unique across sessions, so without the session in this check the
+            # events of another session's turn could be written under this session's lease.
+            if await conn.fetchval(q.TURN_IS_RUNNING, pk, turn_id) is None:
+                raise rules.not_in_status(turn_id, "running")
+            return await steps.add(conn, pk, turn_id, items, events)
+
+    async def end_turn(
+        self,
+        lease: Lease,
+        turn_id: str,
+        ending: TurnEnding,
+        items: Sequence[NewItem],
+        events: Sequence[NewEvent],
+    ) -> Turn:
+        async with self._tx() as conn:
+            pk = await steps.fenced_pk(conn, lease)
+            row = await conn.fetchrow(q.GET_TURN, pk, turn_id)
+            if row is None or row[7] != "running":
+                raise rules.not_in_status(turn_id, "running")
+            await steps.add(conn, pk, turn_id, items, events)
+            return await steps.finish(conn, pk, turn_row(row), ending, terminal=False)
+
+    async def recover(self, lease: Lease) -> list[Turn]:
+        async with self._tx() as conn:
+            return await steps.recover(conn, await steps.fenced_pk(conn, lease))
+
+    # -- cancel requests and events --------------------------------------------------------------
+    async def request_cancel(
+        self, key: SessionKey, turn_id: str, status: CancelStatus, reason: Reason
+    ) -> bool:
+        request = cancel_json(status, reason)
+        async with self._tx() as conn:
+            done = await conn.fetchval(q.REQUEST_CANCEL, *key_args(key), turn_id, request)
+            if done is not None:
+                # Delivered on commit, so the listener never reads a request not yet visible.
+                await conn.execute(q.NOTIFY_CANCEL, q.CANCEL_CHANNEL, turn_id)
+        return done is not None
+
+    async def cancel_requests(
+        self, turn_ids: Sequence[str]
+    ) -> dict[str, tuple[CancelStatus, Reason]]:
+        if not turn_ids:
+            return {}
+        rows = await self._fetch(q.CANCEL_REQUESTS, list(turn_ids))
+        return {turn_id: cancel_of(raw) for turn_id, raw in rows}
+
+    async def list_events(
+        self, key: SessionKey, turn_id: str, *, after_seq: int = 0, limit: int = 1000
+    ) -> list[Event]:
+        limit = max(limit, 0)
+        rows = await self._fetch(q.LIST_EVENTS, *key_args(key), turn_id, after_seq, limit)
+        return events_of(turn_id, rows, after_seq, limit)

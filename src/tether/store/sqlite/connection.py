@@ -1,0 +1,82 @@
+"""The SQLite store's connection: one file, WAL, one writer thread.
+
+sqlite3 is a blocking driver, so every call runs on a single dedicated thread that owns the
+connection (:mod:`.worker`), never on the event loop. One thread is also the right amount of
+parallelism for SQLite, which admits one writer at a time; each public method of the store is
+one function shipped to that thread and one transaction, so a call costs a single thread hop.
+
+Writes use ``BEGIN IMMEDIATE``: the write lock is taken before the fencing check is read, so
+the check and the write it guards are one atomic step even with several processes on one file.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from tether.errors import StoreError
+from tether.store.sqlite.migrations import migrate
+from tether.store.sqlite.worker import SQLiteWorker
+
+T = TypeVar("T")
+
+
+class Connection:
+    """Plumbing every role of :class:`~tether.store.sqlite.SQLiteStore` runs its calls on."""
+
+    def __init__(self, path: str | Path, *, synchronous: str = "NORMAL") -> None:
+        self.path = Path(path)
+        # WAL + NORMAL survives any process crash (kill -9); FULL also survives power loss.
+        self._synchronous = synchronous
+        self._worker: SQLiteWorker | None = None
+
+    async def _call(self, fn: Callable[[sqlite3.Connection], T], write: bool) -> T:
+        worker = self._worker
+        if worker is None:
+            raise StoreError("the store is not open")
+        try:
+            return await worker.call(fn, write=write)
+        except sqlite3.Error as exc:
+            raise StoreError(f"sqlite: {exc.__class__.__name__}") from exc
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """A read."""
+        return await self._call(fn, False)
+
+    async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """A write: atomic on its own, possibly committed with others (group commit)."""
+        return await self._call(fn, True)
+
+    async def open(self) -> None:
+        if self._worker is not None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        worker = SQLiteWorker(self._connect)
+        try:
+            await worker.start()
+        except sqlite3.Error as exc:
+            raise StoreError(f"sqlite: cannot open {self.path}: {exc}") from exc
+        self._worker = worker
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path, isolation_level=None, check_same_thread=False, timeout=10.0
+        )
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={self._synchronous}")
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("PRAGMA busy_timeout=10000")
+        # A bigger page cache keeps the hot B-tree pages of long sessions in memory.
+        conn.execute("PRAGMA cache_size=-32000")
+        migrate(conn)
+        return conn
+
+    async def close(self) -> None:
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            await worker.stop()
+
+    async def ping(self) -> None:
+        await self._run(lambda c: c.execute("SELECT 1").fetchone())

@@ -1,0 +1,177 @@
+"""The SQLite store's statements for sessions, turns, leases, events and keys, by name.
+
+Placeholders are positional (``?``); where ``KEY_WHERE`` appears, its three come first, in the
+order tenant, owner, session_id. Memory statements live beside their code in :mod:`.recall`.
+"""
+
+from __future__ import annotations
+
+from tether.store.rows import API_KEY_COLS
+
+SESSION_COLS = (
+    "tenant, owner, session_id, agent, metadata, state, created_at, updated_at, expires_at,"
+    " revision"
+)
+TURN_COLS = (
+    "t.id, s.tenant, s.owner, s.session_id, t.seq, t.input, t.policy, t.status, t.reason,"
+    " t.error, t.output, t.complete, t.usage, t.created_at, t.started_at, t.ended_at"
+)
+ITEM_COLS = (
+    "seq, turn_id, kind, content, complete, call_id, tool_name, arguments, meta, created_at,"
+    " excluded"
+)
+KEY_WHERE = "tenant = ? AND owner = ? AND session_id = ?"
+TURNS_FROM = "FROM turns t JOIN sessions s ON s.pk = t.session_pk"
+
+# -- sessions --------------------------------------------------------------------------------------
+SESSION_PK = f"SELECT pk FROM sessions WHERE {KEY_WHERE}"
+SESSION_FOR_ENQUEUE = f"SELECT pk, expires_at FROM sessions WHERE {KEY_WHERE}"
+FENCE = f"SELECT pk, lease_token FROM sessions WHERE {KEY_WHERE}"
+INSERT_SESSION = (
+    "INSERT INTO sessions (tenant, owner, session_id, agent, metadata, created_at,"
+    " updated_at, expires_at, lease_token) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (tenant, owner, session_id) DO NOTHING"
+)
+GET_SESSION = f"SELECT {SESSION_COLS} FROM sessions WHERE {KEY_WHERE}"
+LIST_SESSIONS = (
+    f"SELECT {SESSION_COLS} FROM sessions WHERE tenant = ? AND owner = ?"
+    " AND session_id > ? ORDER BY session_id LIMIT ?"
+)
+UPDATE_SESSION = (
+    "UPDATE sessions SET metadata = ?, state = ?, expires_at = ?, updated_at = ?,"
+    f" revision = revision + 1 WHERE {KEY_WHERE}"
+)
+DELETE_SESSION = f"DELETE FROM sessions WHERE {KEY_WHERE}"
+COUNT_ITEMS = "SELECT COUNT(*) FROM items WHERE session_pk = ?"
+COUNT_TURNS = (
+    "SELECT COUNT(*), COALESCE(SUM(status IN ('queued', 'running')), 0) FROM turns"
+    " WHERE session_pk = ?"
+)
+# Idle and expired: no queued or running turn and no unexpired lease (rules.is_expired and
+# the sweep rule of protocol.Maintenance), so a sweep never pulls a session from under a turn.
+SWEEP_EXPIRED = (
+    "DELETE FROM sessions WHERE pk IN (SELECT s.pk FROM sessions s"
+    " WHERE s.expires_at IS NOT NULL AND s.expires_at <= ?"
+    " AND (s.lease_owner IS NULL OR s.lease_expires_at <= ?)"
+    " AND NOT EXISTS (SELECT 1 FROM turns t WHERE t.session_pk = s.pk"
+    "  AND t.status IN ('queued', 'running')) LIMIT ?)"
+)
+SESSIONS_NEEDING_WORK = (
+    "SELECT DISTINCT s.tenant, s.owner, s.session_id FROM turns t"
+    " JOIN sessions s ON s.pk = t.session_pk WHERE t.status IN ('queued', 'running')"
+    " AND (? IS NULL OR s.lease_owner IS NULL OR s.lease_expires_at <= ?)"
+)
+
+# -- items -----------------------------------------------------------------------------------------
+LIST_ITEMS = f"SELECT {ITEM_COLS} FROM items WHERE session_pk = ? AND seq > ? ORDER BY seq LIMIT ?"
+RECENT_ITEMS = (
+    f"SELECT {ITEM_COLS} FROM items WHERE session_pk = ? AND seq < ?"
+    " AND excluded = 0 ORDER BY seq DESC LIMIT ?"
+)
+LATEST_SUMMARY = (
+    f"SELECT {ITEM_COLS} FROM items WHERE session_pk = ? AND kind = 'summary'"
+    " AND excluded = 0 ORDER BY seq DESC LIMIT 1"
+)
+CLEAR_ITEMS = "DELETE FROM items WHERE session_pk = ?"
+NEXT_ITEM_SEQS = (
+    "UPDATE sessions SET next_item_seq = next_item_seq + ?, updated_at = ?"
+    " WHERE pk = ? RETURNING next_item_seq - ?"
+)
+INSERT_ITEM = (
+    "INSERT INTO items (session_pk, seq, turn_id, kind, content, complete, call_id,"
+    " tool_name, arguments, meta, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+)
+DELETE_TURN_ITEMS = "DELETE FROM items WHERE session_pk = ? AND turn_id = ?"
+EXCLUDE_TURN_ITEMS = "UPDATE items SET excluded = 1 WHERE session_pk = ? AND turn_id = ?"
+ORPHAN_CALLS = (
+    "SELECT call_id, tool_name FROM items c WHERE c.session_pk = ?"
+    " AND c.turn_id = ? AND c.kind = 'tool_call' AND NOT EXISTS ("
+    "  SELECT 1 FROM items r WHERE r.session_pk = c.session_pk"
+    "  AND r.turn_id = c.turn_id AND r.kind = 'tool_result'"
+    "  AND r.call_id = c.call_id) ORDER BY c.seq"
+)
+
+# -- turns -----------------------------------------------------------------------------------------
+FIRST_ACTIVE_TURN = (
+    "SELECT id FROM turns WHERE session_pk = ? AND status IN ('queued', 'running')"
+    " ORDER BY seq LIMIT 1"
+)
+QUEUED_TURN_IDS = "SELECT id FROM turns WHERE session_pk = ? AND status = 'queued' ORDER BY seq"
+NEXT_TURN_SEQ = (
+    "UPDATE sessions SET next_turn_seq = next_turn_seq + 1 WHERE pk = ? RETURNING next_turn_seq - 1"
+)
+INSERT_TURN = (
+    "INSERT INTO turns (id, session_pk, seq, input, policy, status, created_at)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+GET_TURN = f"SELECT {TURN_COLS} {TURNS_FROM} WHERE t.id = ? AND t.session_pk = ?"
+LIST_TURNS = (
+    f"SELECT {TURN_COLS} {TURNS_FROM} WHERE t.session_pk = ? AND t.seq > ? ORDER BY t.seq LIMIT ?"
+)
+ACTIVE_TURNS = (
+    f"SELECT {TURN_COLS} {TURNS_FROM}"
+    " WHERE t.session_pk = ? AND t.status IN ('queued', 'running') ORDER BY t.seq"
+)
+RUNNING_TURNS = (
+    f"SELECT {TURN_COLS} {TURNS_FROM} WHERE t.session_pk = ? AND t.status = 'running'"
+    " ORDER BY t.seq"
+)
+ANY_RUNNING = "SELECT 1 FROM turns WHERE session_pk = ? AND status = 'running' LIMIT 1"
+START_TURN = (
+    "UPDATE turns SET status = 'running', started_at = ?"
+    " WHERE id = ? AND session_pk = ? AND status = 'queued'"
+)
+TURN_IS_RUNNING = "SELECT 1 FROM turns WHERE id = ? AND session_pk = ? AND status = 'running'"
+FINISH_TURN = (
+    "UPDATE turns SET status = ?, reason = ?, error = ?, output = ?, complete = ?,"
+    " usage = ?, ended_at = ? WHERE id = ?"
+)
+REQUEST_CANCEL = (
+    "UPDATE turns SET cancel_request = ? WHERE id = ? AND session_pk = ?"
+    " AND status = 'running' AND cancel_request IS NULL"
+)
+CANCEL_REQUESTS = (
+    "SELECT id, cancel_request FROM turns WHERE id IN (SELECT value FROM json_each(?))"
+    " AND cancel_request IS NOT NULL"
+)
+
+# -- leases ----------------------------------------------------------------------------------------
+# Of racing acquirers, the first to update the row wins: BEGIN IMMEDIATE serializes them.
+ACQUIRE_LEASE = (
+    "UPDATE sessions SET lease_owner = ?, lease_token = lease_token + 1, lease_expires_at = ?"
+    f" WHERE {KEY_WHERE} AND (lease_owner IS NULL OR lease_expires_at <= ?)"
+    " RETURNING lease_token"
+)
+TAKE_OVER_LEASE = (
+    "UPDATE sessions SET lease_owner = ?, lease_token = lease_token + 1, lease_expires_at = ?"
+    f" WHERE {KEY_WHERE} AND lease_owner = ? RETURNING lease_token"
+)
+LEASE_HOLDER = f"SELECT lease_owner, lease_expires_at FROM sessions WHERE {KEY_WHERE}"
+RENEW_LEASE = (
+    f"UPDATE sessions SET lease_expires_at = ? WHERE {KEY_WHERE}"
+    " AND lease_token = ? AND lease_owner = ?"
+)
+RELEASE_LEASE = (
+    "UPDATE sessions SET lease_owner = NULL, lease_expires_at = 0"
+    f" WHERE {KEY_WHERE} AND lease_token = ?"
+)
+
+# -- events ----------------------------------------------------------------------------------------
+LAST_EVENT_SEQ = "SELECT COALESCE(MAX(COALESCE(last_seq, seq)), 0) FROM events WHERE turn_id = ?"
+INSERT_EVENT = (
+    "INSERT INTO events (turn_id, seq, last_seq, type, data, created_at) VALUES (?,?,?,?,?,?)"
+)
+LIST_EVENTS = (
+    "SELECT e.seq, e.last_seq, e.type, e.data, e.created_at FROM events e"
+    " JOIN turns t ON t.id = e.turn_id WHERE e.turn_id = ? AND t.session_pk = ?"
+    " AND COALESCE(e.last_seq, e.seq) > ? ORDER BY e.seq LIMIT ?"
+)
+
+# -- API keys --------------------------------------------------------------------------------------
+INSERT_API_KEY = (
+    "INSERT INTO api_keys (id, tenant, user_id, roles, hash, created_at) VALUES (?, ?, ?, ?, ?, ?)"
+)
+API_KEY_BY_HASH = f"SELECT {API_KEY_COLS} FROM api_keys WHERE hash = ?"
+LIST_API_KEYS = f"SELECT {API_KEY_COLS} FROM api_keys ORDER BY created_at"
+REVOKE_API_KEY = "UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL"
+COUNT_API_KEYS = "SELECT COUNT(*) FROM api_keys WHERE revoked_at IS NULL"

@@ -1,0 +1,82 @@
+"""The steps the SQLite store's memory transactions share: versions, inserts, deletions.
+
+Every write to a record keeps the FTS5 index and the version of its (namespace, collection) in
+step, in the caller's transaction: a reader never sees a record without its index entry, nor a
+version that does not describe the vectors it reads with it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from tether.errors import Conflict
+from tether.records import MemoryRecord, Namespace
+from tether.store.rows import record_values
+from tether.store.rules import search_terms
+from tether.store.sqlite import recall_queries as q
+
+T = TypeVar("T")
+Pair = tuple[str, str]
+"""``(namespace key, collection)``: what a version counts the changes of."""
+
+
+def fts_query(terms: Sequence[str]) -> str:
+    """An FTS5 query matching any of ``terms``. Each is quoted (``"`` doubled inside), so
+    nothing in a term is read as FTS5 syntax (``NEAR``, ``AND``, ``*``, ``:``, ``-``, ``^``…)."""
+    return " OR ".join('"' + t.replace('"', '""') + '"' for t in search_terms(terms))
+
+
+def bump(c: sqlite3.Connection, pairs: Iterable[Pair]) -> None:
+    wanted = sorted(set(pairs))
+    if not wanted:
+        return
+    (version,) = c.execute(q.BUMP_CLOCK).fetchone()
+    rows = []
+    for key, collection in wanted:
+        ns = Namespace.from_key(key)
+        rows.append((key, collection, ns.scope, ns.tenant, ns.owner, version))
+    c.executemany(q.SET_VERSION, rows)
+
+
+def version(c: sqlite3.Connection, ns: Namespace, collection: str) -> int:
+    row = c.execute(q.VERSION, (ns.key, collection)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def insert(c: sqlite3.Connection, rows: Sequence[tuple[MemoryRecord, bytes]]) -> list[MemoryRecord]:
+    out = []
+    for record, embedding in rows:
+        try:
+            (seq,) = c.execute(q.INSERT_RECORD, record_values(record, embedding)).fetchone()
+        except sqlite3.IntegrityError as exc:
+            raise Conflict(f"a memory record with id {record.id!r} exists") from exc
+        c.execute(q.INDEX_TEXT, (seq, record.content))
+        out.append(replace(record, seq=int(seq)))
+    bump(c, ((r.namespace.key, r.collection) for r in out))
+    return out
+
+
+def delete_where(c: sqlite3.Connection, where: str, args: Sequence[Any], *, versions: bool) -> int:
+    """Delete the records matching ``where``, with their index entries; bump the versions of
+    what changed unless ``versions`` is False (the caller deletes those version rows)."""
+    pairs = c.execute(q.PAIRS_WHERE.format(where=where), args).fetchall()
+    if not pairs:
+        return 0
+    c.execute(q.UNINDEX_WHERE.format(where=where), args)
+    n = c.execute(q.DELETE_WHERE.format(where=where), args).rowcount
+    if versions:
+        bump(c, pairs)
+    return int(n)
+
+
+def read_snapshot(c: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
+    """Run the reads of ``fn`` in one transaction: one snapshot, whatever another process
+    commits meanwhile (a SAVEPOINT nests inside the write batch the call may be part of)."""
+    c.execute("SAVEPOINT snapshot")
+    try:
+        return fn(c)
+    finally:
+        c.execute("RELEASE snapshot")

@@ -1,0 +1,160 @@
+"""The row-level steps the SQLite store's transactions share.
+
+Every function takes the connection of the store's writer thread and runs inside the
+transaction its caller is in; none of them commits. What a step decides is
+:mod:`tether.store.rules`; this module only reads the facts for it and writes the outcome.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Sequence
+
+from tether.errors import Conflict, SessionNotFound, StaleLease
+from tether.records import Item, Lease, NewEvent, NewItem, SessionKey, Turn, TurnEnding
+from tether.store import rules
+from tether.store.rows import event_rows, turn_row, usage_json
+from tether.store.sqlite import queries as q
+
+
+def key_args(key: SessionKey) -> tuple[str, str, str]:
+    return key.tenant, key.owner, key.session_id
+
+
+def session_pk(c: sqlite3.Connection, key: SessionKey) -> int:
+    row = c.execute(q.SESSION_PK, key_args(key)).fetchone()
+    if row is None:
+        raise SessionNotFound("session not found")
+    return int(row[0])
+
+
+def fenced_pk(c: sqlite3.Connection, lease: Lease) -> int:
+    # Runs inside BEGIN IMMEDIATE: nobody can move the token between this read and the
+    # writes that follow in the same transaction.
+    row = c.execute(q.FENCE, key_args(lease.key)).fetchone()
+    if row is None:
+        raise SessionNotFound("session not found")
+    if row[1] != lease.token:
+        raise StaleLease(rules.stale_message(lease.token, row[1]))
+    return int(row[0])
+
+
+def first_active(c: sqlite3.Connection, pk: int) -> str | None:
+    row = c.execute(q.FIRST_ACTIVE_TURN, (pk,)).fetchone()
+    return str(row[0]) if row is not None else None
+
+
+def get_turn(c: sqlite3.Connection, pk: int, turn_id: str) -> Turn | None:
+    row = c.execute(q.GET_TURN, (turn_id, pk)).fetchone()
+    return turn_row(row) if row else None
+
+
+def last_event_seq(c: sqlite3.Connection, turn_id: str) -> int:
+    (last,) = c.execute(q.LAST_EVENT_SEQ, (turn_id,)).fetchone()
+    return int(last)
+
+
+def write_event(c: sqlite3.Connection, turn_id: str, event: NewEvent) -> None:
+    """One event whose seq the caller knows to be new (a turn's first, or its terminal one)."""
+    c.execute(
+        q.INSERT_EVENT,
+        (turn_id, event.seq, None, event.type, json.dumps(event.data), time.time()),
+    )
+
+
+def add_rows(
+    c: sqlite3.Connection,
+    pk: int,
+    turn_id: str,
+    items: Sequence[NewItem],
+    events: Sequence[NewEvent],
+) -> list[Item]:
+    """Write a turn's items (the store assigns their seqs) and events."""
+    now = time.time()
+    out: list[Item] = []
+    if events:
+        # Checked before the first write, so a refused call changes nothing even on its own.
+        rules.check_event_seqs(turn_id, last_event_seq(c, turn_id), [e.seq for e in events])
+    if items:
+        (first,) = c.execute(q.NEXT_ITEM_SEQS, (len(items), now, pk, len(items))).fetchone()
+        out = [
+            Item(
+                seq=first + offset,
+                turn_id=turn_id,
+                kind=new.kind,
+                content=new.content,
+                complete=new.complete,
+                call_id=new.call_id,
+                tool_name=new.tool_name,
+                arguments=new.arguments,
+                meta=new.meta,
+                created_at=now,
+            )
+            for offset, new in enumerate(items)
+        ]
+        c.executemany(
+            q.INSERT_ITEM,
+            [
+                (
+                    pk,
+                    i.seq,
+                    turn_id,
+                    i.kind,
+                    i.content,
+                    int(i.complete),
+                    i.call_id,
+                    i.tool_name,
+                    i.arguments,
+                    json.dumps(i.meta),
+                    now,
+                )
+                for i in out
+            ],
+        )
+    if events:
+        try:
+            c.executemany(q.INSERT_EVENT, [(turn_id, *row, now) for row in event_rows(events)])
+        except sqlite3.IntegrityError as exc:
+            raise Conflict(f"an event seq of turn {turn_id} was already written") from exc
+    return out
+
+
+def finish(
+    c: sqlite3.Connection, pk: int, turn: Turn, ending: TurnEnding, *, terminal: bool
+) -> Turn:
+    """Give the turn its ending; with ``terminal``, also its ``turn.ended`` event (endings the
+    store makes itself: a queued turn cancelled, a dead owner's turn recovered)."""
+    now = time.time()
+    effect = rules.items_effect(ending.status)
+    if effect == "delete":
+        c.execute(q.DELETE_TURN_ITEMS, (pk, turn.id))
+    elif effect == "exclude":
+        c.execute(q.EXCLUDE_TURN_ITEMS, (pk, turn.id))
+    c.execute(
+        q.FINISH_TURN,
+        (
+            ending.status,
+            ending.reason,
+            ending.error,
+            ending.output,
+            int(ending.complete),
+            usage_json(ending.usage),
+            now,
+            turn.id,
+        ),
+    )
+    if terminal:
+        write_event(c, turn.id, rules.terminal_event(turn.id, ending, last_event_seq(c, turn.id)))
+    return rules.ended(turn, ending, now)
+
+
+def recover(c: sqlite3.Connection, pk: int) -> list[Turn]:
+    """End the session's running turns as failed/``owner_lost``, answering orphaned calls."""
+    out = []
+    for turn in map(turn_row, c.execute(q.RUNNING_TURNS, (pk,)).fetchall()):
+        orphans = c.execute(q.ORPHAN_CALLS, (pk, turn.id)).fetchall()
+        add_rows(c, pk, turn.id, rules.aborted_results((o[0], o[1]) for o in orphans), [])
+        out.append(finish(c, pk, turn, rules.OWNER_LOST, terminal=True))
+    return out

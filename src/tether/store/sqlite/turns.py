@@ -1,0 +1,248 @@
+"""Turns, leases, a turn's fenced writes and cancel requests, for the SQLite store.
+
+What each step means (admission, endings, recovery) is :mod:`tether.store.rules`; here it is
+carried out in one ``BEGIN IMMEDIATE`` transaction per call, which holds SQLite's write lock
+from the first read: the facts a rule is asked about cannot change before the write commits.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Sequence
+
+from tether.errors import SessionNotFound
+from tether.records import (
+    CancelStatus,
+    Event,
+    Item,
+    Lease,
+    NewEvent,
+    NewItem,
+    Policy,
+    Reason,
+    SessionKey,
+    Turn,
+    TurnEnding,
+)
+from tether.store import rules
+from tether.store.rows import cancel_json, cancel_of, events_of, turn_row
+from tether.store.rules import DEFAULT_MAX_QUEUE
+from tether.store.sqlite import queries as q
+from tether.store.sqlite import steps
+from tether.store.sqlite.connection import Connection
+from tether.store.sqlite.steps import key_args, session_pk
+
+
+class Turns(Connection):
+    # -- turns ---------------------------------------------------------------------------------
+    async def enqueue_turn(
+        self,
+        key: SessionKey,
+        *,
+        turn_id: str,
+        input: str,
+        policy: Policy,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+    ) -> Turn:
+        def do(c: sqlite3.Connection) -> Turn:
+            row = c.execute(q.SESSION_FOR_ENQUEUE, key_args(key)).fetchone()
+            if row is None:
+                raise SessionNotFound("session not found")
+            pk, now = int(row[0]), time.time()
+            rules.admit(
+                policy,
+                expires_at=row[1],
+                now=now,
+                first_active=steps.first_active(c, pk),
+                queued=[r[0] for r in c.execute(q.QUEUED_TURN_IDS, (pk,)).fetchall()],
+                max_queue=max_queue,
+            )
+            (seq,) = c.execute(q.NEXT_TURN_SEQ, (pk,)).fetchone()
+            turn = rules.queued_turn(turn_id, key, seq, input, policy, now)
+            try:
+                c.execute(q.INSERT_TURN, (turn_id, pk, seq, input, policy, turn.status, now))
+            except sqlite3.IntegrityError as exc:
+                raise rules.duplicate_turn(turn_id) from exc
+            steps.write_event(c, turn_id, rules.queued_event(turn))
+            return turn
+
+        return await self._write(do)
+
+    async def get_turn(self, key: SessionKey, turn_id: str) -> Turn | None:
+        def do(c: sqlite3.Connection) -> Turn | None:
+            try:
+                pk = session_pk(c, key)
+            except SessionNotFound:
+                return None
+            return steps.get_turn(c, pk, turn_id)
+
+        return await self._run(do)
+
+    async def list_turns(
+        self, key: SessionKey, *, after_seq: int = 0, limit: int = 100
+    ) -> list[Turn]:
+        def do(c: sqlite3.Connection) -> list[Turn]:
+            rows = c.execute(q.LIST_TURNS, (session_pk(c, key), after_seq, limit)).fetchall()
+            return [turn_row(r) for r in rows]
+
+        return await self._run(do)
+
+    async def active_turns(self, key: SessionKey) -> list[Turn]:
+        def do(c: sqlite3.Connection) -> list[Turn]:
+            return [turn_row(r) for r in c.execute(q.ACTIVE_TURNS, (session_pk(c, key),))]
+
+        return await self._run(do)
+
+    async def cancel_queued_turn(
+        self, key: SessionKey, turn_id: str, reason: Reason
+    ) -> Turn | None:
+        def do(c: sqlite3.Connection) -> Turn | None:
+            pk = session_pk(c, key)
+            turn = steps.get_turn(c, pk, turn_id)
+            if turn is None or turn.status != "queued":
+                return None
+            return steps.finish(c, pk, turn, rules.cancelled_in_queue(reason), terminal=True)
+
+        return await self._write(do)
+
+    # -- leases --------------------------------------------------------------------------------
+    async def acquire_lease(self, key: SessionKey, owner: str, ttl: float) -> Lease | None:
+        def do(c: sqlite3.Connection) -> Lease | None:
+            now = time.time()
+            row = c.execute(q.ACQUIRE_LEASE, (owner, now + ttl, *key_args(key), now)).fetchone()
+            if row is None:
+                session_pk(c, key)  # SessionNotFound when it is the session that is missing
+                return None
+            return Lease(key, owner, int(row[0]), now + ttl)
+
+        return await self._write(do)
+
+    async def lease_holder(self, key: SessionKey) -> str | None:
+        def do(c: sqlite3.Connection) -> str | None:
+            row = c.execute(q.LEASE_HOLDER, key_args(key)).fetchone()
+            if row is None:
+                raise SessionNotFound("session not found")
+            return row[0] if row[0] is not None and row[1] > time.time() else None
+
+        return await self._run(do)
+
+    async def take_over_lease(
+        self, key: SessionKey, owner: str, ttl: float, from_owner: str
+    ) -> Lease | None:
+        def do(c: sqlite3.Connection) -> Lease | None:
+            now = time.time()
+            args = (owner, now + ttl, *key_args(key), from_owner)
+            row = c.execute(q.TAKE_OVER_LEASE, args).fetchone()
+            return Lease(key, owner, int(row[0]), now + ttl) if row else None
+
+        return await self._write(do)
+
+    async def renew_leases(self, leases: Sequence[Lease], ttl: float) -> list[Lease]:
+        def do(c: sqlite3.Connection) -> list[Lease]:
+            now = time.time()
+            kept = []
+            for lease in leases:
+                args = (now + ttl, *key_args(lease.key), lease.token, lease.owner)
+                if c.execute(q.RENEW_LEASE, args).rowcount == 1:
+                    kept.append(Lease(lease.key, lease.owner, lease.token, now + ttl))
+            return kept
+
+        return await self._write(do)
+
+    async def release_lease(self, lease: Lease) -> None:
+        def do(c: sqlite3.Connection) -> None:
+            c.execute(q.RELEASE_LEASE, (*key_args(lease.key), lease.token))
+
+        await self._write(do)
+
+    # -- fenced writes -------------------------------------------------------------------------
+    async def start_turn(
+        self, lease: Lease, turn_id: str, items: Sequence[NewItem], events: Sequence[NewEvent]
+    ) -> list[Item]:
+        def do(c: sqlite3.Connection) -> list[Item]:
+            pk = steps.fenced_pk(c, lease)
+            if c.execute(q.START_TURN, (time.time(), turn_id, pk)).rowcount != 1:
+                raise rules.not_in_status(turn_id, "queued")
+            return steps.add_rows(c, pk, turn_id, items, events)
+
+        return await self._write(do)
+
+    async def append(
+        self, lease: Lease, turn_id: str, items: Sequence[NewItem], events: Sequence[NewEvent]
+    ) -> list[Item]:
+        def do(c: sqlite3.Connection) -> list[Item]:
+            pk = steps.fenced_pk(c, lease)
+            # Turn ids are unique across sessions here, so without this check the events of
+            # another session's turn could be written under this session's lease.
+            if c.execute(q.TURN_IS_RUNNING, (turn_id, pk)).fetchone() is None:
+                raise rules.not_in_status(turn_id, "running")
+            return steps.add_rows(c, pk, turn_id, items, events)
+
+        return await self._write(do)
+
+    async def end_turn(
+        self,
+        lease: Lease,
+        turn_id: str,
+        ending: TurnEnding,
+        items: Sequence[NewItem],
+        events: Sequence[NewEvent],
+    ) -> Turn:
+        def do(c: sqlite3.Connection) -> Turn:
+            pk = steps.fenced_pk(c, lease)
+            turn = steps.get_turn(c, pk, turn_id)
+            if turn is None or turn.status != "running":
+                raise rules.not_in_status(turn_id, "running")
+            steps.add_rows(c, pk, turn_id, items, events)
+            return steps.finish(c, pk, turn, ending, terminal=False)
+
+        return await self._write(do)
+
+    async def recover(self, lease: Lease) -> list[Turn]:
+        def nothing_to_do(c: sqlite3.Connection) -> bool:
+            # Only a lease holder starts turns, so while we hold the lease no turn can start
+            # running behind this read: "nothing running" stays true without a write lock.
+            return c.execute(q.ANY_RUNNING, (steps.fenced_pk(c, lease),)).fetchone() is None
+
+        if await self._run(nothing_to_do):
+            return []
+        return await self._write(lambda c: steps.recover(c, steps.fenced_pk(c, lease)))
+
+    # -- cancel requests and events --------------------------------------------------------------
+    async def request_cancel(
+        self, key: SessionKey, turn_id: str, status: CancelStatus, reason: Reason
+    ) -> bool:
+        def do(c: sqlite3.Connection) -> bool:
+            try:
+                pk = session_pk(c, key)
+            except SessionNotFound:
+                return False
+            args = (cancel_json(status, reason), turn_id, pk)
+            return c.execute(q.REQUEST_CANCEL, args).rowcount == 1
+
+        return await self._write(do)
+
+    async def cancel_requests(
+        self, turn_ids: Sequence[str]
+    ) -> dict[str, tuple[CancelStatus, Reason]]:
+        ids = json.dumps(list(turn_ids))
+
+        def do(c: sqlite3.Connection) -> dict[str, tuple[CancelStatus, Reason]]:
+            return {tid: cancel_of(raw) for tid, raw in c.execute(q.CANCEL_REQUESTS, (ids,))}
+
+        return await self._run(do) if turn_ids else {}
+
+    async def list_events(
+        self, key: SessionKey, turn_id: str, *, after_seq: int = 0, limit: int = 1000
+    ) -> list[Event]:
+        def do(c: sqlite3.Connection) -> list[Event]:
+            try:
+                pk = session_pk(c, key)
+            except SessionNotFound:
+                return []
+            rows = c.execute(q.LIST_EVENTS, (turn_id, pk, after_seq, limit)).fetchall()
+            return events_of(turn_id, rows, after_seq, limit)
+
+        return await self._run(do)
