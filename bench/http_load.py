@@ -615,7 +615,7 @@ def _bucket(thread: str, files: list[str], names: list[str]) -> str:
         return "turn loop: prepare, window, emit (besides the model call)"
     if has("tether/store/"):
         return "store calls, event-loop side (executor hand-off)"
-    if has("tether/scheduler.py") or has("tether/runner.py") or has("tether/feeds.py"):
+    if has("tether/scheduler/"):
         return "scheduler / runner"
     if has("/uvicorn/") or has("/h11/") or has("/starlette/") or has("/fastapi/"):
         return "HTTP in: uvicorn + h11 + Starlette/FastAPI + routes"

@@ -10,10 +10,10 @@ import pytest
 
 from tests.helpers import StoreFactory, all_items, wait_until
 from tether import Agent, QueueFull
-from tether.leases import owner_is_dead
 from tether.models.base import ModelRequest
 from tether.records import LOCAL_PRINCIPAL, NewItem, SessionKey
 from tether.runtime import Runtime
+from tether.scheduler.owners import owner_is_dead
 from tether.store import InMemoryStore
 from tether.store.protocol import Store
 from tether.testing import ScriptedModel, Slow
@@ -112,10 +112,12 @@ async def test_worker_keeps_the_lease_briefly_between_turns(store: Store) -> Non
         await rt.scheduler.wait(key, first.id)
         held = await store.lease_holder(key)
         assert held == rt.scheduler.owner  # still ours, lingering
-        token = rt.scheduler._leases[key].token
+        lease = rt.scheduler.lease_of(key)
+        assert lease is not None
         second = await rt.scheduler.submit(key, "two")
         await rt.scheduler.wait(key, second.id)
-        assert rt.scheduler._leases[key].token == token  # reused, not re-acquired
+        again = rt.scheduler.lease_of(key)
+        assert again is not None and again.token == lease.token  # reused, not re-acquired
         async with asyncio.timeout(5):  # given up once idle
             while await store.lease_holder(key) is not None:  # noqa: ASYNC110 - a store poll
                 await asyncio.sleep(0.02)
@@ -273,7 +275,7 @@ async def test_cancel_reaches_the_owner_by_notification_and_survives_a_lost_list
     """
     import asyncpg
 
-    from tether import scheduler as scheduler_module
+    from tether.scheduler import core as scheduler_module
     from tether.store.postgres import PostgresStore
 
     monkeypatch.setattr(scheduler_module, "CANCEL_POLL", 60.0)
@@ -301,3 +303,26 @@ async def test_cancel_reaches_the_owner_by_notification_and_survives_a_lost_list
                     await conn.close()
                 after = await _listeners(postgres_url, 2)
                 assert not set(after) & set(before)  # new connections, not the killed ones
+
+
+async def test_a_turn_for_an_agent_not_served_ends_failed_and_forgets_it(store: Store) -> None:
+    # The session names an agent this runtime does not serve (removed from the server since).
+    rt = Runtime(store, agents=[Agent(name="served", model=ScriptedModel(default="hi"))])
+    async with rt:
+        key = SessionKey("local", "local", "orphan-agent")
+        await store.create_session(key, "gone")
+        # Submitted and not waited for, as POST …/turns with wait=false does.
+        turns = [await rt.scheduler.submit(key, f"m{n}") for n in range(3)]
+        async with asyncio.timeout(10):
+            for turn in turns:
+                while not ((t := await store.get_turn(key, turn.id)) and t.ended):  # noqa: ASYNC110 - a store poll
+                    await asyncio.sleep(0.01)
+        for turn in turns:
+            done = await store.get_turn(key, turn.id)
+            assert done is not None
+            assert (done.status, done.reason) == ("failed", "agent_not_found")
+            ended = [e for e in await store.list_events(key, turn.id) if e.type == "turn.ended"]
+            assert [e.data["reason"] for e in ended] == ["agent_not_found"]
+        # The ending released what this process kept for the turn: nothing is left behind
+        # (before, each such turn stayed in the waiter table for the life of the process).
+        assert not rt.scheduler.local.waiters

@@ -356,7 +356,7 @@ def keys_create(
     store: StoreOpt = None,
 ) -> None:
     """Create an API key; it is printed once, as the last word of the last line."""
-    from tether.server.auth import mint_key
+    from tether.keys import mint_key
 
     for label, value in (("--user", user), ("--tenant", tenant)):
         # A principal is a namespace: an empty or blank name would be a shared, unnamed one.

@@ -15,11 +15,14 @@ from pathlib import Path
 
 from tether.agent import Agent
 from tether.errors import SessionNotFound, TurnFailed
+from tether.events import TURN_ENDED
+from tether.keys import ApiKeys
 from tether.memory.embed import Embedder
 from tether.memory.service import MemoryService
 from tether.records import (
     LOCAL_PRINCIPAL,
     Event,
+    ForgetReport,
     Policy,
     Principal,
     SessionKey,
@@ -27,6 +30,7 @@ from tether.records import (
     Turn,
 )
 from tether.scheduler import Scheduler
+from tether.scheduler.sessions import SessionService
 from tether.store.protocol import Store
 from tether.store.rules import DEFAULT_MAX_QUEUE
 from tether.store.sqlite import SQLiteStore
@@ -58,7 +62,7 @@ class Runtime:
         self.memory = MemoryService(
             self.store, embedder=embedder or os.environ.get("TETHER_EMBEDDER") or None
         )
-        self.scheduler = Scheduler(
+        self.scheduler: Scheduler = Scheduler(
             self.store,
             self.agents.get,
             lease_ttl=lease_ttl,
@@ -69,6 +73,9 @@ class Runtime:
             default_model=default_model,
             memory=self.memory,
         )
+        self.sessions = SessionService(self.store, self.scheduler)
+        """Sessions for every front door: the caller's own, cancel-then-delete."""
+        self.keys = ApiKeys(self.store)
         self._started = False
         self._starting: asyncio.Future[None] | None = None
         self._warming: asyncio.Future[None] | None = None
@@ -111,17 +118,27 @@ class Runtime:
         """Serve ``agent`` under its name (the latest registration of a name wins)."""
         self.agents[agent.name] = agent
 
-    async def store_ready_get(self, key: SessionKey) -> SessionRecord | None:
+    async def ping(self) -> None:
+        """Raise :class:`StoreError` when the store cannot answer (readiness)."""
+        await self.store.ping()
+
+    async def get_session(self, key: SessionKey) -> SessionRecord | None:
+        """The session as stored (started first: embedded callers may come before any turn)."""
         await self.start()
-        return await self.store.get_session(key)
+        return await self.sessions.get(key)
+
+    async def forget_user(self, tenant: str, user: str) -> ForgetReport:
+        """Everything of one user, gone: their turns are cancelled (and waited for, so none
+        writes after its data is gone), then sessions, history, memory and knowledge are
+        deleted in one transaction. Shared (agent, tenant) memory stays."""
+        await self.sessions.cancel_all_of(tenant, user, "user_data_deleted")
+        return await self.memory.forget_user(tenant, user)
 
     async def ensure_session(
         self, key: SessionKey, agent: str, *, ttl_seconds: float | None = None
     ) -> SessionRecord:
         await self.start()
-        record, _ = await self.store.create_session(
-            key, agent, ttl_seconds=ttl_seconds, exist_ok=True
-        )
+        record, _ = await self.sessions.create(key, agent, ttl_seconds=ttl_seconds, exist_ok=True)
         return record
 
     def key_for(self, agent: Agent, session_id: str | None, principal: Principal) -> SessionKey:
@@ -151,7 +168,7 @@ class Runtime:
                 key, message, policy=policy, principal=principal, wait_for_slot=wait
             )
         except SessionNotFound:
-            record, created = await self.store.create_session(
+            record, created = await self.sessions.create(
                 key, agent.name, ttl_seconds=agent.memory.session_ttl, exist_ok=True
             )
             if not created and record.expires_at is not None and record.expires_at <= time.time():
@@ -201,7 +218,7 @@ class Runtime:
         try:
             async for event in self.scheduler.events(turn.key, turn.id):
                 yield event
-                if event.type == "turn.ended":
+                if event.type == TURN_ENDED:
                     finished = True
         finally:
             if not finished:

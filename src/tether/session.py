@@ -88,7 +88,7 @@ class Session:
 
     def _record(self) -> SessionRecord | None:
         rt = self._rt()
-        record: SessionRecord | None = rt.call(rt.runtime.store_ready_get(self.key))
+        record: SessionRecord | None = rt.call(rt.runtime.get_session(self.key))
         return record
 
     def _ensure(self, agent_name: str) -> SessionRecord:
@@ -170,7 +170,7 @@ class Session:
         """Replace the session's small JSON state."""
         self._ensure(self._chat_agent().name)
         rt = self._rt()
-        rt.call(rt.runtime.store.update_session(self.key, state=dict(state)))
+        rt.call(rt.runtime.sessions.update(self.key, state=dict(state)))
 
     def restore_state(self) -> dict[str, Any]:
         record = self._record()
@@ -181,7 +181,7 @@ class Session:
         if self._record() is None:
             return []
         rt = self._rt()
-        items = rt.call(rt.runtime.store.list_items(self.key, limit=limit))
+        items = rt.call(rt.runtime.sessions.items(self.key, limit=limit))
         out: list[dict[str, Any]] = []
         for i in items:
             if i.excluded or i.kind not in ("user", "assistant"):
@@ -322,7 +322,7 @@ class Session:
         if self._record() is None:
             raise SessionNotFound("session not found")
         rt = self._rt()
-        rt.call(rt.runtime.store.clear_items(self.key))
+        rt.call(rt.runtime.sessions.clear(self.key))
 
     def close(self) -> None:
         """Release the connection of a remote session (local history stays stored)."""

@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import all_items, assert_paired, key, running, wait_until
 from tether import Agent, RetryPolicy, SessionBusy, TurnFailed, tool
-from tether.loop.prepare import INTERRUPTED_MARK
+from tether.loop.window import INTERRUPTED_MARK
 from tether.records import ABORTED_TOOL_RESULT
 from tether.store.protocol import Store
 from tether.testing import Call, EchoModel, Fail, ScriptedModel, Slow, ToolCalls, transcript

@@ -5,8 +5,8 @@ from __future__ import annotations
 from tests.helpers import all_items, assert_paired, running
 from tether import Agent
 from tether.loop import compact
-from tether.loop.prepare import estimate_tokens
-from tether.loop.run import DEFAULT_OUTPUT_RESERVE
+from tether.loop.prepare import DEFAULT_OUTPUT_RESERVE
+from tether.loop.window import estimate_tokens
 from tether.models.base import ModelRequest
 from tether.records import LOCAL_PRINCIPAL, NewEvent, NewItem, SessionKey, TurnEnding, new_turn_id
 from tether.store.protocol import Store

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from tests.server.conftest import Server, ServerFactory
-from tether.server.auth import mint_key
+from tether.keys import mint_key
 from tether.store import SQLiteStore
 from tether.testing.fake_openai import FakeError, FakeOpenAIServer
 

@@ -22,8 +22,8 @@ from fpdf import FPDF
 from tests.conformance.postgres_db import fresh_schema, run
 from tests.server.cli_keys import PROBLEM_JSON, assert_problem
 from tests.server.conftest import Server, start_server
+from tether.keys import mint_key
 from tether.memory.documents import MAX_DOCUMENT_BYTES
-from tether.server.auth import mint_key
 from tether.store import open_store_url
 
 CANARY_USERS = [f"u{n:02d}" for n in range(50)]

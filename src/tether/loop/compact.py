@@ -13,9 +13,10 @@ from __future__ import annotations
 import logging
 
 from tether.errors import ModelError
+from tether.events import CONTEXT_COMPACTED
 from tether.loop.context import TurnContext
-from tether.loop.prepare import estimate_tokens, item_tokens, paired, render
 from tether.loop.state import TurnState
+from tether.loop.window import estimate_tokens, item_tokens, paired, render
 from tether.models.base import Message, ModelRequest, TextDelta
 from tether.models.base import Usage as ModelUsage
 from tether.records import Item, NewItem
@@ -89,7 +90,7 @@ async def summarise(
         [NewItem("summary", text.strip(), meta={"upto_seq": upto, "items": len(gap)})]
     )
     ctx.sink.emit(
-        "context.compacted",
+        CONTEXT_COMPACTED,
         {"summary_seq": stored.seq, "upto_seq": upto, "summarised_items": len(gap)},
     )
     return stored

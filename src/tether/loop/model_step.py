@@ -13,6 +13,7 @@ from tenacity import (
 )
 
 from tether.errors import ModelError
+from tether.events import MESSAGE_DELTA
 from tether.loop.context import TurnContext
 from tether.loop.state import TurnState
 from tether.models.base import (
@@ -78,7 +79,7 @@ async def _stream_once(ctx: TurnContext, state: TurnState, request: ModelRequest
                 if event.text:
                     parts.append(event.text)
                     state.partial_text += event.text
-                    ctx.sink.emit("message.delta", {"text": event.text})
+                    ctx.sink.emit(MESSAGE_DELTA, {"text": event.text})
             elif isinstance(event, ToolCallDelta):
                 slot = calls.setdefault(event.index, {"name": "", "arguments": ""})
                 if event.name:

@@ -1,121 +1,92 @@
 """Step 1 of a turn: assemble the prompt.
 
-The prompt is the agent's instructions, then the newest history items that fit the context
-budget, then this turn's input. History is read backwards a page at a time, so the cost follows
-the size of the window, not the length of the session. Tool calls and their results are kept
-together or left out together: a model must never see one without the other.
+The prompt is the agent's instructions, recalled memory as a delimited data block, the summary
+of what fell out of the window (if any), the newest history items that fit the context budget
+(:mod:`.window`), then this turn's input.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import asyncio
+import logging
 
-from tether.loop.context import HistoryReader
-from tether.models.base import Message, ToolCall
-from tether.records import Item
+from tether.errors import StaleLease
+from tether.events import MEMORY_RECALLED
+from tether.loop.compact import summarise, summary_tokens
+from tether.loop.context import TurnContext
+from tether.loop.state import TurnState
+from tether.loop.window import estimate_tokens, render, select_window
+from tether.memory import recall
+from tether.models.base import Message
 
-INTERRUPTED_MARK = "[This reply was interrupted before it was finished.]"
-FIRST_PAGE = 16
-MAX_PAGE = 256
-# Conservative characters-per-token: real tokenizers average ~4 on English; estimating low
-# keeps a prompt from overflowing a small context window.
-CHARS_PER_TOKEN = 3.5
-MESSAGE_OVERHEAD = 4
+log = logging.getLogger("tether.loop")
 
-
-def estimate_tokens(text: str) -> int:
-    return int(len(text) / CHARS_PER_TOKEN) + MESSAGE_OVERHEAD
+DEFAULT_OUTPUT_RESERVE = 512
 
 
-def item_tokens(item: Item) -> int:
-    return (
-        estimate_tokens(item.content)
-        + estimate_tokens(item.arguments or "")
-        - (MESSAGE_OVERHEAD if item.arguments else 0)
-    )
+def context_budget(ctx: TurnContext, system: str) -> int:
+    agent = ctx.agent
+    if agent.context_budget is not None:
+        return agent.context_budget
+    reserve = agent.max_output_tokens or DEFAULT_OUTPUT_RESERVE
+    fixed = estimate_tokens(system) + estimate_tokens(ctx.input)
+    fixed += sum(estimate_tokens(str(t.parameters)) for t in ctx.tools)
+    return max(0, ctx.model.context_window - reserve - fixed)
 
 
-@dataclass(frozen=True, slots=True)
-class Window:
-    items: list[Item]
-    """The newest items that fit, oldest first, tool pairs whole."""
-    truncated: bool
-    """True when older items exist that did not fit."""
+async def _recall(ctx: TurnContext) -> str:
+    """The recalled-data block for the system prompt; memory trouble never fails the turn."""
+    if ctx.memory is None:
+        return ""
+    try:
+        hits = await ctx.memory.recall(ctx.input)
+        if hits:
+            ctx.sink.emit(MEMORY_RECALLED, recall.event_data(hits))
+        # After recall: this message's own notes are in the prompt as the message itself.
+        await ctx.memory.keep_notes(ctx.input)
+    except (asyncio.CancelledError, StaleLease):
+        raise
+    except Exception:
+        log.warning("turn %s: memory unavailable; going on without it", ctx.turn_id, exc_info=True)
+        return ""
+    return recall.block(hits)
 
 
-async def select_window(history: HistoryReader, before_seq: int, budget: int) -> Window:
-    """The newest items older than ``before_seq`` whose estimated size fits ``budget``, in order.
-
-    Summary items are not part of the window: the newest one is placed before it separately.
-    """
-    chosen: list[Item] = []
-    used = 0
-    cursor = before_seq
-    full = False
-    # Small first page, doubling: a typical window is a few dozen items, and reading a page
-    # costs in proportion to its size, not to the session's length.
-    size = FIRST_PAGE
-    while not full:
-        page = await history.recent(cursor, size)
-        for item in page:
-            if item.kind == "summary":
-                continue
-            cost = item_tokens(item)
-            if used + cost > budget:
-                full = True
-                break
-            chosen.append(item)
-            used += cost
-        if len(page) < size:
-            break
-        cursor = page[-1].seq
-        size = min(size * 2, MAX_PAGE)
-    chosen.reverse()
-    return Window(paired(chosen), full)
-
-
-def paired(items: list[Item]) -> list[Item]:
-    """Drop tool calls without their result and results without their call."""
-    calls = {i.call_id for i in items if i.kind == "tool_call"}
-    results = {i.call_id for i in items if i.kind == "tool_result"}
-    return [
-        i
-        for i in items
-        if not (i.kind == "tool_call" and i.call_id not in results)
-        and not (i.kind == "tool_result" and i.call_id not in calls)
-    ]
-
-
-def render(items: Sequence[Item]) -> list[Message]:
-    """History items as chat messages; a step's text and tool calls become one message."""
-    out: list[Message] = []
-    prev: Item | None = None
-    for item in items:
-        if item.kind == "user":
-            out.append(Message("user", item.content))
-        elif item.kind == "summary":
-            out.append(Message("system", f"Summary of the earlier conversation:\n{item.content}"))
-        elif item.kind == "assistant":
-            text = item.content if item.complete else f"{item.content}\n{INTERRUPTED_MARK}".strip()
-            out.append(Message("assistant", text))
-        elif item.kind == "tool_call":
-            call = ToolCall(item.call_id or "", item.tool_name or "", item.arguments or "{}")
-            # A step's text and its calls, or several calls of one step, are one message.
-            same_step = (
-                prev is not None
-                and prev.kind in ("assistant", "tool_call")
-                and prev.turn_id == item.turn_id
-                and prev.meta.get("step") == item.meta.get("step")
-                and out
-                and out[-1].role == "assistant"
+async def prepare(ctx: TurnContext, state: TurnState) -> None:
+    instructions = ctx.agent.instructions
+    recalled = await _recall(ctx)
+    # Recalled data goes in the system prompt, after the instructions, as a block of its own;
+    # a model that attends to the end of its prompt (the embedded one) gets it as a system
+    # message right before the newest user message instead, when history stands in between
+    # (see LocalModel).
+    near_question = bool(recalled) and getattr(ctx.model, "recall_near_question", False)
+    budget = context_budget(ctx, f"{instructions}\n\n{recalled}" if recalled else instructions)
+    window = await select_window(ctx.history, ctx.input_seq, budget)
+    summary = None
+    if window.truncated:
+        # Only a conversation that outgrew the window has a summary to place (or to make): the
+        # common short one costs no summary read.
+        summary = await ctx.history.latest_summary()
+        if summary is not None:
+            window = await select_window(
+                ctx.history, ctx.input_seq, budget - summary_tokens(summary)
             )
-            if same_step:
-                last = out[-1]
-                out[-1] = Message("assistant", last.content, (*last.tool_calls, call))
-            else:
-                out.append(Message("assistant", "", (call,)))
-        elif item.kind == "tool_result":
-            out.append(Message("tool", item.content, tool_call_id=item.call_id))
-        prev = item
-    return out
+        if ctx.agent.memory.summarize:
+            first_kept = window.items[0].seq if window.items else ctx.input_seq
+            fresh = await summarise(ctx, state, summary, first_kept)
+            if fresh is not None:
+                summary = fresh
+                # The new summary may be longer than the old one: re-fit the window under it.
+                window = await select_window(
+                    ctx.history, ctx.input_seq, budget - summary_tokens(summary)
+                )
+    late = near_question and bool(window.items)
+    system = f"{instructions}\n\n{recalled}" if recalled and not late else instructions
+    # The summary is about what came before the window, so it goes first (its own seq is later).
+    state.messages = [
+        Message("system", system),
+        *render([summary] if summary is not None else []),
+        *render(window.items),
+        *([Message("system", recalled)] if late else []),
+        Message("user", ctx.input),
+    ]

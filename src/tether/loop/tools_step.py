@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from tether.errors import InvalidInput
+from tether.events import TOOL_APPROVAL_REQUESTED
 from tether.loop.context import TurnContext
 from tether.models.base import ToolCall
 from tether.tools.approval import REFUSED_RESULT, ApprovalRequest
@@ -50,7 +51,7 @@ async def run_call(ctx: TurnContext, call: ToolCall) -> tuple[str, bool]:
 
 async def _approved(ctx: TurnContext, call: ToolCall) -> bool:
     ctx.sink.emit(
-        "tool.approval_requested",
+        TOOL_APPROVAL_REQUESTED,
         {"call_id": call.id, "name": call.name, "arguments": call.arguments},
     )
     if ctx.approver is None:

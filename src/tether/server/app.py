@@ -113,7 +113,7 @@ def create_app(settings: Settings | None = None, agents: Sequence[Agent] | None 
     state = ServerState(
         settings=settings,
         runtime=runtime,
-        auth=Authenticator(store, local_allowed=settings.loopback or settings.insecure),
+        auth=Authenticator(runtime.keys, local_allowed=settings.loopback or settings.insecure),
         approvals=approvals,
         agents=agents,
     )

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from typing import Annotated
 
 from fastapi import Depends, Path, Request
 
-from tether.errors import SessionNotFound, TooLarge
+from tether.errors import TooLarge
 from tether.records import Principal, SessionKey, SessionRecord
 from tether.server.schemas import SESSION_ID
 from tether.server.state import ServerState, state_of
@@ -40,27 +39,9 @@ async def session_key(caller: Caller, sid: SessionIdPath) -> SessionKey:
 Key = Annotated[SessionKey, Depends(session_key)]
 
 
-def expired(record: SessionRecord) -> bool:
-    return record.expires_at is not None and record.expires_at <= time.time()
-
-
 async def own_session(st: State, key: Key) -> SessionRecord:
     """The caller's session; unknown, foreign and expired all give the same 404."""
-    record = await st.runtime.store.get_session(key)
-    if record is None or expired(record):
-        raise SessionNotFound("session not found")
-    return record
-
-
-async def drop_if_expired(st: ServerState, key: SessionKey) -> None:
-    """An expired session is gone (it answers 404): delete it so that its id starts afresh
-    rather than reviving the old history."""
-    record = await st.runtime.store.get_session(key)
-    if record is None or not expired(record):
-        return
-    for turn in await st.runtime.store.active_turns(key):
-        await st.runtime.scheduler.cancel(key, turn.id, "session_expired")
-    await st.runtime.store.delete_session(key)
+    return await st.runtime.sessions.own(key)
 
 
 OwnSession = Annotated[SessionRecord, Depends(own_session)]

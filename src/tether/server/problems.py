@@ -33,6 +33,7 @@ from tether.errors import (
     TooLarge,
     Unauthorized,
 )
+from tether.events import EVENT_TYPES, TURN_ENDED
 from tether.server.schemas import ProblemOut
 
 log = logging.getLogger("tether.server")
@@ -177,9 +178,9 @@ _EVENT: dict[str, Any] = {
         "event": {
             "type": "string",
             "pattern": "^[a-z_]+[.][a-z_]+$",
-            "description": "turn.queued, turn.started, message.delta, message.completed, "
-            "tool.call, tool.approval_requested, tool.result, memory.recalled, "
-            "context.compacted, or turn.ended (the last, exactly once).",
+            "enum": list(EVENT_TYPES),
+            "description": f"{', '.join(EVENT_TYPES[:-1])} or {TURN_ENDED} (the last, exactly"
+            " once).",
         },
         "data": {
             "type": "string",

@@ -8,6 +8,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
+from tether.events import MESSAGE_DELTA
 from tether.records import (
     ApiKey,
     CancelStatus,
@@ -94,11 +95,11 @@ def event_rows(events: Sequence[NewEvent]) -> list[tuple[int, int | None, str, s
             rows.append((run[0].seq, None, run[0].type, json.dumps(run[0].data)))
         elif run:
             texts = [e.data.get("text", "") for e in run]
-            rows.append((run[0].seq, run[-1].seq, "message.delta", json.dumps({"texts": texts})))
+            rows.append((run[0].seq, run[-1].seq, MESSAGE_DELTA, json.dumps({"texts": texts})))
         run.clear()
 
     for e in events:
-        foldable = e.type == "message.delta" and set(e.data) == {"text"}
+        foldable = e.type == MESSAGE_DELTA and set(e.data) == {"text"}
         if foldable and (not run or run[-1].seq + 1 == e.seq):
             run.append(e)
             continue

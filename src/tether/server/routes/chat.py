@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 
 from tether.errors import AgentNotFound, Conflict, InvalidInput
 from tether.records import SessionKey, new_session_id
-from tether.server.deps import Caller, State, check_message, drop_if_expired
+from tether.server.deps import Caller, State, check_message
 from tether.server.problems import responses
 from tether.server.routes.outcomes import turn_problem
 from tether.server.routes.turns import wait_for_turn
@@ -48,8 +48,9 @@ async def chat(body: ChatRequest, request: Request, st: State, caller: Caller) -
     check_message(st, body.message)
     session_id = body.session_id or new_session_id()
     key = SessionKey.of(caller, session_id)
-    await drop_if_expired(st, key)
-    record, _ = await st.runtime.store.create_session(key, agent_name, exist_ok=True)
+    record, _ = await st.runtime.sessions.create(
+        key, agent_name, exist_ok=True, replace_expired=True
+    )
     if record.agent != agent_name:
         raise Conflict(f"session {session_id!r} belongs to agent {record.agent!r}")
     turn = await st.runtime.scheduler.submit(

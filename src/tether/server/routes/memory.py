@@ -12,9 +12,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Path, Query, Response
 
-from tether.errors import AgentNotFound, InvalidInput, MemoryNotFound, SessionNotFound
+from tether.errors import AgentNotFound, InvalidInput, MemoryNotFound
 from tether.records import SCOPES, MemoryRecord, Principal, SessionKey
-from tether.server.deps import Caller, State, expired
+from tether.server.deps import Caller, State
 from tether.server.memory_schemas import (
     SESSION_ID_DOC,
     Cleared,
@@ -77,9 +77,7 @@ async def check_target(
     agent memory must name one of the server's agents."""
     check_agent(agent)
     if session_id is not None:
-        record = await st.runtime.store.get_session(SessionKey.of(caller, session_id))
-        if record is None or expired(record):
-            raise SessionNotFound("session not found")
+        await st.runtime.sessions.own(SessionKey.of(caller, session_id))
     if write and scope == "agent" and agent is not None and agent not in st.runtime.agents:
         raise AgentNotFound(f"no agent named {agent!r}")
 

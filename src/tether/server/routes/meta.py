@@ -21,7 +21,7 @@ async def healthz() -> Health:
 @router.get("/readyz", tags=["health"], responses=responses(503))
 async def readyz(st: State) -> Health:
     """Readiness: the store answers."""
-    await st.runtime.store.ping()
+    await st.runtime.ping()
     return Health(status="ok")
 
 

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Response
 
 from tether.errors import AgentNotFound, InvalidInput, TooLarge
 from tether.records import SessionKey, new_session_id
-from tether.server.deps import Caller, Key, OwnSession, State, drop_if_expired, expired
+from tether.server.deps import Caller, Key, OwnSession, State
 from tether.server.problems import responses
 from tether.server.schemas import (
     ItemOut,
@@ -63,9 +63,8 @@ def _check_metadata(st: ServerState, what: str, value: dict[str, Any] | None) ->
 
 
 async def _detailed(st: ServerState, key: SessionKey) -> SessionOut:
-    record = await st.runtime.store.get_session(key)
-    assert record is not None
-    stats = await st.runtime.store.session_stats(key)
+    record = await st.runtime.sessions.own(key)
+    stats = await st.runtime.sessions.stats(key)
     return SessionOut.of(
         record,
         status="busy" if stats.active_turns else "idle",
@@ -89,9 +88,8 @@ async def create_session(body: SessionCreate, st: State, caller: Caller) -> Sess
     if agent not in st.runtime.agents:
         raise AgentNotFound(f"no agent named {agent!r}")
     _check_metadata(st, "metadata", body.metadata)
-    await drop_if_expired(st, key)
-    record, _ = await st.runtime.store.create_session(
-        key, agent, metadata=body.metadata, ttl_seconds=body.ttl_seconds
+    record, _ = await st.runtime.sessions.create(
+        key, agent, metadata=body.metadata, ttl_seconds=body.ttl_seconds, replace_expired=True
     )
     return SessionOut.of(record, status="idle", item_count=0, turn_count=0)
 
@@ -107,15 +105,8 @@ async def list_sessions(
 
     Expired sessions are left out (they answer 404), so a page may hold fewer than ``limit``.
     """
-    records = await st.runtime.store.list_sessions(
-        caller.tenant, caller.user, limit=limit + 1, after=cursor
-    )
-    page = records[:limit]
-    more = len(records) > limit
-    return SessionPage(
-        data=[SessionOut.of(r) for r in page if not expired(r)],
-        next_cursor=page[-1].key.session_id if more and page else None,
-    )
+    page = await st.runtime.sessions.page(caller.tenant, caller.user, limit=limit, after=cursor)
+    return SessionPage(data=[SessionOut.of(r) for r in page.records], next_cursor=page.next_cursor)
 
 
 @router.get("/{sid}", responses=NOT_FOUND)
@@ -131,7 +122,7 @@ async def patch_session(body: SessionPatch, st: State, key: Key, _: OwnSession) 
     """Replace metadata and/or state, or extend the TTL; ``expected_revision`` guards races."""
     _check_metadata(st, "metadata", body.metadata)
     _check_metadata(st, "state", body.state)
-    await st.runtime.store.update_session(
+    await st.runtime.sessions.update(
         key,
         metadata=body.metadata,
         state=body.state,
@@ -144,9 +135,7 @@ async def patch_session(body: SessionPatch, st: State, key: Key, _: OwnSession) 
 @router.delete("/{sid}", status_code=204, responses=NOT_FOUND)
 async def delete_session(st: State, key: Key, _: OwnSession) -> Response:
     """Delete the session with its history; a running turn is cancelled first."""
-    for turn in await st.runtime.store.active_turns(key):
-        await st.runtime.scheduler.cancel(key, turn.id, "session_deleted")
-    await st.runtime.store.delete_session(key)
+    await st.runtime.sessions.delete(key)
     return Response(status_code=204)
 
 
@@ -159,7 +148,7 @@ async def list_items(
     cursor: Annotated[int | None, Query(ge=0, le=MAX_SEQ)] = None,
 ) -> ItemPage:
     """History in order; pass ``next_cursor`` back as ``cursor`` for the next page."""
-    items = await st.runtime.store.list_items(key, after_seq=cursor or 0, limit=limit + 1)
+    items = await st.runtime.sessions.items(key, after=cursor or 0, limit=limit + 1)
     page = items[:limit]
     return ItemPage(
         data=[ItemOut.of(i) for i in page],
@@ -174,5 +163,5 @@ async def list_items(
 )
 async def clear_items(st: State, key: Key, _: OwnSession) -> Response:
     """Clear the history (summaries included); refused while a turn is queued or running."""
-    await st.runtime.store.clear_items(key)
+    await st.runtime.sessions.clear(key)
     return Response(status_code=204)

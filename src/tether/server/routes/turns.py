@@ -134,7 +134,7 @@ async def list_turns(
     cursor: Annotated[int | None, Query(ge=0, le=sse.MAX_SEQ)] = None,
 ) -> TurnPage:
     """The session's turns in order; pass ``next_cursor`` back as ``cursor``."""
-    turns = await st.runtime.store.list_turns(key, after_seq=cursor or 0, limit=limit + 1)
+    turns = await st.runtime.sessions.turns(key, after=cursor or 0, limit=limit + 1)
     page = turns[:limit]
     return TurnPage(
         data=[TurnOut.of(t) for t in page],
@@ -145,7 +145,7 @@ async def list_turns(
 async def _own_turn(st: ServerState, key: SessionKey, tid: str) -> Turn:
     if len(tid) > 64:
         raise TurnNotFound("turn not found")
-    turn = await st.runtime.store.get_turn(key, tid)
+    turn = await st.runtime.sessions.turn(key, tid)
     if turn is None:
         raise TurnNotFound("turn not found")
     return turn

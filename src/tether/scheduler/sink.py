@@ -1,7 +1,7 @@
-"""Running one turn under a lease: the fenced sink, the history reader, and the commit of the end.
+"""Where the turn loop meets the store: the fenced sink it writes through, the history it reads.
 
-This is the only place the turn loop meets the store, and every write here carries the lease:
-the store checks its fencing token in the same transaction as the write.
+Every write here carries the lease: the store checks its fencing token in the same transaction
+as the write, so a process that lost the session can add nothing to it.
 """
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from tether.errors import StaleLease
-from tether.events import EventType
-from tether.feeds import TurnFeed
+from tether.events import TURN_ENDED, TURN_STARTED, EventType
 from tether.records import Event, Item, Lease, NewEvent, NewItem, SessionKey, Turn, TurnEnding
-from tether.store.protocol import Store
+from tether.scheduler.feeds import TurnFeed
+from tether.store.protocol import FencedWrites, HistoryStore
 
 log = logging.getLogger("tether.runner")
 
 
 class StoreHistory:
-    def __init__(self, store: Store, key: SessionKey) -> None:
+    def __init__(self, store: HistoryStore, key: SessionKey) -> None:
         self._store = store
         self._key = key
 
@@ -49,7 +49,7 @@ class FencedSink:
 
     def __init__(
         self,
-        store: Store,
+        store: FencedWrites,
         lease: Lease,
         turn_id: str,
         feed: TurnFeed,
@@ -108,7 +108,7 @@ class FencedSink:
                 self._buffer[:0] = events
 
     async def start(self, user_input: str) -> Item:
-        self.emit("turn.started", {"turn_id": self._turn_id})
+        self.emit(TURN_STARTED, {"turn_id": self._turn_id})
         async with self._lock:
             items = await self._store.start_turn(
                 self.lease, self._turn_id, [NewItem("user", user_input)], self.take_events()
@@ -139,7 +139,7 @@ class FencedSink:
         async with self._lock:
             if self._stale is not None:
                 raise self._stale
-            self.emit("turn.ended", terminal)
+            self.emit(TURN_ENDED, terminal)
             return await self._store.end_turn(
                 self.lease, self._turn_id, ending, items, self.take_events()
             )

@@ -11,8 +11,9 @@ import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 
 from tether.errors import TurnNotFound
+from tether.events import TURN_ENDED
 from tether.records import Event, SessionKey
-from tether.store.protocol import Store
+from tether.store.protocol import TurnReader
 
 
 class TurnFeed:
@@ -62,7 +63,7 @@ class TurnFeed:
 
 
 async def follow_turn(
-    store: Store,
+    store: TurnReader,
     feeds: Mapping[str, TurnFeed],
     key: SessionKey,
     turn_id: str,
@@ -87,13 +88,13 @@ async def follow_turn(
                 break  # the feed has these, and the ones not yet persisted
             yield event
             last = event.seq
-            if event.type == "turn.ended":
+            if event.type == TURN_ENDED:
                 return
         if feed is not None:
             async for event in feed.follow(last):
                 yield event
                 last = event.seq
-                saw_terminal = saw_terminal or event.type == "turn.ended"
+                saw_terminal = saw_terminal or event.type == TURN_ENDED
             if saw_terminal:
                 return
             continue
@@ -103,7 +104,7 @@ async def follow_turn(
             # the terminal event is still owed to the client.
             tail = await store.list_events(key, turn_id, after_seq=last)
             if not tail:
-                ended = [e for e in await store.list_events(key, turn_id) if e.type == "turn.ended"]
+                ended = [e for e in await store.list_events(key, turn_id) if e.type == TURN_ENDED]
                 for e in ended:
                     yield e
                 return

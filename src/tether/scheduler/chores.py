@@ -11,25 +11,16 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
-from tether.loop.context import TurnContext
-from tether.records import Lease, SessionKey, Turn
-from tether.store.protocol import CancelFeed, Store
+from tether.records import Lease, SessionKey
+from tether.scheduler.local import RunningTurn
+from tether.store.protocol import CancelFeed, LeaseStore, Maintenance, TurnLog
 
 log = logging.getLogger("tether.scheduler")
 
 
-@dataclass
-class RunningTurn:
-    """A turn running in this process, with the context that can stop it."""
-
-    turn: Turn
-    ctx: TurnContext
-
-
 async def heartbeat(
-    store: Store,
+    store: LeaseStore,
     leases: Mapping[SessionKey, Lease],
     running: Mapping[str, RunningTurn],
     ttl: float,
@@ -56,7 +47,7 @@ async def heartbeat(
 
 
 async def watch_cancels(
-    store: Store,
+    store: TurnLog,
     running: Mapping[str, RunningTurn],
     interval: float,
     *,
@@ -135,7 +126,7 @@ async def _listen(
         await asyncio.sleep(1.0)
 
 
-async def sweep_expired(store: Store, interval: Callable[[], float]) -> None:
+async def sweep_expired(store: Maintenance, interval: Callable[[], float]) -> None:
     """Delete idle sessions past their TTL (any node may; the store keeps it safe)."""
     while True:
         await asyncio.sleep(interval())
@@ -149,7 +140,7 @@ async def sweep_expired(store: Store, interval: Callable[[], float]) -> None:
 
 
 async def adopt_orphans(
-    store: Store,
+    store: Maintenance,
     workers: Mapping[SessionKey, object],
     kick: Callable[[SessionKey], None],
     ttl: float,

@@ -1,0 +1,312 @@
+"""One turn at a time per session, on any number of processes.
+
+How it holds together:
+
+* A turn is accepted by :meth:`Scheduler.submit`, which queues it in the store (one transaction
+  that also applies the policy: reject, queue bound). Order is the turn's ``seq``.
+* A session with work gets a worker in this process (:mod:`.worker`) that holds the session's
+  lease while it runs the queue, one turn at a time (:mod:`.turn`).
+* Background chores (:mod:`.chores`) renew the leases this process holds, apply cancel
+  requests other processes leave for its turns, sweep expired sessions and adopt orphaned work.
+* Callers wait for a turn's end (:meth:`wait`), cancel it (:meth:`cancel`) or follow its events
+  (:meth:`events`) from any process: what this process knows (:mod:`.local`) answers at once,
+  the store answers the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import AsyncGenerator
+from pathlib import Path
+from typing import Literal, Protocol
+
+from tether.errors import QueueFull, ShuttingDown, TurnNotFound
+from tether.memory.service import MemoryService
+from tether.records import (
+    CancelStatus,
+    Event,
+    Lease,
+    Policy,
+    Principal,
+    Reason,
+    SessionKey,
+    Turn,
+    new_turn_id,
+)
+from tether.scheduler import chores
+from tether.scheduler.feeds import follow_turn
+from tether.scheduler.local import Local
+from tether.scheduler.owners import new_owner_id
+from tether.scheduler.turn import AgentResolver, TurnRunner, TurnStore
+from tether.scheduler.worker import Workers, WorkerStore
+from tether.store.protocol import Maintenance, TurnLog
+from tether.store.rules import DEFAULT_MAX_QUEUE
+from tether.tools.approval import Approver
+
+CANCEL_POLL = 0.025
+"""Seconds between reads of cancel requests while this process runs turns."""
+CANCEL_FALLBACK = 1.0
+"""The same with a store that announces requests (PostgreSQL LISTEN/NOTIFY): a safety net."""
+CROSS_PROCESS_POLL = 0.25
+"""Seconds between store reads while waiting on a turn that another process may be running."""
+SLOT_POLL = 0.5
+"""Seconds between retries of a caller waiting for room in a full queue (another node may
+free it without telling this one)."""
+
+
+class SchedulerStore(WorkerStore, TurnStore, TurnLog, Maintenance, Protocol):
+    """Everything the scheduler's parts use of the store (not keys, not memory)."""
+
+
+class Scheduler:
+    def __init__(
+        self,
+        store: SchedulerStore,
+        agents: AgentResolver,
+        *,
+        node: str | None = None,
+        lease_ttl: float = 30.0,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        approver: Approver | None = None,
+        workspace_root: Path | None = None,
+        default_model: str | None = None,
+        linger: float = 0.25,
+        memory: MemoryService | None = None,
+    ) -> None:
+        self.store = store
+        self.memory = memory
+        self.owner = new_owner_id(node)
+        self.lease_ttl = lease_ttl
+        self.max_queue = max_queue
+        self.local = Local()
+        self.runner = TurnRunner(
+            store,
+            self.local,
+            agents,
+            approver=approver,
+            workspace_root=workspace_root,
+            default_model=default_model,
+            memory=memory,
+        )
+        self.workers = Workers(
+            store, self.local, self.runner, owner=self.owner, lease_ttl=lease_ttl, linger=linger
+        )
+        self.sweep_interval = 60.0
+        self._chores: list[asyncio.Task[None]] = []
+
+    @property
+    def linger(self) -> float:
+        """Seconds a worker keeps a session's lease after its queue empties."""
+        return self.workers.linger
+
+    @linger.setter
+    def linger(self, seconds: float) -> None:
+        self.workers.linger = seconds
+
+    @property
+    def closing(self) -> bool:
+        """True once close() has begun: no new turns are taken."""
+        return self.local.closing
+
+    def lease_of(self, key: SessionKey) -> Lease | None:
+        """The lease this process holds on ``key`` now, if any."""
+        return self.local.leases.get(key)
+
+    # -- life cycle ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Begin the background chores and pick up work left by a previous life of this store."""
+        local, store = self.local, self.store
+        self._chores = [
+            asyncio.create_task(
+                chores.heartbeat(store, local.leases, local.running, self.lease_ttl),
+                name="tether-heartbeat",
+            ),
+            asyncio.create_task(
+                chores.watch_cancels(
+                    store, local.running, CANCEL_POLL, fallback_interval=CANCEL_FALLBACK
+                ),
+                name="tether-cancels",
+            ),
+            asyncio.create_task(
+                chores.sweep_expired(store, lambda: self.sweep_interval), name="tether-sweeper"
+            ),
+            asyncio.create_task(
+                chores.adopt_orphans(
+                    store, local.workers, self.workers.kick, self.lease_ttl, lambda: self.closing
+                ),
+                name="tether-orphans",
+            ),
+        ]
+        for key in await store.sessions_needing_work():
+            self.workers.kick(key)
+
+    async def close(self, drain_timeout: float = 10.0) -> None:
+        """Stop taking turns; let running ones finish up to ``drain_timeout``, then cancel them."""
+        # Safe to call again while a first call drains (the server starts draining when the
+        # shutdown signal arrives, and its lifespan closes the runtime later): every call waits
+        # for the same worker tasks.
+        local = self.local
+        local.closing = True
+        for kicked in local.kicked.values():
+            kicked.set()  # lingering workers give their leases up now
+        workers = [w for w in local.workers.values() if not w.done()]
+        if workers:
+            _, pending = await asyncio.wait(workers, timeout=drain_timeout)
+            if pending:
+                for running in list(local.running.values()):
+                    running.ctx.request_cancel("cancelled", "shutdown")
+                _, stuck = await asyncio.wait(pending, timeout=5.0)
+                for task in stuck:
+                    task.cancel()
+                if stuck:
+                    # The store closes after this returns: let the workers unwind first.
+                    await asyncio.wait(stuck, timeout=1.0)
+        for chore in self._chores:
+            chore.cancel()
+            await asyncio.gather(chore, return_exceptions=True)
+        self._chores = []
+
+    # -- submitting ------------------------------------------------------------------------------
+    async def submit(
+        self,
+        key: SessionKey,
+        input: str,
+        *,
+        policy: Policy = "enqueue",
+        principal: Principal | None = None,
+        wait_for_slot: float = 0.0,
+    ) -> Turn:
+        """Queue a turn.
+
+        When the session's queue is full, a caller that is going to wait for the turn anyway
+        may wait up to ``wait_for_slot`` seconds for room (backpressure) instead of getting
+        QueueFull at once. Callers with a finite wait (requests) are bounded too, at
+        ``max_queue`` per session, so a flood of requests cannot pile up without limit; an
+        infinite wait is for in-process callers, each of which is already a blocked caller.
+        """
+        if self.closing:
+            raise ShuttingDown("the server is shutting down; retry on another node")
+        if principal is not None:
+            self.local.principals[key] = principal
+        turn = await self._enqueue(key, input, policy, wait_for_slot)
+        self.local.waiters.setdefault(turn.id, (key, []))
+        if policy == "interrupt" or policy == "rollback":
+            await self._preempt(key, policy)
+        self.workers.kick(key)
+        return turn
+
+    async def _enqueue(self, key: SessionKey, input: str, policy: Policy, wait: float) -> Turn:
+        local = self.local
+        deadline = time.monotonic() + wait
+        waiting = False
+        try:
+            while True:
+                try:
+                    return await self.store.enqueue_turn(
+                        key, turn_id=new_turn_id(), input=input, policy=policy,
+                        max_queue=self.max_queue,
+                    )  # fmt: skip
+                except QueueFull:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise
+                    if not waiting:
+                        bounded = wait != math.inf
+                        if bounded and local.slot_waiters.get(key, 0) >= self.max_queue:
+                            raise
+                        local.slot_waiters[key] = local.slot_waiters.get(key, 0) + 1
+                        waiting = True
+                    freed = local.slot_freed.setdefault(key, asyncio.Event())
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(min(remaining, SLOT_POLL)):
+                            await freed.wait()
+        finally:
+            if waiting:
+                left = local.slot_waiters[key] - 1
+                if left:
+                    local.slot_waiters[key] = left
+                else:
+                    del local.slot_waiters[key]
+
+    async def _preempt(self, key: SessionKey, policy: Literal["interrupt", "rollback"]) -> None:
+        """End the session's running turn for a newer one (policy interrupt or rollback).
+
+        The reason is the policy's name: a stable code, as every reason is.
+        """
+        status: CancelStatus = "interrupted" if policy == "interrupt" else "rolled_back"
+        reason: Reason = policy
+        local = [r for r in self.local.running.values() if r.turn.key == key]
+        for running in local:
+            running.ctx.request_cancel(status, reason)
+        if not local:
+            # Running in another process (or about to be registered here): ask through the
+            # store; its owner polls for requests and ends the turn itself.
+            for turn in await self.store.active_turns(key):
+                if turn.status == "running":
+                    await self.store.request_cancel(key, turn.id, status, reason)
+
+    # -- waiting, cancelling, following ----------------------------------------------------------
+    async def wait(self, key: SessionKey, turn_id: str) -> Turn:
+        """The turn once it has ended (bound it with ``asyncio.timeout``)."""
+        waiters = self.local.waiters
+        read_store = turn_id not in waiters
+        while True:
+            if read_store:
+                turn = await self.store.get_turn(key, turn_id)
+                if turn is None:
+                    raise TurnNotFound("turn not found")
+                if turn.ended:
+                    self.local.resolve(turn)  # ended by another process: release local waiters
+                    return turn
+            local = waiters.get(turn_id)
+            if local is None or local[0] != key:
+                # Not accepted here (or not under this key): poll the store.
+                read_store = True
+                await asyncio.sleep(0.05)
+                continue
+            # Accepted here and not ended. If this process runs it, its end resolves the
+            # future at once; if another process holds the session (several processes on one
+            # store), only the store will tell, so look there now and then too.
+            fut: asyncio.Future[Turn] = asyncio.get_running_loop().create_future()
+            local[1].append(fut)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(CROSS_PROCESS_POLL):
+                    return await asyncio.shield(fut)
+            if fut.done():
+                return fut.result()
+            with contextlib.suppress(ValueError):
+                local[1].remove(fut)
+            read_store = True
+
+    async def cancel(self, key: SessionKey, turn_id: str, reason: Reason = "cancelled") -> Turn:
+        """Cancel a queued or running turn; an ended turn is returned as it is."""
+        turn = await self.store.get_turn(key, turn_id)
+        if turn is None:
+            raise TurnNotFound("turn not found")
+        if turn.status == "queued":
+            ended = await self.store.cancel_queued_turn(key, turn_id, reason)
+            if ended is not None:
+                self.local.resolve(ended)
+                return ended
+        running = self.local.running.get(turn_id)
+        if running is not None:
+            running.ctx.request_cancel("cancelled", reason)
+        else:
+            # Running in another process, or started here a moment ago: the request goes
+            # through the store, where the owner's watcher finds it.
+            await self.store.request_cancel(key, turn_id, "cancelled", reason)
+        return await self.wait(key, turn_id)
+
+    def events(
+        self, key: SessionKey, turn_id: str, after_seq: int = 0
+    ) -> AsyncGenerator[Event, None]:
+        """The turn's events after ``after_seq``: replayed, then followed live until the end."""
+        return follow_turn(
+            self.store, self.local.feeds, key, turn_id, after_seq, closing=lambda: self.closing
+        )
+
+    def running_turns(self) -> list[Turn]:
+        return [r.turn for r in self.local.running.values()]

@@ -1,0 +1,65 @@
+"""What this process knows of the turns it handles: a cache of the store, never the truth.
+
+The scheduler's parts (the session workers, the turn runner, the chores, the callers waiting
+for a turn) share this one object. Nothing here is durable: a process that dies loses it, and
+the store still holds every accepted turn, its lease and its outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from tether.loop.context import TurnContext
+from tether.records import LOCAL_PRINCIPAL, Lease, Principal, SessionKey, Turn
+from tether.scheduler.feeds import TurnFeed
+
+
+@dataclass
+class RunningTurn:
+    """A turn running in this process, with the context that can stop it."""
+
+    turn: Turn
+    ctx: TurnContext
+
+
+@dataclass
+class Local:
+    workers: dict[SessionKey, asyncio.Task[None]] = field(default_factory=dict)
+    """At most one worker task per session with work in this process."""
+    dirty: set[SessionKey] = field(default_factory=set)
+    """Sessions whose worker must re-read the queue before it gives the session up."""
+    kicked: dict[SessionKey, asyncio.Event] = field(default_factory=dict)
+    """Set to wake a worker that lingers on its lease."""
+    leases: dict[SessionKey, Lease] = field(default_factory=dict)
+    running: dict[str, RunningTurn] = field(default_factory=dict)
+    feeds: dict[str, TurnFeed] = field(default_factory=dict)
+    waiters: dict[str, tuple[SessionKey, list[asyncio.Future[Turn]]]] = field(default_factory=dict)
+    """Turns accepted here and not yet ended: their key (so a caller naming the turn under
+    another key learns nothing) and the futures of callers waiting for the end."""
+    slot_freed: dict[SessionKey, asyncio.Event] = field(default_factory=dict)
+    slot_waiters: dict[SessionKey, int] = field(default_factory=dict)
+    principals: dict[SessionKey, Principal] = field(default_factory=dict)
+    """Who submitted the session's latest turn here (tools and memory act for them)."""
+    closing: bool = False
+
+    def resolve(self, turn: Turn) -> None:
+        """Hand an ended turn to every local caller waiting for it."""
+        _, futures = self.waiters.pop(turn.id, (turn.key, []))
+        for fut in futures:
+            if not fut.done():
+                fut.set_result(turn)
+
+    def principal_of(self, key: SessionKey) -> Principal:
+        known = self.principals.get(key)
+        if known is not None:
+            return known
+        if key.tenant == LOCAL_PRINCIPAL.tenant and key.owner == LOCAL_PRINCIPAL.user:
+            return LOCAL_PRINCIPAL
+        return Principal(key.tenant, key.owner)
+
+    def free_slot(self, key: SessionKey) -> None:
+        """A turn of ``key`` ended: a caller waiting for room in its queue may try again."""
+        freed = self.slot_freed.pop(key, None)
+        if freed is not None:
+            freed.set()

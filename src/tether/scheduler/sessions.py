@@ -1,0 +1,198 @@
+"""Sessions as every front door sees them: the caller's own, and never pulled from under a turn.
+
+The HTTP routes, the CLI and the ``Session`` facade create, read, change, clear and delete
+sessions through :class:`SessionService`, never through the store, so the rules live here once:
+an expired session answers as unknown and is replaced, not revived, when its id is used again;
+deleting a session (or a whole user) first cancels its queued and running turns and waits for
+them to end, so no turn writes after its session is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from tether.errors import NotFound, SessionNotFound, TurnNotFound
+from tether.records import Item, Reason, SessionKey, SessionRecord, SessionStats, Turn
+from tether.store.protocol import LeaseStore, SessionStore, TurnLog
+from tether.store.rules import is_expired
+
+OFFLINE_CANCEL_WAIT = 30.0
+"""Seconds an offline canceller waits for another process to end a running turn."""
+
+
+class Canceller(Protocol):
+    """Ends a queued or running turn and returns it (the scheduler is one)."""
+
+    async def cancel(self, key: SessionKey, turn_id: str, reason: Reason = "cancelled") -> Turn: ...
+
+
+class SessionServiceStore(SessionStore, TurnLog, Protocol):
+    """What the session service uses: sessions, their history, their turns."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionPage:
+    records: list[SessionRecord]
+    """The page's live sessions (expired ones left out, so it may hold fewer than asked)."""
+    next_cursor: str | None
+
+
+class SessionService:
+    def __init__(self, store: SessionServiceStore, canceller: Canceller) -> None:
+        self._store = store
+        self._canceller = canceller
+
+    # -- reading ---------------------------------------------------------------------------------
+    async def get(self, key: SessionKey) -> SessionRecord | None:
+        """The session as stored, expired or not (None when there is none)."""
+        return await self._store.get_session(key)
+
+    async def own(self, key: SessionKey) -> SessionRecord:
+        """The caller's live session; unknown, foreign and expired all raise the same."""
+        record = await self._store.get_session(key)
+        if record is None or is_expired(record.expires_at, time.time()):
+            raise SessionNotFound("session not found")
+        return record
+
+    async def page(
+        self, tenant: str, owner: str, *, limit: int = 50, after: str | None = None
+    ) -> SessionPage:
+        """The owner's sessions by id, ``limit`` at a time; pass ``next_cursor`` as ``after``."""
+        records = await self._store.list_sessions(tenant, owner, limit=limit + 1, after=after)
+        page = records[:limit]
+        more = len(records) > limit and bool(page)
+        now = time.time()
+        return SessionPage(
+            [r for r in page if not is_expired(r.expires_at, now)],
+            page[-1].key.session_id if more else None,
+        )
+
+    async def stats(self, key: SessionKey) -> SessionStats:
+        return await self._store.session_stats(key)
+
+    async def items(self, key: SessionKey, *, after: int = 0, limit: int = 100) -> list[Item]:
+        return await self._store.list_items(key, after_seq=after, limit=limit)
+
+    async def turns(self, key: SessionKey, *, after: int = 0, limit: int = 100) -> list[Turn]:
+        return await self._store.list_turns(key, after_seq=after, limit=limit)
+
+    async def turn(self, key: SessionKey, turn_id: str) -> Turn | None:
+        return await self._store.get_turn(key, turn_id)
+
+    # -- changing ----------------------------------------------------------------------------------
+    async def create(
+        self,
+        key: SessionKey,
+        agent: str,
+        *,
+        metadata: dict[str, Any] | None = None,
+        ttl_seconds: float | None = None,
+        exist_ok: bool = False,
+        replace_expired: bool = False,
+    ) -> tuple[SessionRecord, bool]:
+        """Create the session (``exist_ok``: or return the one there); ``(record, created)``.
+
+        ``replace_expired`` (the HTTP API's way): an expired session under the id is deleted
+        first, so the id starts afresh rather than reviving the old history. Without it an
+        expired session is returned as it is, and turns on it are refused (embedded use, where
+        ``Session.is_expired()`` is how a caller learns of it).
+        """
+        if replace_expired:
+            await self.drop_if_expired(key)
+        return await self._store.create_session(
+            key, agent, metadata=metadata, ttl_seconds=ttl_seconds, exist_ok=exist_ok
+        )
+
+    async def update(
+        self,
+        key: SessionKey,
+        *,
+        metadata: dict[str, Any] | None = None,
+        state: dict[str, Any] | None = None,
+        ttl_seconds: float | None = None,
+        expected_revision: int | None = None,
+    ) -> SessionRecord:
+        return await self._store.update_session(
+            key,
+            metadata=metadata,
+            state=state,
+            ttl_seconds=ttl_seconds,
+            expected_revision=expected_revision,
+        )
+
+    async def clear(self, key: SessionKey) -> int:
+        """Delete the history (summaries included); SessionBusy while a turn is active."""
+        return await self._store.clear_items(key)
+
+    async def delete(self, key: SessionKey, reason: Reason = "session_deleted") -> bool:
+        """Cancel the session's active turns (waiting for each to end), then delete it."""
+        await self.cancel_active(key, reason)
+        return await self._store.delete_session(key)
+
+    async def drop_if_expired(self, key: SessionKey) -> None:
+        """An expired session is gone (it answers 404): delete it, cancelling what it still
+        has queued, so that its id starts afresh."""
+        record = await self._store.get_session(key)
+        if record is not None and is_expired(record.expires_at, time.time()):
+            await self.delete(key, "session_expired")
+
+    async def cancel_active(self, key: SessionKey, reason: Reason) -> None:
+        """End every queued or running turn of the session; a session or turn that goes away
+        meanwhile has nothing left to cancel."""
+        with contextlib.suppress(NotFound):
+            for turn in await self._store.active_turns(key):
+                with contextlib.suppress(NotFound):
+                    await self._canceller.cancel(key, turn.id, reason)
+
+    async def cancel_all_of(
+        self, tenant: str, owner: str, reason: Reason, *, page: int = 200
+    ) -> int:
+        """:meth:`cancel_active` for every session of one owner (before forgetting them);
+        returns how many sessions were looked at."""
+        after: str | None = None
+        seen = 0
+        while True:
+            records = await self._store.list_sessions(tenant, owner, limit=page, after=after)
+            await asyncio.gather(*(self.cancel_active(r.key, reason) for r in records))
+            seen += len(records)
+            if len(records) < page:
+                return seen
+            after = records[-1].key.session_id
+
+
+class OfflineStore(TurnLog, LeaseStore, Protocol):
+    pass
+
+
+class StoreCanceller:
+    """Cancels turns through the store alone, for a process that runs no scheduler (the CLI
+    working on a local store): a queued turn ends at once; a running one is asked to end, which
+    the process running it does, and is waited for up to ``wait`` seconds — while a live process
+    holds its session. With no live holder nobody can write for the turn any more (its owner's
+    lease is gone, so its writes are fenced off), and it is returned as it is."""
+
+    def __init__(self, store: OfflineStore, *, wait: float = OFFLINE_CANCEL_WAIT) -> None:
+        self._store = store
+        self._wait = wait
+
+    async def cancel(self, key: SessionKey, turn_id: str, reason: Reason = "cancelled") -> Turn:
+        turn = await self._store.get_turn(key, turn_id)
+        if turn is None:
+            raise TurnNotFound("turn not found")
+        if turn.status == "queued":
+            ended = await self._store.cancel_queued_turn(key, turn_id, reason)
+            if ended is not None:
+                return ended
+        await self._store.request_cancel(key, turn_id, "cancelled", reason)
+        async with asyncio.timeout(self._wait):
+            while True:
+                turn = await self._store.get_turn(key, turn_id)
+                if turn is None:
+                    raise TurnNotFound("turn not found")
+                if turn.ended or await self._store.lease_holder(key) is None:
+                    return turn
+                await asyncio.sleep(0.05)

@@ -1,0 +1,184 @@
+"""The per-session worker: take the lease, recover, run the queue in order, linger, let go.
+
+Each session with work has at most one worker task in this process. The worker takes the
+session's lease (a fencing token incremented on every acquisition), ends any turn a dead owner
+left ``running`` (``failed``/``owner_lost``), then runs queued turns in ``seq`` order until none
+is left, and releases the lease. Every write a turn makes is fenced by that lease in the store
+itself, so a worker that lost its lease (paused past expiry, say) cannot write, even if it does
+not know yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Protocol
+
+from tether.errors import SessionNotFound, StaleLease
+from tether.records import Lease, SessionKey
+from tether.scheduler.local import Local
+from tether.scheduler.owners import owner_is_dead
+from tether.scheduler.turn import TurnRunner
+from tether.store.protocol import FencedWrites, LeaseStore, SessionReader, TurnReader
+
+log = logging.getLogger("tether.scheduler")
+
+LINGER_POLL = 0.05
+"""Seconds between looks at the store for turns accepted elsewhere while a lease lingers."""
+
+
+class WorkerStore(LeaseStore, FencedWrites, TurnReader, SessionReader, Protocol):
+    """What a session worker needs of the store: the lease, recovery, the queue, the agent."""
+
+
+class Workers:
+    def __init__(
+        self,
+        store: WorkerStore,
+        local: Local,
+        runner: TurnRunner,
+        *,
+        owner: str,
+        lease_ttl: float,
+        linger: float,
+    ) -> None:
+        self._store = store
+        self._local = local
+        self._runner = runner
+        self.owner = owner
+        self.lease_ttl = lease_ttl
+        self.linger = linger
+
+    def kick(self, key: SessionKey) -> None:
+        """Make sure a worker will look at ``key``'s queue (start one, or wake the one there)."""
+        local = self._local
+        worker = local.workers.get(key)
+        if worker is not None and not worker.done():
+            local.dirty.add(key)  # the worker re-reads the queue before it gives up the session
+            kicked = local.kicked.get(key)
+            if kicked is not None:
+                kicked.set()
+            return
+        local.workers[key] = asyncio.create_task(self._work(key), name="tether-worker")
+
+    async def _work(self, key: SessionKey) -> None:
+        local = self._local
+        try:
+            while True:
+                lease = await self._acquire(key)
+                if lease is None:
+                    return  # nothing left to do, or the session is gone
+                local.leases[key] = lease
+                try:
+                    await self._drain(key, lease)
+                    while await self._linger(key):
+                        await self._drain(key, lease)
+                except StaleLease:
+                    log.warning("lost the lease of a session mid-turn; stopped without writing")
+                finally:
+                    local.leases.pop(key, None)
+                    await self._release(lease)
+                # No await between this check and leaving workers: a submit that lands after
+                # it sees no worker and starts a new one; one that landed before set dirty.
+                if key in local.dirty:
+                    local.dirty.discard(key)
+                    continue
+                local.workers.pop(key, None)
+                local.principals.pop(key, None)
+                return
+        except asyncio.CancelledError:
+            local.workers.pop(key, None)
+            raise
+        except Exception:
+            log.exception("session worker failed")
+            local.workers.pop(key, None)
+
+    async def _acquire(self, key: SessionKey) -> Lease | None:
+        delay = 0.02
+        while True:
+            try:
+                lease = await self._store.acquire_lease(key, self.owner, self.lease_ttl)
+                if lease is None:
+                    holder = await self._store.lease_holder(key)
+                    if holder is not None and owner_is_dead(holder):
+                        lease = await self._take_over(key, holder)
+            except SessionNotFound:
+                return None
+            if lease is not None:
+                return lease
+            # Another live process holds the session; it will run the queue. Wait while there
+            # is still work, in case it dies or releases the lease with turns left.
+            if not await self._store.active_turns(key):
+                return None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    async def _take_over(self, key: SessionKey, holder: str) -> Lease | None:
+        lease = await self._store.take_over_lease(key, self.owner, self.lease_ttl, holder)
+        if lease is not None:
+            log.warning("took over the lease of a dead process (%s)", holder)
+        return lease
+
+    async def _release(self, lease: Lease) -> None:
+        try:
+            await self._store.release_lease(lease)
+        except Exception:
+            log.exception("could not release a lease; it will expire")
+
+    async def _drain(self, key: SessionKey, lease: Lease) -> None:
+        for turn in await self._store.recover(lease):
+            log.warning("turn %s ended failed/owner_lost: its process died", turn.id)
+            self._local.resolve(turn)
+        record = None  # read once per lease: a session's agent does not change under it
+        while True:
+            self._local.dirty.discard(key)
+            active = await self._store.active_turns(key)
+            queued = [t for t in active if t.status == "queued"]
+            if not queued or self._local.closing:
+                return
+            if record is None:
+                record = await self._store.get_session(key)
+            await self._runner.run(lease, queued[0], record.agent if record is not None else None)
+
+    def _closing(self) -> bool:
+        return self._local.closing
+
+    async def _linger(self, key: SessionKey) -> bool:
+        """Keep the lease a moment after the queue empties; True if a new turn came in.
+
+        A conversation's next turn often follows within moments: holding on saves taking and
+        giving up the lease (two write transactions) per turn. Turns submitted in this process
+        wake the worker at once; turns accepted by another process (a load balancer spreading
+        one session over several nodes) are seen by a look at the store every LINGER_POLL, so
+        they do not wait for the linger to run out.
+        """
+        local = self._local
+        if local.closing or self.linger <= 0:
+            return False
+        if key in local.dirty:
+            return True
+        kicked = local.kicked[key] = asyncio.Event()
+        deadline = time.monotonic() + self.linger
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(min(remaining, LINGER_POLL)):
+                        await kicked.wait()
+                closing = self._closing()  # re-read: close() may have run while we waited
+                if key in local.dirty:
+                    return not closing
+                if closing:
+                    return False  # close() set the event to end lingering
+                try:
+                    active = await self._store.active_turns(key)
+                except SessionNotFound:
+                    return False  # deleted (or forgotten) while we lingered
+                if any(t.status == "queued" for t in active):
+                    return True  # accepted elsewhere: run it while we hold the session
+        finally:
+            local.kicked.pop(key, None)
