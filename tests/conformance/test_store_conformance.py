@@ -1,4 +1,8 @@
-"""The store conformance suite, run against every backend this build has."""
+"""The store conformance suite, run against every backend this build has.
+
+One test class per capability, so a failing test's id names the capability as well as the
+backend (``TestFencing::test_recover_with_nothing_running[postgres]``).
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,19 @@ import pytest
 
 from tether.store import MemoryStore, PostgresStore, SQLiteStore
 from tether.store.protocol import Store
-from tether.testing.conformance import StoreConformance
-from tether.testing.conformance_memory import MemoryConformance
+from tether.testing.conformance import (
+    DocumentsConformance,
+    EndingsConformance,
+    EventsConformance,
+    FencingConformance,
+    ForgetConformance,
+    HistoryConformance,
+    LeasesConformance,
+    RecallConformance,
+    SearchConformance,
+    SessionsConformance,
+    TurnsConformance,
+)
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
@@ -24,21 +39,55 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     return PostgresStore(request.getfixturevalue("postgres_url"))
 
 
-class TestStoreConformance(StoreConformance):
-    @pytest.fixture
-    async def store(self, backend: Store) -> AsyncIterator[Store]:
-        await backend.open()
-        try:
-            yield backend
-        finally:
-            await backend.close()
+@pytest.fixture
+async def store(backend: Store) -> AsyncIterator[Store]:
+    """The opened store every conformance test receives (it overrides the conftest one)."""
+    await backend.open()
+    try:
+        yield backend
+    finally:
+        await backend.close()
 
 
-class TestMemoryConformance(MemoryConformance):
-    @pytest.fixture
-    async def store(self, backend: Store) -> AsyncIterator[Store]:
-        await backend.open()
-        try:
-            yield backend
-        finally:
-            await backend.close()
+class TestSessions(SessionsConformance):
+    pass
+
+
+class TestHistory(HistoryConformance):
+    pass
+
+
+class TestTurns(TurnsConformance):
+    pass
+
+
+class TestEndings(EndingsConformance):
+    pass
+
+
+class TestLeases(LeasesConformance):
+    pass
+
+
+class TestFencing(FencingConformance):
+    pass
+
+
+class TestEvents(EventsConformance):
+    pass
+
+
+class TestRecall(RecallConformance):
+    pass
+
+
+class TestSearch(SearchConformance):
+    pass
+
+
+class TestDocuments(DocumentsConformance):
+    pass
+
+
+class TestForget(ForgetConformance):
+    pass

@@ -53,7 +53,7 @@ async def test_reject_while_running_names_busy_turn_and_stores_nothing(store: St
 
 
 async def test_reject_while_queued(store: Store) -> None:
-    agent = Agent(name="a", model=ScriptedModel(Slow(delay=0.05)))
+    agent = Agent(name="a", model=ScriptedModel(Slow(delay=0.05), "two done"))
     async with running(store, agent) as rt:
         await rt.submit(agent, "one", session_id="s")
         queued = await rt.submit(agent, "two", session_id="s")

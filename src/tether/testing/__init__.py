@@ -9,6 +9,7 @@ from tether.testing.scripted import (
     ToolCalls,
     echo_responder,
     last_user_text,
+    reply_to,
     transcript,
 )
 
@@ -21,5 +22,6 @@ __all__ = [
     "ToolCalls",
     "echo_responder",
     "last_user_text",
+    "reply_to",
     "transcript",
 ]

@@ -2,6 +2,11 @@
 
 Each model records every request it receives (``model.requests``), so a test can assert exactly
 what a turn sent — which history, in which order, and that nothing of another session leaked.
+
+A :class:`ScriptedModel` called once more than its script holds raises
+:class:`~tether.errors.ScriptExhausted` rather than making an answer up: a test that did not
+expect the extra call then fails where it happened. Tests that want some answer to every call
+say so, with ``default=`` (:func:`reply_to`, :func:`echo_responder`, a fixed response, ...).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tether.errors import ModelError
+from tether.errors import ModelError, ScriptExhausted
 from tether.models.base import (
     Finish,
     Message,
@@ -76,11 +81,18 @@ def last_user_text(request: ModelRequest) -> str:
     return ""
 
 
-class ScriptedModel:
-    """Answers with the next scripted response, or ``default`` once the script is used up.
+def reply_to(request: ModelRequest) -> str:
+    """``"reply to: <last user message>"``: a ``default=`` for tests that need only some answer."""
+    return f"reply to: {last_user_text(request)}"
 
-    ``default`` may be a response or a function of the request. Text is streamed a word at a
-    time so consumers see real deltas.
+
+class ScriptedModel:
+    """Answers with the next scripted response, then ``default``, then raises.
+
+    ``default`` may be a response or a function of the request, and answers every call after
+    the script is used up. Without one, such a call raises :class:`ScriptExhausted` (not
+    transient, so the turn fails with ``model_error`` at once instead of being retried). Text is
+    streamed a word at a time so consumers see real deltas.
     """
 
     def __init__(
@@ -92,6 +104,7 @@ class ScriptedModel:
         delay: float = 0.0,
     ) -> None:
         self._script: deque[Response] = deque(responses)
+        self._scripted = len(responses)  # every response ever scripted, for the error message
         self._default = default
         self._lock = threading.Lock()
         self._context_window = context_window
@@ -111,14 +124,21 @@ class ScriptedModel:
     def script(self, *responses: Response) -> None:
         with self._lock:
             self._script.extend(responses)
+            self._scripted += len(responses)
 
     def _next(self, request: ModelRequest) -> Response:
         with self._lock:
             self.requests.append(request)
             if self._script:
                 return self._script.popleft()
+            scripted, call = self._scripted, len(self.requests)
         if self._default is None:
-            return f"reply to: {last_user_text(request)}"
+            responses = "response" if scripted == 1 else "responses"
+            raise ScriptExhausted(
+                f"ScriptedModel {self._name!r} got call {call} but its script had {scripted}"
+                f" {responses}; pass default= (a response, or a function of the request such as"
+                " tether.testing.reply_to) to answer further calls"
+            )
         if callable(self._default):
             return self._default(request)
         return self._default

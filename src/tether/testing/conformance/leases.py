@@ -1,0 +1,128 @@
+"""Session leases: one holder at a time, tokens that only grow, renewal, release, take-over.
+
+The lease is how any number of processes agree who runs a session's turns (DESIGN §4). Expiry is
+exercised with real time: leases of 50 ms and sleeps of 150 ms, so the store must compare lease
+expiry against a clock that moves with the test process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from tether.errors import StaleLease
+from tether.records import NewItem
+from tether.store.protocol import Store
+from tether.testing.conformance._support import (
+    CLOCK_SLACK,
+    LONG_TTL,
+    PAST_SHORT_TTL,
+    SHORT_TTL,
+    acquire,
+    ev,
+    key,
+    new_session,
+    running_turn,
+    snapshot,
+)
+
+
+class LeasesConformance:
+    """Acquiring, renewing, releasing and taking over session leases.
+
+    Every test receives ``store``: an opened, empty Store provided by the subclass.
+    """
+
+    async def test_acquire_while_held(self, store: Store) -> None:
+        k = await new_session(store)
+        before = time.time()
+        a = await acquire(store, k, "node-a", LONG_TTL)
+        assert (a.key, a.owner) == (k, "node-a")
+        assert a.expires_at >= before + LONG_TTL - CLOCK_SLACK
+        assert await store.acquire_lease(k, "node-b", LONG_TTL) is None
+        assert await store.lease_holder(k) == "node-a"
+
+    async def test_tokens_only_grow(self, store: Store) -> None:
+        k = await new_session(store)
+        tokens = []
+        lease = await acquire(store, k, "node-a")
+        tokens.append(lease.token)
+        await store.release_lease(lease)
+        lease = await acquire(store, k, "node-b")
+        tokens.append(lease.token)
+        taken = await store.take_over_lease(k, "node-c", LONG_TTL, "node-b")
+        assert taken is not None
+        tokens.append(taken.token)
+        await store.release_lease(taken)
+        short = await acquire(store, k, "node-d", SHORT_TTL)
+        tokens.append(short.token)
+        await asyncio.sleep(PAST_SHORT_TTL)
+        tokens.append((await acquire(store, k, "node-e")).token)
+        assert tokens == sorted(set(tokens)), tokens  # strictly increasing
+
+    async def test_renew_leases_returns_only_current_ones(self, store: Store) -> None:
+        k1, k2 = await new_session(store, key("s1")), await new_session(store, key("s2"))
+        keep = await acquire(store, k1, "node-a", SHORT_TTL)
+        lose = await acquire(store, k2, "node-a", SHORT_TTL)
+        await asyncio.sleep(PAST_SHORT_TTL)
+        await acquire(store, k2, "node-b")
+        renewed = await store.renew_leases([keep, lose], LONG_TTL)
+        assert [(r.key, r.owner, r.token) for r in renewed] == [(k1, "node-a", keep.token)]
+        assert renewed[0].expires_at > keep.expires_at
+        assert await store.lease_holder(k1) == "node-a"
+        assert await store.acquire_lease(k1, "node-b", LONG_TTL) is None
+        assert await store.lease_holder(k2) == "node-b"
+        # A renewed lease still fences in its holder's writes.
+        await running_turn(store, k1, "t1", lease=renewed[0])
+        assert await store.renew_leases([], LONG_TTL) == []
+
+    async def test_release_lease(self, store: Store) -> None:
+        k = await new_session(store)
+        a = await acquire(store, k, "node-a")
+        await store.release_lease(a)
+        assert await store.lease_holder(k) is None
+        b = await acquire(store, k, "node-b")  # at once, no waiting for expiry
+        assert b.token > a.token
+        with pytest.raises(StaleLease):
+            await running_turn(store, k, "t1", lease=a)
+
+        # Releasing a stale lease does nothing to the current one.
+        await store.release_lease(a)
+        assert await store.lease_holder(k) == "node-b"
+        assert await store.acquire_lease(k, "node-c", LONG_TTL) is None
+        await store.start_turn(b, "t1", [NewItem("user", "hello")], [ev(2)])
+        assert [t.token for t in await store.renew_leases([b], LONG_TTL)] == [b.token]
+
+    async def test_take_over_lease(self, store: Store) -> None:
+        k = await new_session(store)
+        a = await running_turn(store, k, "t1", owner="node-a")
+        assert await store.take_over_lease(k, "node-b", LONG_TTL, "node-x") is None
+        assert await store.lease_holder(k) == "node-a"
+
+        b = await store.take_over_lease(k, "node-b", LONG_TTL, "node-a")
+        assert b is not None
+        assert (b.key, b.owner, b.token) == (k, "node-b", a.token + 1)
+        assert await store.lease_holder(k) == "node-b"
+        # A second taker racing on the same dead owner loses.
+        assert await store.take_over_lease(k, "node-c", LONG_TTL, "node-a") is None
+        assert await store.lease_holder(k) == "node-b"
+        before = await snapshot(store, k)
+        with pytest.raises(StaleLease):
+            await store.append(a, "t1", [NewItem("assistant", "zombie")], [ev(3)])
+        assert await snapshot(store, k) == before
+        assert [t.id for t in await store.recover(b)] == ["t1"]
+
+    async def test_sessions_needing_work_without_a_live_lease(self, store: Store) -> None:
+        held, expired, free, idle = (key(f"w-{n}") for n in range(4))
+        for k in (held, expired, free, idle):
+            await new_session(store, k)
+        await running_turn(store, held, "t-held", ttl=LONG_TTL)
+        await running_turn(store, expired, "t-expired", ttl=SHORT_TTL)
+        await store.enqueue_turn(free, turn_id="t-free", input="x", policy="enqueue")
+        await asyncio.sleep(PAST_SHORT_TTL)
+        everything = set(await store.sessions_needing_work())
+        assert everything == {held, expired, free}
+        unowned = set(await store.sessions_needing_work(unowned_at=time.time()))
+        assert unowned == {expired, free}
