@@ -111,7 +111,7 @@ def knowledge_add(
     """Index text, Markdown, HTML and PDF files into a knowledge collection, with progress."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from tether.memory.service import check_collection
+    from tether.memory.knowledge import check_collection
 
     # Options are checked once, before any file is read.
     with errors():
