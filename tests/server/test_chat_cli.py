@@ -17,7 +17,7 @@ import pytest
 from rich.console import Console
 
 from tests.server.conftest import ROOT, Server
-from tether.chat_cli import _show_event
+from tether.cli.chat import _show_event
 from tether.tools.approval import REFUSED_RESULT
 
 TETHER = [sys.executable, "-m", "tether"]

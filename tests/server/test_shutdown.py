@@ -300,13 +300,14 @@ def test_the_listener_closes_at_once_when_draining_begins(launch: Launch, tmp_pa
         tid = start_turn(c, sid, "go")
         wait_for_output(c, sid, tid, 2)
         srv.proc.send_signal(signal.SIGTERM)
-        # The listening socket closes at once: new connections are refused, not queued.
+        # The listening socket closes at once: new connections are refused, not queued. (One
+        # that raced into the accept queue just before it closed is reset: not served either.)
         deadline = time.monotonic() + 5
         while True:
             try:
                 with srv.client(timeout=2) as fresh:
                     fresh.get("/healthz")
-            except httpx.ConnectError:
+            except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
                 break
             assert time.monotonic() < deadline, "still accepting connections"
             time.sleep(0.05)

@@ -11,20 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from tether.errors import (
-    DocumentNotFound,
     Forbidden,
     InvalidInput,
     MemoryNotFound,
     SessionNotFound,
     TooLarge,
 )
-from tether.memory import documents
 from tether.memory.embed import (
     Embedder,
     Vectors,
@@ -32,9 +29,9 @@ from tether.memory.embed import (
     resolve_embedder,
     to_blob,
 )
+from tether.memory.knowledge import KnowledgeService, check_collection
 from tether.memory.search import VectorIndex, fuse, query_terms
 from tether.records import (
-    CHUNK,
     MEMORY_KINDS,
     SCOPES,
     Document,
@@ -44,10 +41,9 @@ from tether.records import (
     Namespace,
     Principal,
     SessionKey,
-    new_document_id,
     new_memory_id,
 )
-from tether.store.protocol import Store
+from tether.store.protocol import RecallBackend
 
 log = logging.getLogger("tether.memory")
 
@@ -57,8 +53,6 @@ CANDIDATES = 50
 """Candidates each half of a hybrid search contributes before fusion."""
 MIN_SIMILARITY = 0.25
 """A record found only by vector needs at least this cosine: below it, it is noise."""
-COLLECTION_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,64}")
-EMBED_BATCH = 256
 
 
 def _check_content(content: str) -> str:
@@ -77,23 +71,10 @@ def _check_kind(kind: str) -> str:
     return kind
 
 
-def check_collection(name: str) -> str:
-    if not isinstance(name, str) or COLLECTION_PATTERN.fullmatch(name) is None:
-        raise InvalidInput("a collection name is 1-64 characters of letters, digits and '._-'")
-    return name
-
-
-def _parse_and_chunk(
-    name: str, data: bytes, media_type: str | None
-) -> tuple[documents.ParsedDocument, list[documents.Chunk]]:
-    parsed = documents.parse_document(name, data, media_type)
-    return parsed, documents.chunk_document(parsed)
-
-
 class MemoryService:
     def __init__(
         self,
-        store: Store,
+        store: RecallBackend,
         *,
         embedder: Embedder | str | None = None,
         index: VectorIndex | None = None,
@@ -102,6 +83,7 @@ class MemoryService:
         self._embedder_spec = embedder
         self._embedder: Embedder | None = None
         self.index = index or VectorIndex()
+        self._knowledge = KnowledgeService(store, self._embed, self.search)
 
     async def close(self) -> None:
         """Close an embedder this service made from a spec (one passed in is the caller's)."""
@@ -125,6 +107,11 @@ class MemoryService:
         if self._embedder is None:
             self._embedder = resolve_embedder(self._embedder_spec)
         return self._embedder
+
+    async def _embed(self, texts: Sequence[str]) -> Vectors:
+        # Through the property, so the embedder is still resolved on first use (and again after
+        # close()), whoever embeds first.
+        return await self.embedder.embed(texts)
 
     # -- namespaces ----------------------------------------------------------------------------
     async def namespace(
@@ -250,6 +237,16 @@ class MemoryService:
         if not await self.store.delete_memory(current.namespace, record_id):
             raise MemoryNotFound("memory item not found")
 
+    async def drop(self, ns: Namespace, record_id: str) -> bool:
+        """Delete one record of ``ns`` without checks: the turn loop replacing its own note."""
+        return await self.store.delete_memory(ns, record_id)
+
+    async def drop_turn_writes(
+        self, namespaces: Sequence[Namespace], turn_id: str, author: str
+    ) -> int:
+        """Delete what ``author`` wrote in ``namespaces`` during ``turn_id`` (rolled back)."""
+        return await self.store.delete_turn_memory(namespaces, turn_id, author)
+
     async def clear(
         self,
         principal: Principal,
@@ -334,7 +331,7 @@ class MemoryService:
         self.index.forget(Namespace.user(tenant, user))
         return report
 
-    # -- knowledge -----------------------------------------------------------------------------
+    # -- knowledge (KnowledgeService does the work; the namespaces are checked here) ----------
     async def add_document(
         self,
         principal: Principal,
@@ -351,54 +348,15 @@ class MemoryService:
         """Parse, chunk, embed and store one document (text, Markdown, HTML or PDF)."""
         collection = check_collection(collection)
         ns = await self.namespace(principal, scope, session_id=session_id, agent=agent, write=True)
-        # Parsing a large PDF takes a while: off the event loop, so other requests go on.
-        parsed, chunks = await asyncio.to_thread(_parse_and_chunk, name, data, media_type)
-        if not chunks:
-            raise InvalidInput(f"{name}: no text to index")
-        doc_id, now = new_document_id(), time.time()
-        vectors: list[Vectors] = []
-        for start in range(0, len(chunks), EMBED_BATCH):
-            batch = chunks[start : start + EMBED_BATCH]
-            vectors.extend(await self.embedder.embed([c.text for c in batch]))
-            if progress is not None:
-                progress(min(start + EMBED_BATCH, len(chunks)), len(chunks))
-        records = []
-        for chunk, vector in zip(chunks, vectors, strict=True):
-            meta: dict[str, Any] = {"document": parsed.name, "chunk": chunk.index}
-            if chunk.page is not None:
-                meta["page"] = chunk.page
-            if chunk.heading:
-                meta["heading"] = chunk.heading
-            record = MemoryRecord(
-                id=new_memory_id(),
-                namespace=ns,
-                kind=CHUNK,
-                content=chunk.text,
-                collection=collection,
-                document_id=doc_id,
-                meta={**meta, "author": principal.user},
-                created_at=now,
-                updated_at=now,
-            )
-            records.append((record, to_blob(vector)))
-        document = Document(
-            id=doc_id,
-            namespace=ns,
-            collection=collection,
-            name=parsed.name,
-            media_type=parsed.media_type,
-            chunks=len(chunks),
-            chars=sum(len(p) for p in parsed.pages),
-            created_at=now,
+        return await self._knowledge.add_document(
+            ns,
+            collection,
+            data,
+            name=name,
+            media_type=media_type,
+            author=principal.user,
+            progress=progress,
         )
-        stored = await self.store.add_document(document, records)
-        # Adding a document again (same name, same collection and scope) replaces it: re-running
-        # an ingestion must not double every passage. The new one is in before the old goes,
-        # so a search in between finds one or the other, never neither.
-        for old in await self.store.list_documents(ns, collection=collection):
-            if old.name == document.name and old.id != doc_id:
-                await self.store.delete_document(ns, collection, old.id)
-        return stored
 
     async def list_documents(
         self,
@@ -410,7 +368,7 @@ class MemoryService:
         agent: str | None = None,
     ) -> list[Document]:
         ns = await self.namespace(principal, scope, session_id=session_id, agent=agent)
-        return await self.store.list_documents(ns, collection=collection)
+        return await self._knowledge.list_documents(ns, collection)
 
     async def delete_document(
         self,
@@ -423,8 +381,7 @@ class MemoryService:
         agent: str | None = None,
     ) -> None:
         ns = await self.namespace(principal, scope, session_id=session_id, agent=agent, write=True)
-        if not await self.store.delete_document(ns, check_collection(collection), document_id):
-            raise DocumentNotFound("document not found")
+        await self._knowledge.delete_document(ns, check_collection(collection), document_id)
 
     async def search_knowledge(
         self,
@@ -435,12 +392,4 @@ class MemoryService:
         limit: int = 5,
     ) -> list[Hit]:
         """Hybrid search of the named collections across ``namespaces``, fused into one list."""
-        hits: list[Hit] = []
-        for collection in collections:
-            hits.extend(
-                await self.search(
-                    namespaces, query, collection=check_collection(collection), limit=limit
-                )
-            )
-        hits.sort(key=lambda h: -h.score)
-        return hits[:limit]
+        return await self._knowledge.search(namespaces, query, collections, limit=limit)

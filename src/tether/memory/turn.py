@@ -98,7 +98,7 @@ class TurnMemory:
                     and old.meta.get("author") == AUTO_AUTHOR
                     and auto.attribute(old.content) == attr
                 ):
-                    await self.service.store.delete_memory(ns, old.id)
+                    await self.service.drop(ns, old.id)
             kept.append(
                 await self.service.add(
                     self.principal,
@@ -116,5 +116,5 @@ class TurnMemory:
         namespaces = [self._own("session"), self._own("user")]
         removed = 0
         for author in (AUTO_AUTHOR, MODEL_AUTHOR):
-            removed += await self.service.store.delete_turn_memory(namespaces, self.turn_id, author)
+            removed += await self.service.drop_turn_writes(namespaces, self.turn_id, author)
         return removed

@@ -20,7 +20,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tether.errors import DocumentNotFound, InvalidInput, TooLarge
 from tether.memory.documents import MAX_DOCUMENT_BYTES
-from tether.memory.service import MemoryService, check_collection
+from tether.memory.knowledge import check_collection
+from tether.memory.service import MemoryService
 from tether.records import SCOPES
 from tether.server.deps import Caller, State
 from tether.server.memory_schemas import (

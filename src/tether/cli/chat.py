@@ -5,34 +5,63 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
+import typer
 from rich.console import Console
 
+from tether import events
+from tether.cli._options import DataDirOpt, KeyOpt, ModelOpt, UrlOpt, settings
+from tether.cli._output import errors, out
 from tether.errors import ConfigError, TetherError
 from tether.records import LOCAL_PRINCIPAL, SessionKey, new_session_id
-from tether.server.settings import Settings
 
 if TYPE_CHECKING:
     from tether.client import Client
+    from tether.server.settings import Settings
 
 PROMPT = "you> "
 EXIT = {"/exit", "/quit"}
 
 
+def chat(
+    target: Annotated[
+        str | None,
+        typer.Argument(
+            help="module:app or agents.yaml for local chat (default: the 'assistant' agent)."
+        ),
+    ] = None,
+    agent: Annotated[str | None, typer.Option(help="Agent name.")] = None,
+    session: Annotated[str | None, typer.Option(help="Resume this session id.")] = None,
+    url: UrlOpt = None,
+    key: KeyOpt = None,
+    model: ModelOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Chat in the terminal: streams tokens, shows tool calls and each turn's outcome.
+
+    Type /exit (or Ctrl-D) to leave; Ctrl-C cancels the reply in progress.
+    """
+    with errors():
+        if url:
+            chat_remote(out, url, key, agent, session)
+        else:
+            chat_local(out, settings(model=model, data_dir=data_dir), target, agent, session)
+
+
 def _show_event(out: Console, kind: str, data: dict[str, Any]) -> None:
     # Everything that comes from the model, a tool or the server is printed as plain text:
     # brackets in it are not rich markup (and "[/x]" would otherwise crash the chat).
-    if kind == "message.delta":
+    if kind == events.MESSAGE_DELTA:
         out.print(data.get("text", ""), end="", markup=False, highlight=False)
-    elif kind == "tool.call":
+    elif kind == events.TOOL_CALL:
         out.print()
         out.print(f"→ {data.get('name')}({data.get('arguments')})", style="yellow", markup=False)
-    elif kind == "tool.result":
+    elif kind == events.TOOL_RESULT:
         text = str(data.get("output", ""))
         out.print(f"← {text[:200]}", style="yellow", markup=False)
     # tool.approval_requested: the chat asks the user (see _approval_question), nothing to show.
-    elif kind == "turn.ended":
+    elif kind == events.TURN_ENDED:
         status = data.get("status")
         if status == "completed":
             out.print()
@@ -141,7 +170,7 @@ def chat_local(
             approver=ask,
         )
         async with runtime:
-            record, created = await runtime.store.create_session(key, agent.name, exist_ok=True)
+            record, created = await runtime.sessions.create(key, agent.name, exist_ok=True)
             verb = "new session" if created else "resuming session"
             out.print(
                 f"{verb} {sid} with {record.agent} (resume with --session {sid}; /exit to leave)",
@@ -208,7 +237,7 @@ def chat_remote(
             try:
                 for event in client.stream_turn(sid, line):
                     _show_event(out, event.type, event.data)
-                    if event.type == "tool.approval_requested":
+                    if event.type == events.TOOL_APPROVAL_REQUESTED:
                         _decide_remote(out, client, sid, event.id, event.data)
             except KeyboardInterrupt:
                 # Closing the stream cancels the turn (on_disconnect=cancel).

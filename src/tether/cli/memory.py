@@ -1,4 +1,8 @@
-"""``tether forget`` and ``tether knowledge …``: the memory commands, registered on the CLI app."""
+"""``tether forget`` and ``tether knowledge add|search``: the memory commands.
+
+They go through :class:`~tether.memory.service.MemoryService`, never the store's own calls, so
+forgetting and indexing mean the same here as over HTTP.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +11,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from tether.cli import (
-    DataDirOpt,
-    KeyOpt,
-    StoreOpt,
-    UrlOpt,
-    _errors,
-    _on_store,
-    app,
-    err,
-    fail,
-    out,
-)
+from tether.cli._options import DataDirOpt, KeyOpt, StoreOpt, UrlOpt
+from tether.cli._output import err, errors, fail, out
+from tether.cli._store import forget_user, on_store
 from tether.errors import TetherError
 
 if TYPE_CHECKING:
@@ -27,7 +22,6 @@ if TYPE_CHECKING:
 knowledge_app = typer.Typer(
     help="Add documents to knowledge collections and search them.", no_args_is_help=True
 )
-app.add_typer(knowledge_app, name="knowledge")
 
 # Tenants a user can have data in without saying so: API keys default to "default", embedded
 # use (Agent.chat, Session) is "local".
@@ -38,7 +32,6 @@ TenantOpt = Annotated[
 ]
 
 
-@app.command()
 def forget(
     user: Annotated[
         str | None, typer.Option(help="Forget this user (local store; needs no --url).")
@@ -54,7 +47,7 @@ def forget(
 
     On the local store give --user; against a server (--url) it forgets the key's own user.
     """
-    with _errors():
+    with errors():
         if url:
             if user:
                 raise fail(
@@ -77,13 +70,7 @@ def forget(
         ):
             raise typer.Exit(1)
 
-        async def go(s: Store) -> list[Any]:
-            from tether.memory.service import MemoryService
-
-            service = MemoryService(s)
-            return [await service.forget_user(t, user) for t in tenants]
-
-        reports = _on_store(data_dir, store, go)
+        reports = on_store(data_dir, store, lambda s: forget_user(s, tenants, user))
     for t, report in zip(tenants, reports, strict=True):
         out.print(
             f"{t}/{user}: forgot {report.sessions} sessions, {report.memory} memory items and "
@@ -118,10 +105,10 @@ def knowledge_add(
     """Index text, Markdown, HTML and PDF files into a knowledge collection, with progress."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from tether.memory.service import check_collection
+    from tether.memory.knowledge import check_collection
 
     # Options are checked once, before any file is read.
-    with _errors():
+    with errors():
         check_collection(collection)
     if scope not in ("user", "agent", "tenant"):
         raise fail("--scope must be user, agent or tenant")
@@ -149,7 +136,7 @@ def knowledge_add(
         failed += 1
         progress.console.print(f"[yellow]skipped[/] {f}: {exc}")
 
-    with _errors(), progress:
+    with errors(), progress:
         overall = progress.add_task("documents", total=len(files))
         if url:
             from tether.client import Client
@@ -197,7 +184,7 @@ def knowledge_add(
                         report_failure(f, exc)
                     progress.advance(overall)
 
-            _on_store(data_dir, store, go)
+            on_store(data_dir, store, go)
     out.print(
         f"added {added} of {len(files)} documents to {collection!r}"
         + (f" ({failed} skipped)" if failed else "")
@@ -228,8 +215,8 @@ def knowledge_search(
         namespaces = service.readable(principal, agent=agent)
         return await service.search_knowledge(namespaces, query, [collection], limit=limit)
 
-    with _errors():
-        hits = _on_store(data_dir, store, go)
+    with errors():
+        hits = on_store(data_dir, store, go)
     if not hits:
         out.print("no passage matched")
     for h in hits:

@@ -1,0 +1,38 @@
+"""The ``tether`` command: thin commands over the library.
+
+Each command module defines its commands (a group its own sub-app) and knows nothing of this
+package; the app is put together here, commands first, then the groups, in the order that
+``tether --help`` lists them. Nothing imports this package back, so there is no import cycle.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from tether.cli import chat, db, keys, memory, serve, sessions
+
+app = typer.Typer(
+    name="tether",
+    help="Run LLM agents for many conversations at once, with real isolation between them.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command()(serve.serve)
+app.command()(chat.chat)
+app.command()(memory.forget)
+app.add_typer(sessions.app, name="sessions")
+app.add_typer(keys.app, name="keys")
+app.add_typer(db.app, name="db")
+app.add_typer(memory.knowledge_app, name="knowledge")
+
+
+def main() -> None:
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,72 @@
+"""``tether serve``: the HTTP server."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+import typer
+
+from tether.cli._options import DataDirOpt, HostOpt, ModelOpt, PortOpt, StoreOpt, settings
+from tether.cli._output import err, errors
+
+
+def _redacted(url: str) -> str:
+    """A store URL fit for logs: any password replaced."""
+    return re.sub(r"(//[^:/@]+):[^@/]*@", r"\1:***@", url)
+
+
+def serve(
+    target: Annotated[
+        str | None,
+        typer.Argument(
+            help="module:app (an App, Agent or list of agents) or agents.yaml; "
+            "default: one 'assistant' agent on the default model."
+        ),
+    ] = None,
+    host: HostOpt = None,
+    port: PortOpt = None,
+    store: StoreOpt = None,
+    model: ModelOpt = None,
+    data_dir: DataDirOpt = None,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            help="Allow a non-loopback bind with no API keys (everyone gets full access)."
+        ),
+    ] = False,
+    node: Annotated[str | None, typer.Option(help="Stable node name (env TETHER_NODE).")] = None,
+    drain_timeout: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            envvar="TETHER_DRAIN_TIMEOUT",
+            help="Seconds running turns get to finish on SIGTERM/SIGINT before they are "
+            "cancelled with reason 'shutdown' (default 10).",
+        ),
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+) -> None:
+    """Run the HTTP server (SQLite under ./.tether and the embedded model by default)."""
+    from tether.app import check_bind, load_agents
+    from tether.app import serve as run_server
+    from tether.server.app import default_agent
+
+    with errors():
+        config = settings(
+            host=host,
+            port=port,
+            store=store,
+            model=model,
+            data_dir=data_dir,
+            insecure=insecure or None,
+            node=node,
+            drain_timeout=drain_timeout,
+        )
+        agents = load_agents(target) if target else [default_agent(config)]
+        check_bind(config)  # refuse before announcing anything
+        err.print(
+            f"tether: serving {', '.join(a.name for a in agents)} on "
+            f"http://{config.host}:{config.port} (store {_redacted(config.store_url)})"
+        )
+        run_server(config, agents, log_level=log_level)
