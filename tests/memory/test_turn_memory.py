@@ -10,7 +10,7 @@ import asyncio
 
 from tests.helpers import running
 from tether import Agent, Principal
-from tether.memory.recall import CLOSE, OPEN
+from tether.memory.prompt import CLOSE, OPEN
 from tether.models.base import ModelRequest
 from tether.records import Namespace, SessionKey
 from tether.store.protocol import Store

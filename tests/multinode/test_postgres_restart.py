@@ -128,30 +128,42 @@ def test_postgres_restart_under_load(nodes: list[Server]) -> None:
     with nodes[1].client() as c:
         deadline = time.monotonic() + 30
         for n in range(SESSIONS):
-            sid = f"r{n}"
-            turns: list[dict[str, Any]] = []
-            while True:  # turns caught by the restart end (owner_lost at worst) within a lease
-                turns = c.get(f"/v1/sessions/{sid}/turns", params={"limit": 500}).json()["data"]
-                if not any(t["status"] in ("queued", "running") for t in turns):
-                    break
-                assert time.monotonic() < deadline, [t for t in turns if t["status"] == "running"]
-                time.sleep(0.2)
+            turns = _settled_turns(c, f"r{n}", deadline)
             endings.update(f"{t['status']}/{t['reason']}" for t in turns)
-            items = c.get(f"/v1/sessions/{sid}/items", params={"limit": 1000}).json()["data"]
-            texts = [i["content"] for i in items if i["kind"] == "user"]
-            for o in outcomes:
-                if o.sid == sid and o.code == 200:
-                    # Nothing committed is lost: every answered turn is in the history.
-                    assert o.body["status"] == "completed"
-                    assert o.input in texts
-            by_turn: dict[str, list[str]] = {}
-            for i in items:
-                by_turn.setdefault(i["turn_id"], []).append(i["kind"])
-            completed = {str(t["id"]) for t in turns if t["status"] == "completed"}
-            for tid in completed:
-                assert by_turn[tid] == ["user", "assistant"], by_turn[tid]
+            _check_history(c, f"r{n}", turns, outcomes)
     assert failed, "the restart caused no 503 at all: did it happen under load?"
     print(
         f"{len(outcomes)} requests, {len(failed)} answered 503"
         f" (slowest {max(o.seconds for o in failed):.2f} s); turns: {dict(endings)}"
     )
+
+
+def _settled_turns(c: httpx.Client, sid: str, deadline: float) -> list[dict[str, Any]]:
+    """The session's turns once none is queued or running: those caught by the restart end
+    (owner_lost at worst) within a lease."""
+    while True:
+        turns: list[dict[str, Any]] = c.get(
+            f"/v1/sessions/{sid}/turns", params={"limit": 500}
+        ).json()["data"]
+        if not any(t["status"] in ("queued", "running") for t in turns):
+            return turns
+        assert time.monotonic() < deadline, [t for t in turns if t["status"] == "running"]
+        time.sleep(0.2)
+
+
+def _check_history(
+    c: httpx.Client, sid: str, turns: list[dict[str, Any]], outcomes: list[Outcome]
+) -> None:
+    items = c.get(f"/v1/sessions/{sid}/items", params={"limit": 1000}).json()["data"]
+    texts = [i["content"] for i in items if i["kind"] == "user"]
+    for o in outcomes:
+        if o.sid == sid and o.code == 200:
+            # Nothing committed is lost: every answered turn is in the history.
+            assert o.body["status"] == "completed"
+            assert o.input in texts
+    by_turn: dict[str, list[str]] = {}
+    for i in items:
+        by_turn.setdefault(i["turn_id"], []).append(i["kind"])
+    completed = {str(t["id"]) for t in turns if t["status"] == "completed"}
+    for tid in completed:
+        assert by_turn[tid] == ["user", "assistant"], by_turn[tid]

@@ -16,7 +16,7 @@ from tether.loop.compact import summarise, summary_tokens
 from tether.loop.context import TurnContext
 from tether.loop.state import TurnState
 from tether.loop.window import estimate_tokens, render, select_window
-from tether.memory import recall
+from tether.memory import prompt
 from tether.models.base import Message
 
 log = logging.getLogger("tether.loop")
@@ -41,7 +41,7 @@ async def _recall(ctx: TurnContext) -> str:
     try:
         hits = await ctx.memory.recall(ctx.input)
         if hits:
-            ctx.sink.emit(MEMORY_RECALLED, recall.event_data(hits))
+            ctx.sink.emit(MEMORY_RECALLED, prompt.event_data(hits))
         # After recall: this message's own notes are in the prompt as the message itself.
         await ctx.memory.keep_notes(ctx.input)
     except (asyncio.CancelledError, StaleLease):
@@ -49,7 +49,7 @@ async def _recall(ctx: TurnContext) -> str:
     except Exception:
         log.warning("turn %s: memory unavailable; going on without it", ctx.turn_id, exc_info=True)
         return ""
-    return recall.block(hits)
+    return prompt.block(hits)
 
 
 async def prepare(ctx: TurnContext, state: TurnState) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from tether.memory.recall import neutralise, provenance
+from tether.memory.prompt import neutralise, provenance
 from tether.tools.context import ToolContext
 from tether.tools.tool import Tool, tool
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, cast
 
 import httpx2
 import openai
@@ -158,48 +158,15 @@ class OpenAIModel:
         finish: FinishReason | None = None
         try:
             async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue  # blank separators, comments (": ping"), event names
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    # Read on to the end of the body rather than break: a response read to
-                    # its end hands its connection back to the pool; one closed early costs a
-                    # new TCP connection on the next call.
+                chunk = self._chunk(line)
+                if chunk is None:
                     continue
-                try:
-                    chunk = json.loads(data)
-                except ValueError:
-                    raise ModelError(
-                        f"{self._name}: the stream sent invalid JSON", transient=True
-                    ) from None
-                error = chunk.get("error")
-                if error:
-                    detail = error.get("message") if isinstance(error, dict) else str(error)
-                    raise ModelError(
-                        f"{self._name}: stream error: {_clip(str(detail))}", transient=True
-                    )
-                raw_usage = chunk.get("usage")
-                if raw_usage:
-                    # Some servers repeat running totals; the last one wins.
-                    usage = Usage(
-                        int(raw_usage.get("prompt_tokens") or 0),
-                        int(raw_usage.get("completion_tokens") or 0),
-                    )
+                usage = _usage(chunk) or usage  # some servers repeat running totals: last wins
                 for choice in chunk.get("choices") or ():
                     if choice.get("index", 0) != 0:
                         continue  # only one choice (n=1) is ever requested
-                    delta = choice.get("delta") or {}
-                    content = delta.get("content")
-                    if content:
-                        yield TextDelta(content)
-                    for call in delta.get("tool_calls") or ():
-                        fn = call.get("function") or {}
-                        yield ToolCallDelta(
-                            index=int(call.get("index", 0)),
-                            id=call.get("id") or None,
-                            name=fn.get("name") or None,
-                            arguments=fn.get("arguments") or "",
-                        )
+                    for event in _deltas(choice):
+                        yield event
                     reason = choice.get("finish_reason")
                     if reason is not None:
                         finish = _FINISH_REASONS.get(reason, "other")
@@ -222,6 +189,28 @@ class OpenAIModel:
         if usage is not None:
             yield usage
         yield Finish(finish)
+
+    def _chunk(self, line: str) -> dict[str, Any] | None:
+        """The JSON chunk of one line of the stream (None for lines that carry none)."""
+        if not line.startswith("data:"):
+            return None  # blank separators, comments (": ping"), event names
+        data = line[5:].strip()
+        if data == "[DONE]":
+            # The caller reads on to the end of the body rather than stop: a response read to
+            # its end hands its connection back to the pool; one closed early costs a new TCP
+            # connection on the next call.
+            return None
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            raise ModelError(
+                f"{self._name}: the stream sent invalid JSON", transient=True
+            ) from None
+        error = chunk.get("error")
+        if error:
+            detail = error.get("message") if isinstance(error, dict) else str(error)
+            raise ModelError(f"{self._name}: stream error: {_clip(str(detail))}", transient=True)
+        return cast(dict[str, Any], chunk)
 
     def _error(self, exc: openai.OpenAIError) -> ModelError:
         """A short, retry-classified ModelError for an SDK exception; never a traceback."""
@@ -291,3 +280,26 @@ def _server_message(exc: openai.APIStatusError) -> str:
 def _clip(text: str) -> str:
     text = " ".join(text.split())
     return text if len(text) <= _MAX_DETAIL else text[: _MAX_DETAIL - 1] + "…"
+
+
+def _usage(chunk: dict[str, Any]) -> Usage | None:
+    raw = chunk.get("usage")
+    if not raw:
+        return None
+    return Usage(int(raw.get("prompt_tokens") or 0), int(raw.get("completion_tokens") or 0))
+
+
+def _deltas(choice: dict[str, Any]) -> Iterator[ModelEvent]:
+    """The text and tool-call pieces of one streamed choice."""
+    delta = choice.get("delta") or {}
+    content = delta.get("content")
+    if content:
+        yield TextDelta(content)
+    for call in delta.get("tool_calls") or ():
+        fn = call.get("function") or {}
+        yield ToolCallDelta(
+            index=int(call.get("index", 0)),
+            id=call.get("id") or None,
+            name=fn.get("name") or None,
+            arguments=fn.get("arguments") or "",
+        )

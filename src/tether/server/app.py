@@ -9,7 +9,6 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tether import __version__
 from tether.agent import Agent
 from tether.runtime import Runtime
 from tether.server import problems
@@ -19,6 +18,7 @@ from tether.server.routes import chat, knowledge, memory, meta, sessions, turns,
 from tether.server.settings import Settings
 from tether.server.state import ServerState
 from tether.store import open_store_url
+from tether.version import __version__
 
 
 class BodyLimit:

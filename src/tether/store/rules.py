@@ -135,6 +135,26 @@ def not_in_status(turn_id: str, status: TurnStatus) -> Conflict:
     return Conflict(f"turn {turn_id} is not {status}")
 
 
+def stored_items(turn_id: str, first_seq: int, items: Sequence[NewItem], now: float) -> list[Item]:
+    """The records of ``items`` as written: consecutive seqs from ``first_seq`` (the session's
+    next item seq, taken in the same transaction), in the order the turn produced them."""
+    return [
+        Item(
+            seq=first_seq + n,
+            turn_id=turn_id,
+            kind=new.kind,
+            content=new.content,
+            complete=new.complete,
+            call_id=new.call_id,
+            tool_name=new.tool_name,
+            arguments=new.arguments,
+            meta=dict(new.meta),
+            created_at=now,
+        )
+        for n, new in enumerate(items)
+    ]
+
+
 def check_event_seqs(turn_id: str, last: int, seqs: Sequence[int]) -> None:
     """Events are written once each, in a turn's seq order: every new seq is past ``last`` (the
     highest already written) and none repeats. Checked before anything is written, so a

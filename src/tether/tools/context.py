@@ -5,12 +5,24 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from tether.records import Principal, SessionKey
+from tether.records import Hit, MemoryRecord, Principal, SessionKey
 
-if TYPE_CHECKING:
-    from tether.memory.turn import TurnMemory
+
+class ToolMemory(Protocol):
+    """What a tool may do with the caller's memory: the runtime passes the turn's own memory
+    (bound to the caller, the session and the agent's policy), never anyone else's."""
+
+    async def remember(
+        self, content: str, *, scope: str = "user", kind: str = "fact"
+    ) -> MemoryRecord:
+        """Write session or user memory on the caller's behalf."""
+        ...
+
+    async def search_knowledge(self, query: str, *, limit: int = 5) -> list[Hit]:
+        """Search the knowledge collections the agent names."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,5 +39,5 @@ class ToolContext:
     call_id: str
     cancelled: asyncio.Event
     workspace: Path | None = None
-    memory: TurnMemory | None = None
+    memory: ToolMemory | None = None
     """The caller's memory and the agent's knowledge (None when the runtime has no memory)."""

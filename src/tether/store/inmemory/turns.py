@@ -185,26 +185,13 @@ class Turns(State):
             out.append(self._finish(s, turn, rules.OWNER_LOST, terminal=True))
         return out
 
+    @staticmethod
     def _add_items(
-        self, s: SessionState, turn_id: str, items: Sequence[NewItem], now: float
+        s: SessionState, turn_id: str, items: Sequence[NewItem], now: float
     ) -> list[Item]:
-        out = []
-        for new in items:
-            item = Item(
-                seq=s.next_item_seq,
-                turn_id=turn_id,
-                kind=new.kind,
-                content=new.content,
-                complete=new.complete,
-                call_id=new.call_id,
-                tool_name=new.tool_name,
-                arguments=new.arguments,
-                meta=dict(new.meta),
-                created_at=now,
-            )
-            s.next_item_seq += 1
-            s.items.append(item)
-            out.append(item)
+        out = rules.stored_items(turn_id, s.next_item_seq, items, now)
+        s.next_item_seq += len(out)
+        s.items.extend(out)
         return out
 
     @staticmethod

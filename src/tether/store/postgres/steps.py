@@ -75,21 +75,7 @@ async def add(
         rules.check_event_seqs(turn_id, int(last), [e.seq for e in events])
     if items:
         first = int(await conn.fetchval(q.NEXT_ITEM_SEQS, pk, len(items), now))
-        out = [
-            Item(
-                seq=first + n,
-                turn_id=turn_id,
-                kind=new.kind,
-                content=new.content,
-                complete=new.complete,
-                call_id=new.call_id,
-                tool_name=new.tool_name,
-                arguments=new.arguments,
-                meta=new.meta,
-                created_at=now,
-            )
-            for n, new in enumerate(items)
-        ]
+        out = rules.stored_items(turn_id, first, items, now)
         await conn.execute(
             q.INSERT_ITEMS,
             pk,

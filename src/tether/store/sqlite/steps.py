@@ -79,21 +79,7 @@ def add_rows(
         rules.check_event_seqs(turn_id, last_event_seq(c, turn_id), [e.seq for e in events])
     if items:
         (first,) = c.execute(q.NEXT_ITEM_SEQS, (len(items), now, pk, len(items))).fetchone()
-        out = [
-            Item(
-                seq=first + offset,
-                turn_id=turn_id,
-                kind=new.kind,
-                content=new.content,
-                complete=new.complete,
-                call_id=new.call_id,
-                tool_name=new.tool_name,
-                arguments=new.arguments,
-                meta=new.meta,
-                created_at=now,
-            )
-            for offset, new in enumerate(items)
-        ]
+        out = rules.stored_items(turn_id, first, items, now)
         c.executemany(
             q.INSERT_ITEM,
             [
