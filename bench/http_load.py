@@ -582,7 +582,8 @@ def _short(file: str) -> str:
 # Frames every sample of the server's main thread passes through: not worth a row.
 _ENTRY = (
     "tether/__main__.py",
-    "tether/cli.py",
+    "tether/cli/__init__.py",
+    "tether/cli/serve.py",
     "tether/app.py",
     "uvicorn/server.py",
     "uvicorn/_compat.py",

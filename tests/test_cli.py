@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from tether import Agent
 from tether.app import load_agents
 from tether.cli import app
 from tether.errors import ConfigError
+from tether.records import SessionKey
 from tether.runtime import Runtime
 from tether.server.settings import Settings
 from tether.store import SQLiteStore
@@ -180,3 +182,22 @@ def test_knowledge_add_checks_its_options_before_reading_files(tmp_path: Path) -
         result = runner.invoke(app, ["knowledge", "add", str(docs), *args, *data])
         assert result.exit_code != 0 and message in result.output, result.output
         assert "skipped" not in result.output and "documents" not in result.output
+
+
+def test_sessions_list_shows_expired_sessions_until_they_are_swept(tmp_path: Path) -> None:
+    # The operator's view of a local store: an expired session is still there (show and delete
+    # act on it), so the listing shows it too.
+    async def go() -> None:
+        store = SQLiteStore(tmp_path / "tether.db")
+        await store.open()
+        try:
+            await store.create_session(SessionKey("local", "local", "gone"), "a", ttl_seconds=0.01)
+            await store.create_session(SessionKey("local", "local", "live"), "a")
+        finally:
+            await store.close()
+
+    asyncio.run(go())
+    time.sleep(0.05)
+    listed = runner.invoke(app, ["sessions", "list", "--data-dir", str(tmp_path)])
+    assert listed.exit_code == 0, listed.output
+    assert "gone" in listed.output and "live" in listed.output

@@ -120,3 +120,16 @@ def test_import_tether_loads_no_database_driver() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "[]"
+
+
+def test_event_types_are_one_list() -> None:
+    # The Literal, the constants and EVENT_TYPES name the same types, each once.
+    from typing import get_args
+
+    from tether import events
+
+    constants = {
+        v for k, v in vars(events).items() if k.isupper() and isinstance(v, str) and "." in v
+    }
+    assert len(events.EVENT_TYPES) == len(set(events.EVENT_TYPES))
+    assert set(get_args(events.EventType)) == set(events.EVENT_TYPES) == constants

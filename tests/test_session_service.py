@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from tests.helpers import running, wait_until
-from tether import Agent
+from tether import Agent, SessionBusy
 from tether.records import SessionKey
 from tether.scheduler.sessions import SessionService, StoreCanceller
 from tether.store.protocol import Store
@@ -79,5 +81,26 @@ async def test_replace_expired_starts_the_id_afresh(store: Store) -> None:
         assert not created and kept.metadata == {"v": 1}  # embedded use: returned as it is
         fresh, created = await service.create(KEY, "a", exist_ok=True, replace_expired=True)
         assert created and fresh.metadata == {} and fresh.expires_at is None
+    finally:
+        await store.close()
+
+
+async def test_offline_cancel_gives_up_clearly_when_the_owner_does_not_end_the_turn(
+    store: Store,
+) -> None:
+    # A live lease holder that never acts on the request (a frozen process): the delete is
+    # refused with a SessionBusy naming the turn, and nothing is deleted.
+    await store.open()
+    try:
+        await store.create_session(KEY, "a")
+        await store.enqueue_turn(KEY, turn_id="t1", input="x", policy="enqueue")
+        lease = await store.acquire_lease(KEY, "frozen-node", 30)
+        assert lease is not None
+        await store.start_turn(lease, "t1", [], [])
+        service = SessionService(store, StoreCanceller(store, wait=0.2))
+        with pytest.raises(SessionBusy) as refused:
+            await service.delete(KEY)
+        assert refused.value.busy_turn_id == "t1"
+        assert await store.get_session(KEY) is not None
     finally:
         await store.close()

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from tether.agent import Agent
 from tether.errors import ConfigError
+from tether.keys import ApiKeys
 from tether.server.settings import Settings
 from tether.store import open_store_url
 
@@ -152,7 +153,7 @@ def check_bind(settings: Settings) -> None:
         store = open_store_url(settings.store_url)
         await store.open()
         try:
-            return await store.count_api_keys()
+            return await ApiKeys(store).count_active()
         finally:
             await store.close()
 

@@ -73,6 +73,10 @@ class ApiKeys:
         """False when there is no such active key."""
         return await self._store.revoke_api_key(key_id)
 
+    async def count_active(self) -> int:
+        """Keys that are not revoked."""
+        return await self._store.count_api_keys()
+
     async def any_exist(self) -> bool:
         """True once any key was ever created: revoking the last key must not quietly reopen a
         server to callers with no credentials (fail closed)."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -171,7 +170,7 @@ class Runtime:
             record, created = await self.sessions.create(
                 key, agent.name, ttl_seconds=agent.memory.session_ttl, exist_ok=True
             )
-            if not created and record.expires_at is not None and record.expires_at <= time.time():
+            if not created and record.expired():
                 raise
         return await self.scheduler.submit(
             key, message, policy=policy, principal=principal, wait_for_slot=wait

@@ -160,7 +160,7 @@ class Session:
 
     @staticmethod
     def _check_alive(record: SessionRecord) -> None:
-        if record.expires_at is not None and record.expires_at <= time.time():
+        if record.expired():
             raise SessionNotFound("the session has expired")
 
     chat_async = achat

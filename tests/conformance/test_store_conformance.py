@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tether.store import MemoryStore, PostgresStore, SQLiteStore
+from tether.store import InMemoryStore, PostgresStore, SQLiteStore
 from tether.store.protocol import Store
 from tether.testing.conformance import (
     DocumentsConformance,
@@ -32,7 +32,7 @@ from tether.testing.conformance import (
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     """A fresh, unopened store; the PostgreSQL one lives in a schema of its own."""
     if request.param == "memory":
-        return MemoryStore()
+        return InMemoryStore()
     if request.param == "sqlite":
         return SQLiteStore(tmp_path / "t.db")
     # Asked for only here, so the memory and SQLite runs never need a PostgreSQL server.

@@ -390,3 +390,13 @@ def test_a_huge_last_event_id_is_refused(c: httpx.Client) -> None:
     tid = c.post(f"/v1/sessions/{sid}/turns", json={"input": "hi"}).json()["id"]
     r = c.get(f"/v1/sessions/{sid}/turns/{tid}/events", headers={"Last-Event-ID": f"{tid}:{HUGE}"})
     assert_problem(r, 400, "invalid-input")
+
+
+def test_a_patch_answers_with_what_it_wrote(c: httpx.Client) -> None:
+    # Even a TTL so short that the session expires before the answer is built: the write
+    # committed, so the answer is the record it wrote (a 404 would say it did not happen).
+    sid = new_session(c)
+    r = c.patch(f"/v1/sessions/{sid}", json={"metadata": {"v": 2}, "ttl_seconds": 1e-6})
+    assert r.status_code == 200, r.text
+    assert r.json()["metadata"] == {"v": 2} and r.json()["revision"] == 2
+    assert_problem(c.get(f"/v1/sessions/{sid}"), 404, "not-found")  # and now it is gone

@@ -304,3 +304,26 @@ async def test_session_ids_sort_by_bytes_whatever_the_locale(postgres_url: str) 
         " 'session_id') AND collation_name IS DISTINCT FROM 'C'",
     )
     assert columns == []
+
+
+async def test_a_cancel_request_of_an_older_release_still_cancels_and_blocks_no_other(
+    postgres_url: str,
+) -> None:
+    # A request another release wrote ("interrupt by turn …") ends its turn all the same and
+    # does not keep the other requests from being read (rolling upgrades of a cluster).
+    store = PostgresStore(postgres_url)
+    async with opened(store):
+        other = SessionKey("acme", "alice", "s2")
+        for key, turn_id in ((KEY, "t1"), (other, "t2")):
+            await store.create_session(key, "assistant")
+            await store.enqueue_turn(key, turn_id=turn_id, input="x", policy="enqueue")
+            lease = await store.acquire_lease(key, "node-a", 30)
+            assert lease is not None
+            await store.start_turn(lease, turn_id, [], [])
+        assert await store.request_cancel(other, "t2", "cancelled", "cancelled")
+        old = '{"status": "interrupted", "reason": "interrupt by turn t_9"}'
+        await query(postgres_url, f"UPDATE turns SET cancel_request = '{old}' WHERE id = 't1'")
+        assert await store.cancel_requests(["t1", "t2"]) == {
+            "t1": ("interrupted", "interrupt"),
+            "t2": ("cancelled", "cancelled"),
+        }

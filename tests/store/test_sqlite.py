@@ -25,6 +25,15 @@ def _query(path: Path, sql: str) -> list[tuple[object, ...]]:
         conn.close()
 
 
+def _execute(path: Path, sql: str, args: tuple[object, ...]) -> None:
+    conn = sqlite3.connect(path)
+    try:
+        with conn:
+            conn.execute(sql, args)
+    finally:
+        conn.close()
+
+
 async def query(path: Path, sql: str) -> list[tuple[object, ...]]:
     return await asyncio.to_thread(_query, path, sql)
 
@@ -181,3 +190,33 @@ async def test_forget_user_leaves_no_trace_in_the_database_files(tmp_path: Path)
     raw = _database_bytes(tmp_path)
     assert canary_a.encode() not in raw
     assert canary_b.encode() in raw  # Bob's data is still there (and the check can see text)
+
+
+async def test_a_cancel_request_of_an_older_release_still_cancels_and_blocks_no_other(
+    tmp_path: Path,
+) -> None:
+    # During a rolling upgrade an older process may leave a request this release would not
+    # write ("interrupt by turn …" as its reason): it must still end its turn, and must not
+    # keep the other turns' requests from being read with it.
+    path = tmp_path / "t.db"
+    store = SQLiteStore(path)
+    await store.open()
+    try:
+        other = SessionKey("acme", "alice", "s2")
+        for key, turn_id in ((KEY, "t1"), (other, "t2")):
+            await store.create_session(key, "assistant")
+            await store.enqueue_turn(key, turn_id=turn_id, input="x", policy="enqueue")
+            lease = await store.acquire_lease(key, "node-a", 30)
+            assert lease is not None
+            await store.start_turn(lease, turn_id, [], [])
+        assert await store.request_cancel(other, "t2", "cancelled", "cancelled")
+        old = '{"status": "interrupted", "reason": "interrupt by turn t_9"}'
+        await asyncio.to_thread(
+            _execute, path, "UPDATE turns SET cancel_request = ? WHERE id = ?", (old, "t1")
+        )
+        assert await store.cancel_requests(["t1", "t2"]) == {
+            "t1": ("interrupted", "interrupt"),
+            "t2": ("cancelled", "cancelled"),
+        }
+    finally:
+        await store.close()

@@ -68,7 +68,9 @@ def sessions_of(s: Store) -> SessionService:
 
 async def list_sessions(s: Store, limit: int) -> list[dict[str, Any]]:
     """The embedded user's sessions, as the rows ``tether sessions list`` prints."""
-    page = await sessions_of(s).page(LOCAL_PRINCIPAL.tenant, LOCAL_PRINCIPAL.user, limit=limit)
+    page = await sessions_of(s).page(
+        LOCAL_PRINCIPAL.tenant, LOCAL_PRINCIPAL.user, limit=limit, include_expired=True
+    )
     return [
         {
             "session_id": r.key.session_id,

@@ -10,14 +10,16 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from tether.agent import Agent
 from tether.events import EventType
 from tether.models.base import Model
 from tether.records import (
     CancelStatus,
+    Hit,
     Item,
+    MemoryRecord,
     NewItem,
     Principal,
     Reason,
@@ -25,10 +27,22 @@ from tether.records import (
     TurnEnding,
 )
 from tether.tools.approval import Approver
+from tether.tools.context import ToolMemory
 from tether.tools.tool import Tool
 
-if TYPE_CHECKING:
-    from tether.memory.turn import TurnMemory
+
+class LoopMemory(ToolMemory, Protocol):
+    """What the loop needs of the turn's memory (the scheduler passes a
+    :class:`~tether.memory.turn_memory.TurnMemory`): recall before the model runs, automatic
+    notes, and what tools may do with it."""
+
+    async def recall(self, query: str) -> list[Hit]:
+        """Memory items and knowledge chunks for the prompt, best first."""
+        ...
+
+    async def keep_notes(self, text: str) -> list[MemoryRecord]:
+        """Automatic notes from the user's message."""
+        ...
 
 
 class HistoryReader(Protocol):
@@ -77,12 +91,13 @@ class TurnContext:
     sink: TurnSink
     approver: Approver | None = None
     workspace: Path | None = None
-    memory: TurnMemory | None = None
+    memory: LoopMemory | None = None
     extra_tools: tuple[Tool, ...] = ()
     """Built-in tools the agent's memory policy turned on (``remember``, ``search_knowledge``)."""
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     cancel_status: CancelStatus = "cancelled"
-    """What a cancellation ends the turn as: ``cancelled``, ``interrupted`` or ``rolled_back``."""
+    """What a cancellation ends the turn as: ``cancelled``, ``interrupted``, ``rolled_back``, or
+    ``failed`` (its process lost the lease)."""
     cancel_reason: Reason = "cancelled"
     _body: asyncio.Task[TurnResult] | None = field(default=None, repr=False)
 

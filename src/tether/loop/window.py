@@ -1,9 +1,9 @@
 """The history window of a prompt: the newest items that fit, tool pairs whole, as messages.
 
 :mod:`.prepare` places the window between the instructions and this turn's input. History is
-read backwards a page at a time, so the cost follows
-the size of the window, not the length of the session. Tool calls and their results are kept
-together or left out together: a model must never see one without the other.
+read backwards a page at a time, so the cost follows the size of the window, not the length of
+the session. Tool calls and their results are kept together or left out together: a model must
+never see one without the other.
 """
 
 from __future__ import annotations

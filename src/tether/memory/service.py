@@ -237,8 +237,9 @@ class MemoryService:
         if not await self.store.delete_memory(current.namespace, record_id):
             raise MemoryNotFound("memory item not found")
 
-    async def drop(self, ns: Namespace, record_id: str) -> bool:
-        """Delete one record of ``ns`` without checks: the turn loop replacing its own note."""
+    async def delete_own(self, ns: Namespace, record_id: str) -> bool:
+        """Delete one record of ``ns``, a namespace the caller built from its own principal (a
+        turn replacing its automatic note): no principal check, as ``add(namespace=…)``."""
         return await self.store.delete_memory(ns, record_id)
 
     async def drop_turn_writes(

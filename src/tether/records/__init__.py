@@ -25,6 +25,7 @@ from tether.records.memory import (
     MemoryKind,
     MemoryRecord,
     Namespace,
+    PersonalScope,
     Scope,
     VectorSnapshot,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "Namespace",
     "NewEvent",
     "NewItem",
+    "PersonalScope",
     "Policy",
     "Principal",
     "Reason",

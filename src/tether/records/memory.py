@@ -15,6 +15,8 @@ from tether.records.sessions import Principal, SessionKey
 
 Scope = Literal["session", "user", "agent", "tenant"]
 SCOPES: tuple[Scope, ...] = ("session", "user", "agent", "tenant")
+PersonalScope = Literal["session", "user"]
+"""The scopes a user's own data lives in: the model may write them; forget deletes them."""
 MemoryKind = Literal["fact", "preference", "rule", "note"]
 MEMORY_KINDS: tuple[MemoryKind, ...] = ("fact", "preference", "rule", "note")
 CHUNK = "chunk"
@@ -43,7 +45,9 @@ class Namespace:
     @classmethod
     def from_key(cls, key: str) -> Namespace:
         scope, tenant, owner, agent, session_id = key.split(_SEP)
-        return cls(scope, tenant, owner, agent, session_id)  # type: ignore[arg-type]
+        if scope not in SCOPES:
+            raise ValueError(f"not a namespace key: {key!r}")
+        return cls(scope, tenant, owner, agent, session_id)
 
     @classmethod
     def session(cls, key: SessionKey) -> Namespace:

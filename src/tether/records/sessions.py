@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +48,12 @@ class SessionRecord:
     updated_at: float
     expires_at: float | None
     revision: int
+
+    def expired(self, now: float | None = None) -> bool:
+        """Past its TTL: the session answers as unknown, and takes no more turns."""
+        return self.expires_at is not None and self.expires_at <= (
+            time.time() if now is None else now
+        )
 
 
 @dataclass(frozen=True, slots=True)

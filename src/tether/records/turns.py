@@ -24,12 +24,12 @@ EndStatus = Literal[
 CancelStatus = Literal["cancelled", "interrupted", "rolled_back", "failed"]
 """What a running turn may be asked to end as (``failed``: its process lost the lease)."""
 
-TERMINAL_STATUSES: Final[frozenset[str]] = frozenset(
+TERMINAL_STATUSES: Final[frozenset[TurnStatus]] = frozenset(
     {"completed", "cancelled", "interrupted", "rolled_back", "limit_reached", "failed", "rejected"}
 )
-ACTIVE_STATUSES: Final[frozenset[str]] = frozenset({"queued", "running"})
+ACTIVE_STATUSES: Final[frozenset[TurnStatus]] = frozenset({"queued", "running"})
 # Items of turns that ended like this never reach a model again (DESIGN §3).
-EXCLUDED_STATUSES: Final[frozenset[str]] = frozenset({"failed", "rolled_back"})
+EXCLUDED_STATUSES: Final[frozenset[TurnStatus]] = frozenset({"failed", "rolled_back"})
 
 Reason = Literal[
     # completed

@@ -9,6 +9,6 @@ deliver cancel requests, sweep and adopt orphans (:mod:`.chores`); live event fe
 """
 
 from tether.scheduler.core import Scheduler, SchedulerStore
-from tether.scheduler.turn import AgentResolver
+from tether.scheduler.runner import AgentResolver
 
 __all__ = ["AgentResolver", "Scheduler", "SchedulerStore"]

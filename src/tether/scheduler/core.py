@@ -40,7 +40,7 @@ from tether.scheduler import chores
 from tether.scheduler.feeds import follow_turn
 from tether.scheduler.local import Local
 from tether.scheduler.owners import new_owner_id
-from tether.scheduler.turn import AgentResolver, TurnRunner, TurnStore
+from tether.scheduler.runner import AgentResolver, TurnRunner, TurnStore
 from tether.scheduler.worker import Workers, WorkerStore
 from tether.store.protocol import Maintenance, TurnLog
 from tether.store.rules import DEFAULT_MAX_QUEUE
@@ -77,7 +77,6 @@ class Scheduler:
         memory: MemoryService | None = None,
     ) -> None:
         self.store = store
-        self.memory = memory
         self.owner = new_owner_id(node)
         self.lease_ttl = lease_ttl
         self.max_queue = max_queue

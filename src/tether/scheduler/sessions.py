@@ -2,9 +2,11 @@
 
 The HTTP routes, the CLI and the ``Session`` facade create, read, change, clear and delete
 sessions through :class:`SessionService`, never through the store, so the rules live here once:
-an expired session answers as unknown and is replaced, not revived, when its id is used again;
-deleting a session (or a whole user) first cancels its queued and running turns and waits for
-them to end, so no turn writes after its session is gone.
+:meth:`SessionService.own` answers an expired session as unknown, and the HTTP API replaces it
+rather than revives it when its id is used again (``replace_expired``); deleting a session (or
+a whole user) first cancels its queued and running turns and waits for them to end, so no turn
+writes after its session is gone. The plain reads (``get``, ``items``, ``turns``, ``stats``)
+apply no expiry rule: callers check ownership with :meth:`own` first.
 """
 
 from __future__ import annotations
@@ -15,10 +17,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tether.errors import NotFound, SessionNotFound, TurnNotFound
+from tether.errors import NotFound, SessionBusy, SessionNotFound, TurnNotFound
 from tether.records import Item, Reason, SessionKey, SessionRecord, SessionStats, Turn
-from tether.store.protocol import LeaseStore, SessionStore, TurnLog
-from tether.store.rules import is_expired
+from tether.store.protocol import LeaseStore, SessionStore, TurnLog, TurnReader
 
 OFFLINE_CANCEL_WAIT = 30.0
 """Seconds an offline canceller waits for another process to end a running turn."""
@@ -30,7 +31,7 @@ class Canceller(Protocol):
     async def cancel(self, key: SessionKey, turn_id: str, reason: Reason = "cancelled") -> Turn: ...
 
 
-class SessionServiceStore(SessionStore, TurnLog, Protocol):
+class SessionServiceStore(SessionStore, TurnReader, Protocol):
     """What the session service uses: sessions, their history, their turns."""
 
 
@@ -54,20 +55,30 @@ class SessionService:
     async def own(self, key: SessionKey) -> SessionRecord:
         """The caller's live session; unknown, foreign and expired all raise the same."""
         record = await self._store.get_session(key)
-        if record is None or is_expired(record.expires_at, time.time()):
+        if record is None or record.expired():
             raise SessionNotFound("session not found")
         return record
 
     async def page(
-        self, tenant: str, owner: str, *, limit: int = 50, after: str | None = None
+        self,
+        tenant: str,
+        owner: str,
+        *,
+        limit: int = 50,
+        after: str | None = None,
+        include_expired: bool = False,
     ) -> SessionPage:
-        """The owner's sessions by id, ``limit`` at a time; pass ``next_cursor`` as ``after``."""
+        """The owner's sessions by id, ``limit`` at a time; pass ``next_cursor`` as ``after``.
+
+        Expired sessions are left out (they answer as unknown) unless ``include_expired``: the
+        operator's listing of a local store shows them until they are swept.
+        """
         records = await self._store.list_sessions(tenant, owner, limit=limit + 1, after=after)
         page = records[:limit]
         more = len(records) > limit and bool(page)
         now = time.time()
         return SessionPage(
-            [r for r in page if not is_expired(r.expires_at, now)],
+            [r for r in page if include_expired or not r.expired(now)],
             page[-1].key.session_id if more else None,
         )
 
@@ -137,7 +148,7 @@ class SessionService:
         """An expired session is gone (it answers 404): delete it, cancelling what it still
         has queued, so that its id starts afresh."""
         record = await self._store.get_session(key)
-        if record is not None and is_expired(record.expires_at, time.time()):
+        if record is not None and record.expired():
             await self.delete(key, "session_expired")
 
     async def cancel_active(self, key: SessionKey, reason: Reason) -> None:
@@ -165,7 +176,7 @@ class SessionService:
 
 
 class OfflineStore(TurnLog, LeaseStore, Protocol):
-    pass
+    """What cancelling through the store takes: the turn log and who holds the session."""
 
 
 class StoreCanceller:
@@ -188,11 +199,17 @@ class StoreCanceller:
             if ended is not None:
                 return ended
         await self._store.request_cancel(key, turn_id, "cancelled", reason)
-        async with asyncio.timeout(self._wait):
-            while True:
-                turn = await self._store.get_turn(key, turn_id)
-                if turn is None:
-                    raise TurnNotFound("turn not found")
-                if turn.ended or await self._store.lease_holder(key) is None:
-                    return turn
-                await asyncio.sleep(0.05)
+        deadline = time.monotonic() + self._wait
+        while True:
+            turn = await self._store.get_turn(key, turn_id)
+            if turn is None:
+                raise TurnNotFound("turn not found")
+            if turn.ended or await self._store.lease_holder(key) is None:
+                return turn
+            if time.monotonic() >= deadline:
+                raise SessionBusy(
+                    f"turn {turn_id} is still running in another process, which did not end it"
+                    f" within {self._wait:g} s; try again",
+                    busy_turn_id=turn_id,
+                )
+            await asyncio.sleep(0.05)

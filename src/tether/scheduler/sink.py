@@ -18,7 +18,7 @@ from tether.records import Event, Item, Lease, NewEvent, NewItem, SessionKey, Tu
 from tether.scheduler.feeds import TurnFeed
 from tether.store.protocol import FencedWrites, HistoryStore
 
-log = logging.getLogger("tether.runner")
+log = logging.getLogger("tether.scheduler")
 
 
 class StoreHistory:

@@ -20,7 +20,7 @@ from tether.errors import SessionNotFound, StaleLease
 from tether.records import Lease, SessionKey
 from tether.scheduler.local import Local
 from tether.scheduler.owners import owner_is_dead
-from tether.scheduler.turn import TurnRunner
+from tether.scheduler.runner import TurnRunner
 from tether.store.protocol import FencedWrites, LeaseStore, SessionReader, TurnReader
 
 log = logging.getLogger("tether.scheduler")

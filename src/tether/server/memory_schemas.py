@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, Field
 
 from tether.memory.service import MAX_QUERY_CHARS
-from tether.records import Document, Hit, MemoryRecord
+from tether.records import Document, Hit, MemoryKind, MemoryRecord, Scope
 from tether.server.schemas import SESSION_ID, Wire
 
-ScopeName = Literal["session", "user", "agent", "tenant"]
-KindName = Literal["fact", "preference", "rule", "note"]
+ScopeName = Scope
+KindName = MemoryKind
 MAX_SEARCH_LIMIT = 50
 # Documented, not enforced: SessionKey.of checks ids, so a bad one is a 400 wherever it is.
 SESSION_ID_DOC: dict[str, Any] = {"pattern": SESSION_ID, "minLength": 1, "maxLength": 128}

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tether.records import Item, SessionRecord, Turn
+from tether.records import Item, Policy, SessionRecord, Turn
 
 SESSION_ID = r"^[A-Za-z0-9._:-]{1,128}$"
 
@@ -117,7 +117,7 @@ class ItemPage(BaseModel):
 
 class TurnCreate(Wire):
     input: str = Field(..., min_length=1, description="The user's message (user role only).")
-    policy: Literal["enqueue", "reject", "interrupt", "rollback"] = "enqueue"
+    policy: Policy = "enqueue"
     stream: bool = Field(False, description="Answer with an SSE stream of the turn's events.")
     wait: bool = Field(True, description="Wait for the turn to end (false: 202, queued turn).")
     on_disconnect: Literal["continue", "cancel"] = "continue"

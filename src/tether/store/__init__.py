@@ -35,7 +35,7 @@ _BACKENDS = {
 
 
 def __getattr__(name: str) -> Any:
-    if name == "MemoryStore":  # the in-memory store's name before 0.2, kept as an alias
+    if name == "MemoryStore":  # the in-memory store's earlier name, kept as an alias
         name = "InMemoryStore"
     module = _BACKENDS.get(name)
     if module is None:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,7 +27,7 @@ from tether.store.rules import cancel_request, provenance, usage_data
 
 
 # -- rows of the SQL backends (same column order in SQLite and PostgreSQL) ----------------
-def session_row(row: sqlite3.Row | tuple[Any, ...]) -> SessionRecord:
+def session_row(row: Sequence[Any]) -> SessionRecord:
     return SessionRecord(
         key=SessionKey(row[0], row[1], row[2]),
         agent=row[3],
@@ -75,6 +74,11 @@ def item_row(row: tuple[Any, ...]) -> Item:
         created_at=row[9],
         excluded=bool(row[10]),
     )
+
+
+def key_args(key: SessionKey) -> tuple[str, str, str]:
+    """A session key as the three values of a statement's ``KEY_WHERE``."""
+    return key.tenant, key.owner, key.session_id
 
 
 def usage_json(u: Usage) -> str:
@@ -232,5 +236,10 @@ def cancel_json(status: CancelStatus, reason: Reason) -> str:
 
 
 def cancel_of(raw: str) -> tuple[CancelStatus, Reason]:
-    request = json.loads(raw)
-    return cancel_request(str(request["status"]), str(request["reason"]))
+    """A stored cancel request; one that cannot be read still cancels (never blocks others)."""
+    try:
+        request = json.loads(raw)
+        status, reason = request.get("status"), request.get("reason")
+    except (ValueError, AttributeError):
+        status = reason = None
+    return cancel_request(status, reason)

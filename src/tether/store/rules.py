@@ -3,9 +3,11 @@
 A backend gathers the facts a rule needs inside its transaction (the session's expiry, its
 active turns, a turn's unanswered calls…), asks the rule, and carries out the answer with its
 own statements. So admitting a turn, what each ending does to a turn's items, recovering a dead
-owner's turn, the terminal event and the first fencing token mean the same thing on every
-backend, and the in-memory store — the runnable spec — is the same code path as SQLite's and
-PostgreSQL's up to the I/O.
+owner's turn, the terminal event, the seqs of new items and events and the first fencing token
+mean the same thing on every backend. What is a single conditional write — taking or renewing
+a lease, a cancel request, the sweep — each backend states in its own words (SQL ``WHERE``
+clauses, or :func:`sweepable` for the in-memory store), held to one behaviour by the
+conformance suite.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from tether.errors import (
     QueueFull,
     SessionBusy,
     SessionNotFound,
-    StoreError,
 )
 from tether.records import (
     ABORTED_TOOL_RESULT,
@@ -65,7 +66,23 @@ def stale_message(token: int, current: int) -> str:
 
 # -- admitting a turn ------------------------------------------------------------------------------
 def is_expired(expires_at: float | None, now: float) -> bool:
+    """Past the TTL (the same test as :meth:`SessionRecord.expired`, on a row's column)."""
     return expires_at is not None and expires_at <= now
+
+
+def sweepable(
+    expires_at: float | None,
+    now: float,
+    *,
+    active: bool,
+    lease_owner: str | None,
+    lease_expires_at: float,
+) -> bool:
+    """A session the sweeper may delete: expired and idle — no queued or running turn and no
+    unexpired lease — so a sweep never pulls a session from under a turn (the SQL backends
+    say the same in their ``SWEEP_EXPIRED`` statement)."""
+    lease_free = lease_owner is None or lease_expires_at <= now
+    return is_expired(expires_at, now) and not active and lease_free
 
 
 def admit(
@@ -73,27 +90,27 @@ def admit(
     *,
     expires_at: float | None,
     now: float,
-    first_active: str | None,
-    queued: Sequence[str],
+    active: Sequence[tuple[str, str]],
     max_queue: int,
 ) -> None:
     """Raise unless a turn with ``policy`` may join the session now.
 
-    ``first_active`` is the id of the session's oldest queued-or-running turn (None when idle);
-    ``queued`` the ids of its queued turns in seq order. The caller holds whatever makes these
-    facts stay true until its insert commits (a lock, a transaction, no await).
+    ``active`` is ``(id, status)`` of the session's queued and running turns in seq order (one
+    read). The caller holds whatever makes these facts stay true until its insert commits (a
+    lock, a transaction, no await in between).
     """
     if is_expired(expires_at, now):
         raise SessionNotFound("the session has expired")
-    if policy == "reject" and first_active is not None:
-        raise SessionBusy("a turn is already queued or running", busy_turn_id=first_active)
+    if policy == "reject":
+        refuse_if_busy(active[0][0] if active else None)
+    queued = [turn_id for turn_id, status in active if status == "queued"]
     if len(queued) >= max_queue:
         raise QueueFull(
             f"the session already has {len(queued)} queued turns", busy_turn_id=queued[0]
         )
 
 
-def busy(first_active: str | None) -> None:
+def refuse_if_busy(first_active: str | None) -> None:
     """Raise SessionBusy when a turn is queued or running (clearing history waits for idle)."""
     if first_active is not None:
         raise SessionBusy("a turn is queued or running", busy_turn_id=first_active)
@@ -240,7 +257,8 @@ def unanswered_calls(items: Iterable[Item]) -> list[tuple[str | None, str | None
     """``(call_id, tool_name)`` of the tool calls among ``items`` (one turn's, in seq order)
     that have no result."""
     items = list(items)
-    answered = {i.call_id for i in items if i.kind == "tool_result"}
+    # As the SQL backends' ORPHAN_CALLS: a call without an id can have no result.
+    answered = {i.call_id for i in items if i.kind == "tool_result" and i.call_id is not None}
     return [
         (i.call_id, i.tool_name)
         for i in items
@@ -317,9 +335,23 @@ _CANCEL_STATUSES: Final = frozenset(get_args(CancelStatus))
 _REASONS: Final = frozenset(get_args(Reason))
 
 
-def cancel_request(status: str, reason: str) -> tuple[CancelStatus, Reason]:
-    """A cancel request read back from storage, checked: only what ``request_cancel`` accepts
-    ends a turn (an unknown value means the row was written by something else)."""
-    if status not in _CANCEL_STATUSES or reason not in _REASONS:
-        raise StoreError(f"unreadable cancel request ({status!r}, {reason!r})")
-    return cast(CancelStatus, status), cast(Reason, reason)
+def cancel_request(status: object, reason: object) -> tuple[CancelStatus, Reason]:
+    """A cancel request as read back from storage.
+
+    What ``request_cancel`` writes comes back as it was. Anything else — a row written by an
+    older release during a rolling upgrade (``"interrupt by turn …"``), or damaged — still
+    ends its turn, never blocks the requests read with it: an unknown status as a plain
+    cancel, an unknown reason as the code its status implies.
+    """
+    known: CancelStatus = cast(CancelStatus, status) if status in _CANCEL_STATUSES else "cancelled"
+    if reason in _REASONS:
+        return known, cast(Reason, reason)
+    return known, _IMPLIED_REASON[known]
+
+
+_IMPLIED_REASON: Final[dict[str, Reason]] = {
+    "cancelled": "cancelled",
+    "interrupted": "interrupt",
+    "rolled_back": "rollback",
+    "failed": "lease_lost",
+}

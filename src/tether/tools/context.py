@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from tether.records import Hit, MemoryRecord, Principal, SessionKey
+from tether.records import Hit, MemoryKind, MemoryRecord, PersonalScope, Principal, SessionKey
 
 
 class ToolMemory(Protocol):
@@ -15,7 +15,7 @@ class ToolMemory(Protocol):
     (bound to the caller, the session and the agent's policy), never anyone else's."""
 
     async def remember(
-        self, content: str, *, scope: str = "user", kind: str = "fact"
+        self, content: str, *, scope: PersonalScope = "user", kind: MemoryKind = "fact"
     ) -> MemoryRecord:
         """Write session or user memory on the caller's behalf."""
         ...

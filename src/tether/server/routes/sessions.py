@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Response
 
 from tether.errors import AgentNotFound, InvalidInput, TooLarge
-from tether.records import SessionKey, new_session_id
+from tether.records import SessionKey, SessionRecord, new_session_id
 from tether.server.deps import Caller, Key, OwnSession, State
 from tether.server.problems import responses
 from tether.server.schemas import (
@@ -62,9 +62,8 @@ def _check_metadata(st: ServerState, what: str, value: dict[str, Any] | None) ->
         raise TooLarge(f"{what} is {size} bytes; the limit is {limit}")
 
 
-async def _detailed(st: ServerState, key: SessionKey) -> SessionOut:
-    record = await st.runtime.sessions.own(key)
-    stats = await st.runtime.sessions.stats(key)
+async def _detailed(st: ServerState, record: SessionRecord) -> SessionOut:
+    stats = await st.runtime.sessions.stats(record.key)
     return SessionOut.of(
         record,
         status="busy" if stats.active_turns else "idle",
@@ -110,9 +109,9 @@ async def list_sessions(
 
 
 @router.get("/{sid}", responses=NOT_FOUND)
-async def get_session(st: State, key: Key, _: OwnSession) -> SessionOut:
+async def get_session(st: State, record: OwnSession) -> SessionOut:
     """One session with its status (idle or busy) and counts."""
-    return await _detailed(st, key)
+    return await _detailed(st, record)
 
 
 @router.patch(
@@ -122,14 +121,14 @@ async def patch_session(body: SessionPatch, st: State, key: Key, _: OwnSession) 
     """Replace metadata and/or state, or extend the TTL; ``expected_revision`` guards races."""
     _check_metadata(st, "metadata", body.metadata)
     _check_metadata(st, "state", body.state)
-    await st.runtime.sessions.update(
+    record = await st.runtime.sessions.update(
         key,
         metadata=body.metadata,
         state=body.state,
         ttl_seconds=body.ttl_seconds,
         expected_revision=body.expected_revision,
     )
-    return await _detailed(st, key)
+    return await _detailed(st, record)
 
 
 @router.delete("/{sid}", status_code=204, responses=NOT_FOUND)

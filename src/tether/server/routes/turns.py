@@ -11,6 +11,7 @@ from fastapi import APIRouter, Header, Query, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from tether.errors import TurnNotFound
+from tether.events import TURN_ENDED
 from tether.records import Event, SessionKey, Turn
 from tether.server import sse
 from tether.server.deps import Caller, Key, OwnSession, State, check_message
@@ -51,6 +52,9 @@ async def _disconnected(request: Request) -> None:
             return
 
 
+_ENDED_FRAME = f"event: {TURN_ENDED}".encode()
+
+
 def event_stream(
     st: ServerState, key: SessionKey, turn_id: str, after: int, on_disconnect: str
 ) -> StreamingResponse:
@@ -58,7 +62,7 @@ def event_stream(
         finished = False
         try:
             async for chunk in sse.stream(_until_end(st, key, turn_id, after)):
-                finished = finished or (chunk.startswith(b"id:") and b"event: turn.ended" in chunk)
+                finished = finished or (chunk.startswith(b"id:") and _ENDED_FRAME in chunk)
                 yield chunk
             # Ended by us, not by the client: the turn is over, or this process is shutting
             # down with the turn still queued (the client re-attaches; nobody left).

@@ -119,7 +119,7 @@ class Sessions(State):
 
     async def clear_items(self, key: SessionKey) -> int:
         s = self._get(key)
-        rules.busy(s.first_active())
+        rules.refuse_if_busy(s.first_active())
         n = len(s.items)
         s.items.clear()
         return n
@@ -151,9 +151,13 @@ class Sessions(State):
         doomed = [
             k
             for k, s in self._sessions.items()
-            if rules.is_expired(s.record.expires_at, now)
-            and not s.active
-            and (s.lease_owner is None or s.lease_expires_at <= now)
+            if rules.sweepable(
+                s.record.expires_at,
+                now,
+                active=bool(s.active),
+                lease_owner=s.lease_owner,
+                lease_expires_at=s.lease_expires_at,
+            )
         ][:limit]
         for k in doomed:
             del self._sessions[k]

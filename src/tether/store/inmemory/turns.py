@@ -23,6 +23,7 @@ from tether.records import (
     SessionKey,
     Turn,
     TurnEnding,
+    TurnStatus,
 )
 from tether.store import rules
 from tether.store.inmemory.state import SessionState, State
@@ -46,8 +47,7 @@ class Turns(State):
             policy,
             expires_at=s.record.expires_at,
             now=now,
-            first_active=s.first_active(),
-            queued=[t for t in s.active if s.turns[t].status == "queued"],
+            active=[(t, s.turns[t].status) for t in s.active],
             max_queue=max_queue,
         )
         if turn_id in s.turns:
@@ -128,17 +128,19 @@ class Turns(State):
             s.lease_expires_at = 0.0
 
     # -- fenced writes -------------------------------------------------------------------------
-    def _running(self, lease: Lease, turn_id: str, status: str = "running") -> SessionState:
+    def _in_status(
+        self, lease: Lease, turn_id: str, status: TurnStatus = "running"
+    ) -> SessionState:
         s = self._fenced(lease)
         turn = s.turns.get(turn_id)
         if turn is None or turn.status != status:
-            raise rules.not_in_status(turn_id, "running" if status == "running" else "queued")
+            raise rules.not_in_status(turn_id, status)
         return s
 
     async def start_turn(
         self, lease: Lease, turn_id: str, items: Sequence[NewItem], events: Sequence[NewEvent]
     ) -> list[Item]:
-        s = self._running(lease, turn_id, "queued")
+        s = self._in_status(lease, turn_id, "queued")
         # Every check before the first change: a refused write changes nothing, as a rolled
         # back transaction would not.
         rules.check_event_seqs(turn_id, s.last_event_seq(turn_id), [e.seq for e in events])
@@ -151,7 +153,7 @@ class Turns(State):
     async def append(
         self, lease: Lease, turn_id: str, items: Sequence[NewItem], events: Sequence[NewEvent]
     ) -> list[Item]:
-        s = self._running(lease, turn_id)
+        s = self._in_status(lease, turn_id)
         rules.check_event_seqs(turn_id, s.last_event_seq(turn_id), [e.seq for e in events])
         now = time.time()
         out = self._add_items(s, turn_id, items, now)
@@ -166,7 +168,7 @@ class Turns(State):
         items: Sequence[NewItem],
         events: Sequence[NewEvent],
     ) -> Turn:
-        s = self._running(lease, turn_id)
+        s = self._in_status(lease, turn_id)
         rules.check_event_seqs(turn_id, s.last_event_seq(turn_id), [e.seq for e in events])
         now = time.time()
         self._add_items(s, turn_id, items, now)

@@ -29,7 +29,8 @@ from tether.errors import ConfigError, InvalidInput, SessionNotFound, StoreError
 from tether.records import SessionKey
 from tether.store.postgres import queries as q
 from tether.store.postgres.migrations import migrate
-from tether.store.postgres.steps import Conn, Row, key_args
+from tether.store.postgres.steps import Conn, Row
+from tether.store.rows import key_args
 
 
 class _Pool(Protocol):

@@ -96,7 +96,10 @@ FIRST_ACTIVE_TURN = (
     "SELECT id FROM turns WHERE session_pk = $1 AND status IN ('queued', 'running')"
     " ORDER BY seq LIMIT 1"
 )
-QUEUED_TURN_IDS = "SELECT id FROM turns WHERE session_pk = $1 AND status = 'queued' ORDER BY seq"
+ACTIVE_TURN_IDS = (
+    "SELECT id, status FROM turns WHERE session_pk = $1 AND status IN ('queued', 'running')"
+    " ORDER BY seq"
+)
 NEXT_TURN_SEQ = (
     "UPDATE sessions SET next_turn_seq = next_turn_seq + 1 WHERE pk = $1"
     " RETURNING next_turn_seq - 1"

@@ -24,7 +24,7 @@ from tether.store.postgres.connection import Connection
 from tether.store.postgres.recall_steps import bump, delete_where, insert
 from tether.store.postgres.steps import count
 from tether.store.rows import document_row, document_values, record_row
-from tether.store.rules import document_chunks
+from tether.store.rules import document_chunks, search_terms
 
 
 class Recall(Connection):
@@ -147,7 +147,9 @@ class Recall(Connection):
         terms: Sequence[str],
         limit: int,
     ) -> list[int]:
-        words = list(dict.fromkeys(t for t in terms if t.strip()))
+        # The stop words go here too (PostgreSQL's 'english' configuration drops the same list):
+        # a query of nothing but "the" costs no round trip.
+        words = search_terms(terms)
         if not namespaces or not words or limit <= 0:
             return []
         keys = [ns.key for ns in namespaces]

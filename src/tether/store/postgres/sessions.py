@@ -13,8 +13,8 @@ from tether.records import ApiKey, Item, SessionKey, SessionRecord, SessionStats
 from tether.store import rules
 from tether.store.postgres import queries as q
 from tether.store.postgres.connection import Connection
-from tether.store.postgres.steps import count, key_args, lock_session
-from tether.store.rows import api_key_row, item_row, session_row
+from tether.store.postgres.steps import count, lock_session
+from tether.store.rows import api_key_row, item_row, key_args, session_row
 
 
 class Sessions(Connection):
@@ -120,7 +120,7 @@ class Sessions(Connection):
     async def clear_items(self, key: SessionKey) -> int:
         async with self._tx() as conn:
             pk = int((await lock_session(conn, key))[0])
-            rules.busy(await conn.fetchval(q.FIRST_ACTIVE_TURN, pk))
+            rules.refuse_if_busy(await conn.fetchval(q.FIRST_ACTIVE_TURN, pk))
             return count(await conn.execute(q.CLEAR_ITEMS, pk))
 
     # -- API keys ------------------------------------------------------------------------------

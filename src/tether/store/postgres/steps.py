@@ -21,7 +21,7 @@ from tether.store import rules
 from tether.store.postgres import queries as q
 
 # The folding of text deltas and the JSON of usage are the SQLite store's: one record format.
-from tether.store.rows import event_rows, turn_row, usage_json
+from tether.store.rows import event_rows, key_args, turn_row, usage_json
 
 Row = tuple[Any, ...]
 """An ``asyncpg.Record``: read here only as a tuple is (by position, unpacked)."""
@@ -35,10 +35,6 @@ class Conn(Protocol):
     async def fetchrow(self, query: str, *args: Any) -> Row | None: ...
     async def fetchval(self, query: str, *args: Any) -> Any: ...
     def transaction(self, *, isolation: str) -> AbstractAsyncContextManager[Any]: ...
-
-
-def key_args(key: SessionKey) -> tuple[str, str, str]:
-    return key.tenant, key.owner, key.session_id
 
 
 def count(tag: str) -> int:
@@ -100,10 +96,11 @@ async def add(
     return out
 
 
-async def write_event(conn: Conn, turn_id: str, event: NewEvent) -> None:
-    """One event whose seq the caller knows to be new (a turn's first, or its terminal one)."""
+async def write_event(conn: Conn, turn_id: str, event: NewEvent, now: float) -> None:
+    """One event whose seq the caller knows to be new (a turn's first, or its terminal one),
+    stamped with the time of the change it announces."""
     data = json.dumps(event.data)
-    await conn.execute(q.INSERT_EVENT, turn_id, event.seq, event.type, data, time.time())
+    await conn.execute(q.INSERT_EVENT, turn_id, event.seq, event.type, data, now)
 
 
 async def finish(conn: Conn, pk: int, turn: Turn, ending: TurnEnding, *, terminal: bool) -> Turn:
@@ -128,7 +125,7 @@ async def finish(conn: Conn, pk: int, turn: Turn, ending: TurnEnding, *, termina
     )
     if terminal:
         last = int(await conn.fetchval(q.LAST_EVENT_SEQ, turn.id))
-        await write_event(conn, turn.id, rules.terminal_event(turn.id, ending, last))
+        await write_event(conn, turn.id, rules.terminal_event(turn.id, ending, last), now)
     return rules.ended(turn, ending, now)
 
 

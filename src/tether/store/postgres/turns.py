@@ -29,8 +29,8 @@ from tether.store import rules
 from tether.store.postgres import queries as q
 from tether.store.postgres import steps
 from tether.store.postgres.connection import Connection
-from tether.store.postgres.steps import key_args, lock_session
-from tether.store.rows import cancel_json, cancel_of, events_of, turn_row
+from tether.store.postgres.steps import lock_session
+from tether.store.rows import cancel_json, cancel_of, events_of, key_args, turn_row
 from tether.store.rules import DEFAULT_MAX_QUEUE
 
 
@@ -53,15 +53,14 @@ class Turns(Connection):
                 policy,
                 expires_at=expires_at,
                 now=now,
-                first_active=await conn.fetchval(q.FIRST_ACTIVE_TURN, pk),
-                queued=[r[0] for r in await conn.fetch(q.QUEUED_TURN_IDS, pk)],
+                active=[(r[0], r[1]) for r in await conn.fetch(q.ACTIVE_TURN_IDS, pk)],
                 max_queue=max_queue,
             )
             seq = int(await conn.fetchval(q.NEXT_TURN_SEQ, pk))
             turn = rules.queued_turn(turn_id, key, seq, input, policy, now)
             if await conn.fetchval(q.INSERT_TURN, turn_id, pk, seq, input, policy, now) is None:
                 raise rules.duplicate_turn(turn_id)  # rolls the seq back too
-            await steps.write_event(conn, turn_id, rules.queued_event(turn))
+            await steps.write_event(conn, turn_id, rules.queued_event(turn), now)
         return turn
 
     async def get_turn(self, key: SessionKey, turn_id: str) -> Turn | None:

@@ -1,7 +1,8 @@
 """The SQLite store's statements for sessions, turns, leases, events and keys, by name.
 
-Placeholders are positional (``?``); where ``KEY_WHERE`` appears, its three come first, in the
-order tenant, owner, session_id. Memory statements live beside their code in :mod:`.recall`.
+Placeholders are positional (``?``); ``KEY_WHERE`` stands for three of them, tenant, owner and
+session_id in that order, wherever it appears in a statement (first in most; after the values
+being set in the lease and update statements). Memory statements are in :mod:`.recall_queries`.
 """
 
 from __future__ import annotations
@@ -96,7 +97,10 @@ FIRST_ACTIVE_TURN = (
     "SELECT id FROM turns WHERE session_pk = ? AND status IN ('queued', 'running')"
     " ORDER BY seq LIMIT 1"
 )
-QUEUED_TURN_IDS = "SELECT id FROM turns WHERE session_pk = ? AND status = 'queued' ORDER BY seq"
+ACTIVE_TURN_IDS = (
+    "SELECT id, status FROM turns WHERE session_pk = ? AND status IN ('queued', 'running')"
+    " ORDER BY seq"
+)
 NEXT_TURN_SEQ = (
     "UPDATE sessions SET next_turn_seq = next_turn_seq + 1 WHERE pk = ? RETURNING next_turn_seq - 1"
 )

@@ -14,10 +14,10 @@ from typing import Any
 from tether.errors import Conflict, SessionNotFound
 from tether.records import ApiKey, Item, SessionKey, SessionRecord, SessionStats
 from tether.store import rules
-from tether.store.rows import api_key_row, item_row, session_row
+from tether.store.rows import api_key_row, item_row, key_args, session_row
 from tether.store.sqlite import queries as q
 from tether.store.sqlite.connection import Connection
-from tether.store.sqlite.steps import first_active, key_args, session_pk
+from tether.store.sqlite.steps import first_active, session_pk
 
 
 class Sessions(Connection):
@@ -147,7 +147,7 @@ class Sessions(Connection):
     async def clear_items(self, key: SessionKey) -> int:
         def do(c: sqlite3.Connection) -> int:
             pk = session_pk(c, key)
-            rules.busy(first_active(c, pk))
+            rules.refuse_if_busy(first_active(c, pk))
             return int(c.execute(q.CLEAR_ITEMS, (pk,)).rowcount)
 
         return await self._write(do)

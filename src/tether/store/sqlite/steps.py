@@ -15,12 +15,8 @@ from collections.abc import Sequence
 from tether.errors import Conflict, SessionNotFound, StaleLease
 from tether.records import Item, Lease, NewEvent, NewItem, SessionKey, Turn, TurnEnding
 from tether.store import rules
-from tether.store.rows import event_rows, turn_row, usage_json
+from tether.store.rows import event_rows, key_args, turn_row, usage_json
 from tether.store.sqlite import queries as q
-
-
-def key_args(key: SessionKey) -> tuple[str, str, str]:
-    return key.tenant, key.owner, key.session_id
 
 
 def session_pk(c: sqlite3.Connection, key: SessionKey) -> int:
@@ -56,12 +52,10 @@ def last_event_seq(c: sqlite3.Connection, turn_id: str) -> int:
     return int(last)
 
 
-def write_event(c: sqlite3.Connection, turn_id: str, event: NewEvent) -> None:
-    """One event whose seq the caller knows to be new (a turn's first, or its terminal one)."""
-    c.execute(
-        q.INSERT_EVENT,
-        (turn_id, event.seq, None, event.type, json.dumps(event.data), time.time()),
-    )
+def write_event(c: sqlite3.Connection, turn_id: str, event: NewEvent, now: float) -> None:
+    """One event whose seq the caller knows to be new (a turn's first, or its terminal one),
+    stamped with the time of the change it announces."""
+    c.execute(q.INSERT_EVENT, (turn_id, event.seq, None, event.type, json.dumps(event.data), now))
 
 
 def add_rows(
@@ -132,7 +126,8 @@ def finish(
         ),
     )
     if terminal:
-        write_event(c, turn.id, rules.terminal_event(turn.id, ending, last_event_seq(c, turn.id)))
+        event = rules.terminal_event(turn.id, ending, last_event_seq(c, turn.id))
+        write_event(c, turn.id, event, now)
     return rules.ended(turn, ending, now)
 
 

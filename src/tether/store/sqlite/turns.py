@@ -27,12 +27,12 @@ from tether.records import (
     TurnEnding,
 )
 from tether.store import rules
-from tether.store.rows import cancel_json, cancel_of, events_of, turn_row
+from tether.store.rows import cancel_json, cancel_of, events_of, key_args, turn_row
 from tether.store.rules import DEFAULT_MAX_QUEUE
 from tether.store.sqlite import queries as q
 from tether.store.sqlite import steps
 from tether.store.sqlite.connection import Connection
-from tether.store.sqlite.steps import key_args, session_pk
+from tether.store.sqlite.steps import session_pk
 
 
 class Turns(Connection):
@@ -55,8 +55,7 @@ class Turns(Connection):
                 policy,
                 expires_at=row[1],
                 now=now,
-                first_active=steps.first_active(c, pk),
-                queued=[r[0] for r in c.execute(q.QUEUED_TURN_IDS, (pk,)).fetchall()],
+                active=c.execute(q.ACTIVE_TURN_IDS, (pk,)).fetchall(),
                 max_queue=max_queue,
             )
             (seq,) = c.execute(q.NEXT_TURN_SEQ, (pk,)).fetchone()
@@ -65,7 +64,7 @@ class Turns(Connection):
                 c.execute(q.INSERT_TURN, (turn_id, pk, seq, input, policy, turn.status, now))
             except sqlite3.IntegrityError as exc:
                 raise rules.duplicate_turn(turn_id) from exc
-            steps.write_event(c, turn_id, rules.queued_event(turn))
+            steps.write_event(c, turn_id, rules.queued_event(turn), now)
             return turn
 
         return await self._write(do)

@@ -19,7 +19,7 @@ from tether.loop.context import TurnContext
 from tether.loop.turn import run_turn
 from tether.memory.service import MemoryService
 from tether.memory.tools import memory_tools
-from tether.memory.turn import TurnMemory
+from tether.memory.turn_memory import TurnMemory
 from tether.models import resolve_model
 from tether.records import Item, Lease, NewItem, Principal, Turn, TurnEnding
 from tether.scheduler.feeds import TurnFeed
@@ -83,18 +83,20 @@ class TurnRunner:
                 "failed", "agent_not_found", error=f"agent {agent_name or '?'} is not served"
             )
             return await _end(sink, turn, ending, [])
-        ctx = self._context(sink, turn, agent, user_item)
+        ctx, memory = self._context(sink, turn, agent, user_item)
         self._local.running[turn.id] = RunningTurn(turn, ctx)
         try:
             result = await run_turn(ctx)
         finally:
             self._local.running.pop(turn.id, None)
         done = await _end(sink, turn, result.ending, result.items)
-        if done.status == "rolled_back" and ctx.memory is not None:
-            await _forget_turn_memory(ctx.memory)
+        if done.status == "rolled_back" and memory is not None:
+            await _forget_turn_memory(memory)
         return done
 
-    def _context(self, sink: FencedSink, turn: Turn, agent: Agent, user_item: Item) -> TurnContext:
+    def _context(
+        self, sink: FencedSink, turn: Turn, agent: Agent, user_item: Item
+    ) -> tuple[TurnContext, TurnMemory | None]:
         key = turn.key
         ctx = TurnContext(
             agent=agent,
@@ -111,13 +113,15 @@ class TurnRunner:
             if self.workspace_root
             else None,
         )
-        if self.memory is not None:
-            # Memory belongs to the session's owner (embedded use may act for a user_id other
-            # than the caller's principal), with the caller's roles.
-            owner = Principal(key.tenant, key.owner, ctx.principal.roles)
-            ctx.memory = TurnMemory(self.memory, owner, key, agent.name, agent.memory, turn.id)
-            ctx.extra_tools = memory_tools(agent.memory.remember, agent.memory.knowledge_tool)
-        return ctx
+        if self.memory is None:
+            return ctx, None
+        # Memory belongs to the session's owner (embedded use may act for a user_id other than
+        # the caller's principal), with the caller's roles.
+        owner = Principal(key.tenant, key.owner, ctx.principal.roles)
+        memory = TurnMemory(self.memory, owner, key, agent.name, agent.memory, turn.id)
+        ctx.memory = memory
+        ctx.extra_tools = memory_tools(agent.memory.remember, agent.memory.knowledge_tool)
+        return ctx, memory
 
 
 async def _end(sink: FencedSink, turn: Turn, ending: TurnEnding, items: list[NewItem]) -> Turn:

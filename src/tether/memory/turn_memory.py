@@ -16,7 +16,15 @@ from tether.agent import MemoryPolicy
 from tether.errors import InvalidInput
 from tether.memory import auto
 from tether.memory.service import MemoryService
-from tether.records import Hit, MemoryRecord, Namespace, Principal, SessionKey
+from tether.records import (
+    Hit,
+    MemoryKind,
+    MemoryRecord,
+    Namespace,
+    PersonalScope,
+    Principal,
+    SessionKey,
+)
 
 log = logging.getLogger("tether.memory")
 
@@ -66,7 +74,7 @@ class TurnMemory:
         )
 
     async def remember(
-        self, content: str, *, scope: str = "user", kind: str = "fact"
+        self, content: str, *, scope: PersonalScope = "user", kind: MemoryKind = "fact"
     ) -> MemoryRecord:
         """Write session or user memory on the bound principal's behalf (the model's tool)."""
         return await self.service.add(
@@ -98,7 +106,7 @@ class TurnMemory:
                     and old.meta.get("author") == AUTO_AUTHOR
                     and auto.attribute(old.content) == attr
                 ):
-                    await self.service.drop(ns, old.id)
+                    await self.service.delete_own(ns, old.id)
             kept.append(
                 await self.service.add(
                     self.principal,
