@@ -204,10 +204,10 @@ class Scheduler:
         try:
             while True:
                 try:
+                    turn_id = new_turn_id()
                     return await self.store.enqueue_turn(
-                        key, turn_id=new_turn_id(), input=input, policy=policy,
-                        max_queue=self.max_queue,
-                    )  # fmt: skip
+                        key, turn_id=turn_id, input=input, policy=policy, max_queue=self.max_queue
+                    )
                 except QueueFull:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:

@@ -143,6 +143,8 @@ class Workers:
             await self._runner.run(lease, queued[0], record.agent if record is not None else None)
 
     def _closing(self) -> bool:
+        # A call, not the attribute: close() flips it while _linger awaits, and a type checker
+        # that narrowed the attribute before the await would call the re-read unreachable.
         return self._local.closing
 
     async def _linger(self, key: SessionKey) -> bool:
