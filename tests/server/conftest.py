@@ -18,6 +18,9 @@ import pytest
 from tether.testing.fake_openai import FakeOpenAIServer
 
 ROOT = Path(__file__).resolve().parents[2]
+# The checkout's own source first: a worktree's subprocesses must run its code, not the code
+# the editable install points at.
+PYTHONPATH = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
 
 
 def free_port() -> int:
@@ -63,7 +66,7 @@ def start_server(
     port = free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
     log = data_dir / f"server-{port}.log"
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    full_env = {**os.environ, "PYTHONPATH": PYTHONPATH, **(env or {})}
     cmd = [sys.executable, "-m", "tether", "serve"]
     if target:
         cmd.append(target)

@@ -16,7 +16,7 @@ import pexpect
 import pytest
 from rich.console import Console
 
-from tests.server.conftest import ROOT, Server
+from tests.server.conftest import PYTHONPATH, ROOT, Server
 from tether.cli.chat import _show_event
 from tether.tools.approval import REFUSED_RESULT
 
@@ -26,7 +26,7 @@ TIMEOUT = 30
 
 
 def spawn(*args: str) -> pexpect.spawn:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    env = {**os.environ, "PYTHONPATH": PYTHONPATH, "COLUMNS": "200"}
     child = pexpect.spawn(
         TETHER[0],
         [*TETHER[1:], "chat", *args],
