@@ -8,14 +8,16 @@ conversational methods (``chat``, ``achat``…) hand the turn to a process-wide 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import secrets
 from collections.abc import AsyncIterator, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tether.errors import ConfigError
 from tether.models.base import Model
-from tether.records import Policy, validate_session_id
+from tether.records import AgentRef, Policy, validate_session_id
 from tether.tools.tool import Tool
 
 if TYPE_CHECKING:
@@ -131,6 +133,57 @@ class RetryPolicy:
     max_backoff: float = 8.0
 
 
+def _model_spec(model: str | Model | None) -> str:
+    if model is None:
+        return "default"
+    if isinstance(model, str):
+        return "spec:" + model
+    cls = type(model)
+    return f"object:{cls.__module__}.{cls.__qualname__}:{model.name}"
+
+
+def _callable_name(fn: object) -> str:
+    module = getattr(fn, "__module__", None) or type(fn).__module__
+    return f"{module}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
+
+
+def _fingerprint(agent: Agent) -> str:
+    memory = asdict(agent.memory)
+    for conversation_field in ("session_id", "user_id", "session_ttl"):
+        memory.pop(conversation_field)
+    definition = {
+        "name": agent.name,
+        "instructions": agent.instructions,
+        "model": _model_spec(agent.model),
+        "tools": [
+            {
+                "name": t.name,
+                "description": t.description,
+                "parameters": t.parameters,
+                "function": _callable_name(t.function),
+                "requires_approval": t.requires_approval,
+                "read_only": t.read_only,
+                "timeout": t.timeout,
+            }
+            for t in agent.tools
+        ],
+        "limits": [
+            agent.max_iterations,
+            agent.token_budget,
+            agent.context_budget,
+            agent.max_output_tokens,
+            agent.temperature,
+            agent.tool_timeout,
+            agent.approval_timeout,
+        ],
+        "retry": asdict(agent.retry),
+        "memory": memory,
+        "description": agent.description,
+    }
+    canonical = json.dumps(definition, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+
 @dataclass(frozen=True, kw_only=True, eq=False)
 class Agent:
     """An immutable agent template."""
@@ -160,6 +213,7 @@ class Agent:
     _default_session_id: str = field(
         default_factory=lambda: "agent_" + secrets.token_urlsafe(16), repr=False
     )
+    _fingerprint: str = field(default="", repr=False)
 
     def __init__(
         self,
@@ -209,6 +263,33 @@ class Agent:
         }
         for key, value in values.items():
             object.__setattr__(self, key, value)
+        object.__setattr__(self, "_fingerprint", _fingerprint(self))
+
+    @property
+    def fingerprint(self) -> str:
+        """A digest of what this template does: the same in every process that defines it alike.
+
+        It covers the instructions, model, tools (name, description, parameters, approval,
+        timeout), limits and memory policy — not where a conversation lives (session and user
+        ids, TTL), which is the caller's, not the template's.
+        """
+        return self._fingerprint
+
+    @property
+    def ref(self) -> AgentRef:
+        """What a turn records of the agent it was submitted for."""
+        return AgentRef(self.name, self.fingerprint)
+
+    def same_definition(self, other: Agent) -> bool:
+        """True when ``other`` is this template: same fingerprint, and the very same model and
+        tool objects (two objects of one class may behave differently in one process)."""
+        if other is self:
+            return True
+        if other.fingerprint != self.fingerprint:
+            return False
+        if not isinstance(self.model, str | None) and other.model is not self.model:
+            return False
+        return all(a.function is b.function for a, b in zip(self.tools, other.tools, strict=True))
 
     def tool_named(self, name: str) -> Tool | None:
         for t in self.tools:

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from tether.agent import Agent
-from tether.errors import SessionNotFound, TurnFailed
+from tether.errors import AgentNotFound, ConfigError, SessionNotFound, TurnFailed
 from tether.events import TURN_ENDED
 from tether.keys import ApiKeys
 from tether.memory.embed import Embedder
@@ -57,7 +57,9 @@ class Runtime:
     ) -> None:
         self.data_dir = data_dir or default_data_dir()
         self.store: Store = store or SQLiteStore(self.data_dir / "tether.db")
-        self.agents: dict[str, Agent] = {a.name: a for a in agents or []}
+        self.agents: dict[str, Agent] = {}
+        for agent in agents or []:
+            self.register(agent)
         self.memory = MemoryService(
             self.store, embedder=embedder or os.environ.get("TETHER_EMBEDDER") or None
         )
@@ -114,8 +116,28 @@ class Runtime:
         await self.close()
 
     def register(self, agent: Agent) -> None:
-        """Serve ``agent`` under its name (the latest registration of a name wins)."""
-        self.agents[agent.name] = agent
+        """Serve ``agent`` under its name.
+
+        A name stands for one template in a runtime: registering the same definition again is
+        a no-op, another definition under a taken name is a :class:`ConfigError` (it would
+        otherwise run turns submitted for the first, or take over its sessions).
+        """
+        known = self.agents.get(agent.name)
+        if known is None:
+            self.agents[agent.name] = agent
+        elif not known.same_definition(agent):
+            raise ConfigError(
+                f"an agent named {agent.name!r} is already served with another definition; "
+                "give this one its own name"
+            )
+
+    def served(self, name: str) -> Agent:
+        """The agent served under ``name``; AgentNotFound names the ones that are."""
+        agent = self.agents.get(name)
+        if agent is None:
+            known = ", ".join(sorted(self.agents)) or "none"
+            raise AgentNotFound(f"no agent named {name!r} is served here (agents: {known})")
+        return agent
 
     async def ping(self) -> None:
         """Raise :class:`StoreError` when the store cannot answer (readiness)."""
@@ -157,6 +179,7 @@ class Runtime:
     ) -> Turn:
         await self.start()
         self.register(agent)
+        ref = agent.ref
         key = self.key_for(agent, session_id, principal)
         # In-process callers wait for room in the queue instead of failing at its bound.
         wait = math.inf if policy == "enqueue" else 0.0
@@ -164,7 +187,7 @@ class Runtime:
             # Most turns land on a session that exists: try that first, and create the
             # session only when the store says it is not there (saves a write per turn).
             return await self.scheduler.submit(
-                key, message, policy=policy, principal=principal, wait_for_slot=wait
+                key, message, policy=policy, principal=principal, wait_for_slot=wait, agent=ref
             )
         except SessionNotFound:
             record, created = await self.sessions.create(
@@ -173,7 +196,7 @@ class Runtime:
             if not created and record.expired():
                 raise
         return await self.scheduler.submit(
-            key, message, policy=policy, principal=principal, wait_for_slot=wait
+            key, message, policy=policy, principal=principal, wait_for_slot=wait, agent=ref
         )
 
     async def chat(

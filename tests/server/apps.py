@@ -32,6 +32,11 @@ def launch(target: str) -> str:
     return f"launched {target}"
 
 
+def instructions(request: ModelRequest) -> str:
+    """Answers with the first line of the system prompt: whose instructions the turn ran."""
+    return request.messages[0].content.splitlines()[0]
+
+
 def approve_flow(request: ModelRequest) -> str | ToolCalls:
     if request.messages[-1].role == "tool":
         return f"tool said: {request.messages[-1].content}"
@@ -50,6 +55,15 @@ agents = [
         model=ScriptedModel(default=approve_flow),
         tools=[launch],
         approval_timeout=30,
+    ),
+    # Two agents of one app that may share a session; each answers with its own instructions.
+    Agent(
+        name="researcher",
+        instructions="You research topics.",
+        model=ScriptedModel(default=instructions),
+    ),
+    Agent(
+        name="writer", instructions="You write articles.", model=ScriptedModel(default=instructions)
     ),
     # Short steady turns (~0.2 s): load that spans an outage.
     Agent(name="steady", model=ScriptedModel(default=Slow("s " * 10, delay=0.02))),

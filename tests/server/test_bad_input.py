@@ -201,11 +201,12 @@ def test_unknown_agent_is_404(c: httpx.Client) -> None:
     assert_problem(r, 404, "not-found")
 
 
-def test_chat_on_a_session_of_another_agent_is_409(c: httpx.Client) -> None:
+def test_chat_for_an_unknown_agent_is_404_and_loses_nothing(c: httpx.Client) -> None:
+    # Another agent of the app may serve the session (DESIGN §2); one the app lacks may not.
     sid = new_session(c, agent="slow")
     before = history(c, sid)
-    r = c.post("/api/chat", json={"message": "hi", "session_id": sid, "agent_name": "echo"})
-    assert_problem(r, 409, "conflict")
+    r = c.post("/api/chat", json={"message": "hi", "session_id": sid, "agent_name": "nobody"})
+    assert_problem(r, 404, "not-found")
     assert history(c, sid) == before
 
 

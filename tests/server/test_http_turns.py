@@ -191,3 +191,25 @@ def test_default_serve_answers_from_the_embedded_model(make_server: ServerFactor
         r = c.post("/api/chat", json={"message": "What is the capital of France?"})
         assert r.status_code == 200, r.text
         assert "Paris" in r.json()["response"]
+
+
+def test_two_agents_of_the_app_serve_one_session(server: Server) -> None:
+    # Each turn runs the agent it names (the models answer with their instructions): no 409
+    # for the second agent, and never the first agent's instructions for the second's turn.
+    with server.client() as c:
+        chat = {"message": "find", "session_id": "duo", "agent_name": "researcher"}
+        first = c.post("/api/chat", json=chat)
+        assert first.status_code == 200 and first.json()["response"] == "You research topics."
+        second = c.post("/api/chat", json={**chat, "agent_name": "writer"})
+        assert second.status_code == 200, second.text
+        assert second.json()["response"] == "You write articles."
+        third = c.post("/v1/sessions/duo/turns", json={"input": "more", "agent": "writer"})
+        assert third.json()["output"] == "You write articles."
+        assert third.json()["agent"] == "writer"
+        # Without a name a turn runs the session's own agent (the one that made it).
+        own = c.post("/v1/sessions/duo/turns", json={"input": "and?"}).json()
+        assert own["output"] == "You research topics." and own["agent"] == "researcher"
+        turns = c.get("/v1/sessions/duo/turns").json()["data"]
+        assert [t["agent"] for t in turns] == ["researcher", "writer", "writer", "researcher"]
+        unknown = c.post("/v1/sessions/duo/turns", json={"input": "x", "agent": "nobody"})
+        assert unknown.status_code == 404

@@ -42,6 +42,7 @@ Reason = Literal[
     "model_error",
     "internal_error",
     "agent_not_found",
+    "agent_changed",
     "owner_lost",
     "lease_lost",
     # cancelled: who asked
@@ -70,6 +71,18 @@ class Usage:
 
 
 @dataclass(frozen=True, slots=True)
+class AgentRef:
+    """The agent a turn was submitted for: its name and a digest of its definition.
+
+    A turn runs exactly this template (DESIGN §2, §11): a process serving another definition
+    under the same name ends the turn ``failed``/``agent_changed`` instead of running it.
+    """
+
+    name: str
+    fingerprint: str
+
+
+@dataclass(frozen=True, slots=True)
 class Turn:
     id: str
     key: SessionKey
@@ -86,6 +99,8 @@ class Turn:
     created_at: float
     started_at: float | None
     ended_at: float | None
+    agent: AgentRef | None = None
+    """None for turns stored before turns named their agent: they run the session's agent."""
 
     @property
     def ended(self) -> bool:

@@ -26,6 +26,7 @@ from typing import Literal, Protocol
 from tether.errors import QueueFull, ShuttingDown, TurnNotFound
 from tether.memory.service import MemoryService
 from tether.records import (
+    AgentRef,
     CancelStatus,
     Event,
     Lease,
@@ -177,8 +178,9 @@ class Scheduler:
         policy: Policy = "enqueue",
         principal: Principal | None = None,
         wait_for_slot: float = 0.0,
+        agent: AgentRef | None = None,
     ) -> Turn:
-        """Queue a turn.
+        """Queue a turn for ``agent`` (None: the session's own agent, as served here).
 
         When the session's queue is full, a caller that is going to wait for the turn anyway
         may wait up to ``wait_for_slot`` seconds for room (backpressure) instead of getting
@@ -190,14 +192,16 @@ class Scheduler:
             raise ShuttingDown("the server is shutting down; retry on another node")
         if principal is not None:
             self.local.principals[key] = principal
-        turn = await self._enqueue(key, input, policy, wait_for_slot)
+        turn = await self._enqueue(key, input, policy, wait_for_slot, agent)
         self.local.waiters.setdefault(turn.id, (key, []))
         if policy == "interrupt" or policy == "rollback":
             await self._preempt(key, policy)
         self.workers.kick(key)
         return turn
 
-    async def _enqueue(self, key: SessionKey, input: str, policy: Policy, wait: float) -> Turn:
+    async def _enqueue(
+        self, key: SessionKey, input: str, policy: Policy, wait: float, agent: AgentRef | None
+    ) -> Turn:
         local = self.local
         deadline = time.monotonic() + wait
         waiting = False
@@ -206,7 +210,12 @@ class Scheduler:
                 try:
                     turn_id = new_turn_id()
                     return await self.store.enqueue_turn(
-                        key, turn_id=turn_id, input=input, policy=policy, max_queue=self.max_queue
+                        key,
+                        turn_id=turn_id,
+                        input=input,
+                        policy=policy,
+                        max_queue=self.max_queue,
+                        agent=agent,
                     )
                 except QueueFull:
                     remaining = deadline - time.monotonic()

@@ -77,10 +77,27 @@ class TurnRunner:
 
     async def _run(self, sink: FencedSink, turn: Turn, agent_name: str | None) -> Turn:
         user_item = await sink.start(turn.input)
-        agent = self._agents(agent_name) if agent_name is not None else None
+        agent = self._agents(agent_name) if agent_name else None
         if agent is None:
             ending = TurnEnding(
-                "failed", "agent_not_found", error=f"agent {agent_name or '?'} is not served"
+                "failed", "agent_not_found", error=f"agent {agent_name or '?'} is not served here"
+            )
+            return await _end(sink, turn, ending, [])
+        if turn.agent is not None and turn.agent.fingerprint != agent.fingerprint:
+            # Another definition under the same name (a process started from other code): the
+            # turn was submitted for a template this process does not have. Running this one
+            # would answer with instructions or tools the caller never chose.
+            log.warning(
+                "turn %s was submitted for agent %s %s; this process serves %s",
+                turn.id,
+                agent.name,
+                turn.agent.fingerprint,
+                agent.fingerprint,
+            )
+            ending = TurnEnding(
+                "failed",
+                "agent_changed",
+                error=f"agent {agent.name} is defined differently here than where it was sent",
             )
             return await _end(sink, turn, ending, [])
         ctx, memory = self._context(sink, turn, agent, user_item)

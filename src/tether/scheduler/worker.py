@@ -131,16 +131,19 @@ class Workers:
         for turn in await self._store.recover(lease):
             log.warning("turn %s ended failed/owner_lost: its process died", turn.id)
             self._local.resolve(turn)
-        record = None  # read once per lease: a session's agent does not change under it
+        default_agent: str | None = None  # the session's own agent, for turns that name none
         while True:
             self._local.dirty.discard(key)
             active = await self._store.active_turns(key)
             queued = [t for t in active if t.status == "queued"]
             if not queued or self._local.closing:
                 return
-            if record is None:
+            turn = queued[0]
+            if turn.agent is None and default_agent is None:
+                # Read once per lease: a session's own agent does not change under it.
                 record = await self._store.get_session(key)
-            await self._runner.run(lease, queued[0], record.agent if record is not None else None)
+                default_agent = record.agent if record is not None else ""
+            await self._runner.run(lease, turn, turn.agent.name if turn.agent else default_agent)
 
     def _closing(self) -> bool:
         # A call, not the attribute: close() flips it while _linger awaits, and a type checker

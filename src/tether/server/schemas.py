@@ -117,6 +117,9 @@ class ItemPage(BaseModel):
 
 class TurnCreate(Wire):
     input: str = Field(..., min_length=1, description="The user's message (user role only).")
+    agent: str | None = Field(
+        None, min_length=1, description="The agent to answer; default: the session's own."
+    )
     policy: Policy = "enqueue"
     stream: bool = Field(False, description="Answer with an SSE stream of the turn's events.")
     wait: bool = Field(True, description="Wait for the turn to end (false: 202, queued turn).")
@@ -144,6 +147,7 @@ class TurnOut(BaseModel):
     created_at: float
     started_at: float | None
     ended_at: float | None
+    agent: str | None = Field(None, description="The agent the turn was submitted for.")
 
     @classmethod
     def of(cls, t: Turn) -> TurnOut:
@@ -166,6 +170,7 @@ class TurnOut(BaseModel):
             created_at=t.created_at,
             started_at=t.started_at,
             ended_at=t.ended_at,
+            agent=t.agent.name if t.agent is not None else None,
         )
 
 

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from tether.records import (
+    AgentRef,
     ApiKey,
     CancelStatus,
     Document,
@@ -161,13 +162,15 @@ class TurnLog(TurnReader, Protocol):
         input: str,
         policy: Policy,
         max_queue: int = DEFAULT_MAX_QUEUE,
+        agent: AgentRef | None = None,
     ) -> Turn:
         """Queue a turn at the next ``seq`` and write its ``turn.queued`` event, atomically.
 
         The policy is applied by :func:`tether.store.rules.admit` in the same transaction:
         ``reject``: SessionBusy if any turn is queued or running; ``enqueue``: QueueFull when
         ``max_queue`` turns are already queued; SessionNotFound for an unknown session and for
-        one past its ``expires_at``.
+        one past its ``expires_at``. ``agent`` is stored with the turn: the template it
+        must run (None: the session's agent).
         """
         ...
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from tether.events import MESSAGE_DELTA
 from tether.records import (
+    AgentRef,
     ApiKey,
     CancelStatus,
     Document,
@@ -57,6 +58,7 @@ def turn_row(row: tuple[Any, ...]) -> Turn:
         created_at=row[13],
         started_at=row[14],
         ended_at=row[15],
+        agent=AgentRef(row[16], row[17] or "") if row[16] is not None else None,
     )
 
 

@@ -27,6 +27,7 @@ from tether.errors import (
 )
 from tether.records import (
     ABORTED_TOOL_RESULT,
+    AgentRef,
     CancelStatus,
     Document,
     Item,
@@ -116,8 +117,19 @@ def refuse_if_busy(first_active: str | None) -> None:
         raise SessionBusy("a turn is queued or running", busy_turn_id=first_active)
 
 
+def agent_args(agent: AgentRef | None) -> tuple[str | None, str | None]:
+    """The ``agent`` and ``agent_fingerprint`` columns of a turn row."""
+    return (agent.name, agent.fingerprint) if agent is not None else (None, None)
+
+
 def queued_turn(
-    turn_id: str, key: SessionKey, seq: int, input: str, policy: Policy, now: float
+    turn_id: str,
+    key: SessionKey,
+    seq: int,
+    input: str,
+    policy: Policy,
+    now: float,
+    agent: AgentRef | None = None,
 ) -> Turn:
     """The record of a turn just admitted at ``seq``."""
     return Turn(
@@ -135,6 +147,7 @@ def queued_turn(
         created_at=now,
         started_at=None,
         ended_at=None,
+        agent=agent,
     )
 
 

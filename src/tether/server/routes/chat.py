@@ -12,7 +12,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
-from tether.errors import AgentNotFound, Conflict, InvalidInput
+from tether.errors import InvalidInput
 from tether.records import SessionKey, new_session_id
 from tether.server.deps import Caller, State, check_message
 from tether.server.problems import responses
@@ -31,7 +31,7 @@ router = APIRouter(tags=["compatibility"])
         502,
         e400="malformed JSON, an invalid session id, or a server with no agents",
         e404="no such agent",
-        e409="the session belongs to another agent, or the turn was cancelled or interrupted",
+        e409="the turn was cancelled or interrupted",
         e413="the body or message is over its size bound",
         e422="the body does not match the schema, or the turn hit a limit",
         e500="the turn failed inside the server",
@@ -42,19 +42,19 @@ async def chat(body: ChatRequest, request: Request, st: State, caller: Caller) -
     """Send a message and get the agent's reply."""
     if not st.agents:
         raise InvalidInput("this server has no agents")
-    agent_name = body.agent_name or st.agents[0].name
-    if agent_name not in st.runtime.agents:
-        raise AgentNotFound(f"no agent named {agent_name!r}")
+    agent = st.runtime.served(body.agent_name or st.agents[0].name)
+    agent_name = agent.name
     check_message(st, body.message)
     session_id = body.session_id or new_session_id()
     key = SessionKey.of(caller, session_id)
-    record, _ = await st.runtime.sessions.create(
-        key, agent_name, exist_ok=True, replace_expired=True
-    )
-    if record.agent != agent_name:
-        raise Conflict(f"session {session_id!r} belongs to agent {record.agent!r}")
+    # A session may be served by several of the app's agents: the turn names its own.
+    await st.runtime.sessions.create(key, agent_name, exist_ok=True, replace_expired=True)
     turn = await st.runtime.scheduler.submit(
-        key, body.message, principal=caller, wait_for_slot=st.settings.admission_wait
+        key,
+        body.message,
+        principal=caller,
+        wait_for_slot=st.settings.admission_wait,
+        agent=agent.ref,
     )
     done = await wait_for_turn(st, request, turn, "continue")
     if done is None:

@@ -12,7 +12,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Path, Query, Response
 
-from tether.errors import AgentNotFound, InvalidInput, MemoryNotFound
+from tether.errors import InvalidInput, MemoryNotFound
 from tether.records import SCOPES, MemoryRecord, Principal, SessionKey
 from tether.server.deps import Caller, State
 from tether.server.memory_schemas import (
@@ -78,8 +78,8 @@ async def check_target(
     check_agent(agent)
     if session_id is not None:
         await st.runtime.sessions.own(SessionKey.of(caller, session_id))
-    if write and scope == "agent" and agent is not None and agent not in st.runtime.agents:
-        raise AgentNotFound(f"no agent named {agent!r}")
+    if write and scope == "agent" and agent is not None:
+        st.runtime.served(agent)
 
 
 # -- routes ------------------------------------------------------------------------------------

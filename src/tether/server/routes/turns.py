@@ -100,11 +100,12 @@ async def _until_end(
     response_model=TurnOut,
 )
 async def create_turn(
-    body: TurnCreate, request: Request, st: State, caller: Caller, key: Key, _: OwnSession
+    body: TurnCreate, request: Request, st: State, caller: Caller, key: Key, record: OwnSession
 ) -> Response:
     """Run a turn. ``wait`` (default) answers with the ended turn; ``stream`` with its SSE
     events; ``wait=false`` with 202 and the queued turn."""
     check_message(st, body.input)
+    agent = st.runtime.served(body.agent or record.agent)
     # A caller that waits for the outcome anyway may wait for room in a full queue
     # (backpressure); a fire-and-forget submission gets 429 at once.
     turn = await st.runtime.scheduler.submit(
@@ -113,6 +114,7 @@ async def create_turn(
         policy=body.policy,
         principal=caller,
         wait_for_slot=st.settings.admission_wait if body.wait or body.stream else 0.0,
+        agent=agent.ref,
     )
     if body.stream:
         return event_stream(st, key, turn.id, 0, body.on_disconnect)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from tether.records import (
+    AgentRef,
     CancelStatus,
     Event,
     Item,
@@ -40,6 +41,7 @@ class Turns(State):
         input: str,
         policy: Policy,
         max_queue: int = DEFAULT_MAX_QUEUE,
+        agent: AgentRef | None = None,
     ) -> Turn:
         s = self._get(key)
         now = time.time()
@@ -52,7 +54,7 @@ class Turns(State):
         )
         if turn_id in s.turns:
             raise rules.duplicate_turn(turn_id)
-        turn = rules.queued_turn(turn_id, key, s.next_turn_seq, input, policy, now)
+        turn = rules.queued_turn(turn_id, key, s.next_turn_seq, input, policy, now, agent)
         s.next_turn_seq += 1
         s.turns[turn_id] = turn
         s.turn_order.append(turn_id)

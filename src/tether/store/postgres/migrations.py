@@ -183,6 +183,14 @@ MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX items_summaries ON items (session_pk, seq) WHERE kind = 'summary';
         """,
     ),
+    (
+        5,
+        """
+        -- The agent each turn was submitted for (name and a digest of its definition): a
+        -- session may be served by several agents, and a turn runs exactly its own.
+        ALTER TABLE turns ADD COLUMN agent text, ADD COLUMN agent_fingerprint text;
+        """,
+    ),
 ]
 
 

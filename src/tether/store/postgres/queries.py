@@ -16,7 +16,8 @@ SESSION_COLS = (
 )
 TURN_COLS = (
     "t.id, s.tenant, s.owner, s.session_id, t.seq, t.input, t.policy, t.status, t.reason,"
-    " t.error, t.output, t.complete, t.usage, t.created_at, t.started_at, t.ended_at"
+    " t.error, t.output, t.complete, t.usage, t.created_at, t.started_at, t.ended_at,"
+    " t.agent, t.agent_fingerprint"
 )
 ITEM_COLS = (
     "seq, turn_id, kind, content, complete, call_id, tool_name, arguments, meta, created_at,"
@@ -105,8 +106,9 @@ NEXT_TURN_SEQ = (
     " RETURNING next_turn_seq - 1"
 )
 INSERT_TURN = (
-    "INSERT INTO turns (id, session_pk, seq, input, policy, status, created_at)"
-    " VALUES ($1, $2, $3, $4, $5, 'queued', $6) ON CONFLICT (id) DO NOTHING RETURNING id"
+    "INSERT INTO turns"
+    " (id, session_pk, seq, input, policy, status, created_at, agent, agent_fingerprint)"
+    " VALUES ($1, $2, $3, $4, $5, 'queued', $6, $7, $8) ON CONFLICT (id) DO NOTHING RETURNING id"
 )
 GET_TURN = f"SELECT {TURN_COLS} {TURNS_FROM} WHERE t.id = $2 AND t.session_pk = $1"
 GET_TURN_BY_KEY = (

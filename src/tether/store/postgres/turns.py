@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from tether.errors import SessionNotFound
 from tether.records import (
+    AgentRef,
     CancelStatus,
     Event,
     Item,
@@ -44,6 +45,7 @@ class Turns(Connection):
         input: str,
         policy: Policy,
         max_queue: int = DEFAULT_MAX_QUEUE,
+        agent: AgentRef | None = None,
     ) -> Turn:
         async with self._tx() as conn:
             # The session row lock makes the busy and queue-bound checks hold until commit.
@@ -57,8 +59,11 @@ class Turns(Connection):
                 max_queue=max_queue,
             )
             seq = int(await conn.fetchval(q.NEXT_TURN_SEQ, pk))
-            turn = rules.queued_turn(turn_id, key, seq, input, policy, now)
-            if await conn.fetchval(q.INSERT_TURN, turn_id, pk, seq, input, policy, now) is None:
+            turn = rules.queued_turn(turn_id, key, seq, input, policy, now, agent)
+            inserted = await conn.fetchval(
+                q.INSERT_TURN, turn_id, pk, seq, input, policy, now, *rules.agent_args(agent)
+            )
+            if inserted is None:
                 raise rules.duplicate_turn(turn_id)  # rolls the seq back too
             await steps.write_event(conn, turn_id, rules.queued_event(turn), now)
         return turn

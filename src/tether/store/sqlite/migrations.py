@@ -175,6 +175,15 @@ MIGRATIONS: list[tuple[int, str]] = [
         INSERT INTO memory_clock (value) VALUES (0);
         """,
     ),
+    (
+        5,
+        """
+        -- The agent each turn was submitted for (name and a digest of its definition): a
+        -- session may be served by several agents, and a turn runs exactly its own.
+        ALTER TABLE turns ADD COLUMN agent TEXT;
+        ALTER TABLE turns ADD COLUMN agent_fingerprint TEXT;
+        """,
+    ),
 ]
 
 

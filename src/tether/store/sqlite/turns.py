@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from tether.errors import SessionNotFound
 from tether.records import (
+    AgentRef,
     CancelStatus,
     Event,
     Item,
@@ -45,6 +46,7 @@ class Turns(Connection):
         input: str,
         policy: Policy,
         max_queue: int = DEFAULT_MAX_QUEUE,
+        agent: AgentRef | None = None,
     ) -> Turn:
         def do(c: sqlite3.Connection) -> Turn:
             row = c.execute(q.SESSION_FOR_ENQUEUE, key_args(key)).fetchone()
@@ -59,9 +61,12 @@ class Turns(Connection):
                 max_queue=max_queue,
             )
             (seq,) = c.execute(q.NEXT_TURN_SEQ, (pk,)).fetchone()
-            turn = rules.queued_turn(turn_id, key, seq, input, policy, now)
+            turn = rules.queued_turn(turn_id, key, seq, input, policy, now, agent)
             try:
-                c.execute(q.INSERT_TURN, (turn_id, pk, seq, input, policy, turn.status, now))
+                c.execute(
+                    q.INSERT_TURN,
+                    (turn_id, pk, seq, input, policy, turn.status, now, *rules.agent_args(agent)),
+                )
             except sqlite3.IntegrityError as exc:
                 raise rules.duplicate_turn(turn_id) from exc
             steps.write_event(c, turn_id, rules.queued_event(turn), now)
