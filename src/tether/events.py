@@ -18,6 +18,7 @@ EventType = Literal[
     "tool.approval_requested",
     "tool.result",
     "memory.recalled",
+    "memory.written",
     "context.compacted",
     "turn.ended",
 ]
@@ -35,6 +36,10 @@ TOOL_APPROVAL_REQUESTED: Final = "tool.approval_requested"
 TOOL_RESULT: Final = "tool.result"
 MEMORY_RECALLED: Final = "memory.recalled"
 """Ids, scopes and provenance of what recall placed in the prompt (never the text)."""
+MEMORY_WRITTEN: Final = "memory.written"
+"""A memory item the turn kept (an automatic note, or the model's ``remember``): its id, scope,
+kind, author and text. Emitted with the ending that commits it, so never for a note dropped
+with a failed or rolled-back turn."""
 CONTEXT_COMPACTED: Final = "context.compacted"
 TURN_ENDED: Final = "turn.ended"
 """Terminal, exactly once per turn, with ``status`` and ``reason``."""
@@ -48,6 +53,7 @@ EVENT_TYPES: Final[tuple[EventType, ...]] = (
     TOOL_APPROVAL_REQUESTED,
     TOOL_RESULT,
     MEMORY_RECALLED,
+    MEMORY_WRITTEN,
     CONTEXT_COMPACTED,
     TURN_ENDED,
 )

@@ -21,6 +21,7 @@ from tether.testing.conformance import (
     ForgetConformance,
     HistoryConformance,
     LeasesConformance,
+    LifecyclesConformance,
     RecallConformance,
     SearchConformance,
     SessionsConformance,
@@ -90,4 +91,8 @@ class TestDocuments(DocumentsConformance):
 
 
 class TestForget(ForgetConformance):
+    pass
+
+
+class TestLifecycles(LifecyclesConformance):
     pass

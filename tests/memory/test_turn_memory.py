@@ -14,7 +14,7 @@ from tether.memory.prompt import CLOSE, OPEN
 from tether.models.base import ModelRequest
 from tether.records import Namespace, SessionKey
 from tether.store.protocol import Store
-from tether.testing import Call, EchoModel, ScriptedModel, Slow, ToolCalls, last_user_text
+from tether.testing import Call, EchoModel, Fail, ScriptedModel, Slow, ToolCalls, last_user_text
 
 ALICE = Principal("acme", "alice")
 BOB = Principal("acme", "bob")
@@ -161,20 +161,19 @@ async def test_the_remember_tool_writes_user_memory_and_rollback_removes_auto_no
         assert [(m.content, m.meta["author"]) for m in kept] == [
             ("The user owns a red kayak.", "model")
         ]
-        # A turn rolled back takes its automatic notes with it.
-        slow = Agent(
-            name="slow",
-            model=ScriptedModel(Slow("w " * 200, delay=0.02, forever=True), default="after"),
-            memory={"scopes": ["user"]},
-        )
+        # A turn rolled back takes its automatic notes with it: they were never stored.
+        slow_model = ScriptedModel(Slow("w " * 200, delay=0.02, forever=True), default="after")
+        slow = Agent(name="slow", model=slow_model, memory={"scopes": ["user"]})
         rt.register(slow)
         key = SessionKey("acme", "alice", "r")
         await rt.store.create_session(key, "slow")
         user_ns = [Namespace.user("acme", "alice")]
         first = await rt.scheduler.submit(key, "My dog is called Rex", principal=ALICE)
         async with asyncio.timeout(10):
-            while len(await rt.store.list_memory(user_ns)) < 2:  # noqa: ASYNC110 - a store poll
+            while not slow_model.requests:  # noqa: ASYNC110 - the model was called: notes taken
                 await asyncio.sleep(0.02)
+        # Taken, not stored: the note waits for the turn's ending.
+        assert len(await rt.store.list_memory(user_ns)) == 1
         second = await rt.scheduler.submit(key, "never mind", policy="rollback", principal=ALICE)
         async with asyncio.timeout(10):
             ended = await rt.scheduler.wait(key, first.id)
@@ -274,3 +273,44 @@ async def test_by_default_user_memory_is_recalled_and_notes_stay_in_their_sessio
     assert "jasmine" in block  # written to user memory: recalled in any session
     assert "blue" not in block  # an automatic note of session one stays there
     assert [n.content for n in session_notes] == ["The user's bike is blue."]
+
+
+async def test_what_a_turn_writes_to_memory_commits_only_with_a_kept_ending(store: Store) -> None:
+    # The first turn fails after the model chose to remember something and a note was taken;
+    # the second completes. Only the second's writes exist, each announced by memory.written.
+    def script(request: ModelRequest) -> str | ToolCalls | Fail:
+        if request.messages[-1].role == "tool":
+            return Fail("the provider fell over", transient=False)
+        if "kayak" in last_user_text(request):
+            return ToolCalls(Call("remember", {"content": "The user owns a red kayak."}))
+        return "noted"
+
+    agent = Agent(
+        name="a",
+        model=ScriptedModel(default=script),
+        memory={"scopes": ["session", "user"], "remember": True, "auto": True},
+    )
+    async with running(store, agent) as rt:
+        failed = await rt.submit(agent, "My name is Zed. Remember my kayak.", session_id="s")
+        done = await rt.scheduler.wait(failed.key, failed.id)
+        assert (done.status, done.reason) == ("failed", "model_error")
+        mine = [Namespace.session(failed.key), Namespace.user("local", "local")]
+        assert await rt.store.list_memory(mine) == []
+        events = await rt.store.list_events(failed.key, failed.id)
+        assert "memory.written" not in [e.type for e in events]
+
+        ok = await rt.submit(agent, "My name is Ada.", session_id="s")
+        assert (await rt.scheduler.wait(ok.key, ok.id)).status == "completed"
+        kept = await rt.store.list_memory(mine)
+        assert [(m.content, m.meta["author"], m.meta["turn_id"]) for m in kept] == [
+            ("The user's name is Ada.", "auto", ok.id)
+        ]
+        written = [
+            e for e in await rt.store.list_events(ok.key, ok.id) if e.type == "memory.written"
+        ]
+        assert [(e.data["id"], e.data["content"]) for e in written] == [
+            (kept[0].id, "The user's name is Ada.")
+        ]
+        # Announced before the ending, in the same commit.
+        types = [e.type for e in await rt.store.list_events(ok.key, ok.id)]
+        assert types.index("memory.written") < types.index("turn.ended")

@@ -37,6 +37,11 @@ def instructions(request: ModelRequest) -> str:
     return request.messages[0].content.splitlines()[0]
 
 
+def system_prompt(request: ModelRequest) -> str:
+    """Answers with its whole system prompt: what the turn recalled is visible in the reply."""
+    return request.messages[0].content
+
+
 def approve_flow(request: ModelRequest) -> str | ToolCalls:
     if request.messages[-1].role == "tool":
         return f"tool said: {request.messages[-1].content}"
@@ -64,6 +69,13 @@ agents = [
     ),
     Agent(
         name="writer", instructions="You write articles.", model=ScriptedModel(default=instructions)
+    ),
+    # Keeps automatic notes (whatever the model) and shows what it recalled.
+    Agent(
+        name="recaller",
+        instructions="You recall.",
+        model=ScriptedModel(default=system_prompt),
+        memory={"auto": True},
     ),
     # Short steady turns (~0.2 s): load that spans an outage.
     Agent(name="steady", model=ScriptedModel(default=Slow("s " * 10, delay=0.02))),

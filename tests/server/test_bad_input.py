@@ -313,7 +313,8 @@ def test_bad_requests_lose_nothing(c: httpx.Client) -> None:
         c.patch(base, json={"expected_revision": 0, "metadata": {}}),
         c.patch(base, json={"metadata": {}, "surprise": 1}),
         c.post("/api/chat", json={"message": "", "session_id": sid}),
-        c.post("/api/chat", json={"message": "hi", "session_id": sid, "agent_name": "slow"}),
+        c.post("/api/chat", json={"message": "hi", "session_id": sid, "agent_name": "nobody"}),
+        c.post(f"{base}/turns", json={"input": "hi", "agent": "nobody"}),
         c.post(f"{base}/turns/t_nope/cancel"),
         c.delete(f"{base}/turns"),
     ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -213,3 +214,40 @@ def test_two_agents_of_the_app_serve_one_session(server: Server) -> None:
         assert [t["agent"] for t in turns] == ["researcher", "writer", "writer", "researcher"]
         unknown = c.post("/v1/sessions/duo/turns", json={"input": "x", "agent": "nobody"})
         assert unknown.status_code == 404
+
+
+def test_session_memory_dies_with_its_session(server: Server) -> None:
+    # The model answers with its system prompt, so a reply shows what the turn recalled.
+    with server.client() as c:
+
+        def fresh(sid: str, **body: object) -> None:
+            r = c.post("/v1/sessions", json={"agent": "recaller", "session_id": sid, **body})
+            assert r.status_code == 201, r.text
+
+        def ask(sid: str, text: str) -> str:
+            r = c.post(f"/v1/sessions/{sid}/turns", json={"input": text})
+            assert r.status_code == 200, r.text
+            return str(r.json()["output"])
+
+        fresh("mem-del")
+        ask("mem-del", "My name is Zebulon.")
+        assert "Zebulon" in ask("mem-del", "What is my name?")
+        # Deleted and made again under the same id: a new conversation that recalls nothing.
+        assert c.delete("/v1/sessions/mem-del").status_code == 204
+        fresh("mem-del")
+        assert "Zebulon" not in ask("mem-del", "What is my name?")
+
+        # Clearing the history clears the notes taken from it.
+        fresh("mem-clear")
+        ask("mem-clear", "My name is Quentin.")
+        assert c.delete("/v1/sessions/mem-clear/items").status_code in (200, 204)
+        assert "Quentin" not in ask("mem-clear", "What is my name?")
+
+        # An expired session's id, taken again, starts empty too.
+        fresh("mem-ttl", ttl_seconds=1)
+        ask("mem-ttl", "My name is Ottoline.")
+        deadline = time.monotonic() + 10
+        while c.get("/v1/sessions/mem-ttl").status_code != 404 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        fresh("mem-ttl")
+        assert "Ottoline" not in ask("mem-ttl", "What is my name?")

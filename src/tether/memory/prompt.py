@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from tether.records import Hit
+from tether.records import Hit, MemoryRecord
 
 OPEN = "<memory>"
 CLOSE = "</memory>"
@@ -75,4 +75,16 @@ def event_data(hits: Sequence[Hit]) -> dict[str, object]:
             }
             for h in hits
         ]
+    }
+
+
+def written_event_data(record: MemoryRecord) -> dict[str, object]:
+    """What ``memory.written`` tells the session's owner: the item kept, with its text (their own
+    words or what the model chose to remember: the owner may always see it)."""
+    return {
+        "id": record.id,
+        "scope": record.namespace.scope,
+        "kind": record.kind,
+        "author": record.meta.get("author"),
+        "content": record.content,
     }

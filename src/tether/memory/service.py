@@ -175,10 +175,28 @@ class MemoryService:
         namespace: Namespace | None = None,
     ) -> MemoryRecord:
         """Store one memory item. ``namespace`` skips the checks (the turn loop's own writes)."""
-        content, kind = _check_content(content), _check_kind(kind)
         ns = namespace or await self.namespace(
             principal, scope, session_id=session_id, agent=agent, write=True
         )
+        record, embedding = await self.prepare(
+            principal, content, ns, kind=kind, session_id=session_id, turn_id=turn_id, author=author
+        )
+        return await self.store.put_memory(record, embedding)
+
+    async def prepare(
+        self,
+        principal: Principal,
+        content: str,
+        ns: Namespace,
+        *,
+        kind: str = "fact",
+        session_id: str | None = None,
+        turn_id: str | None = None,
+        author: str | None = None,
+    ) -> tuple[MemoryRecord, bytes]:
+        """A new memory item and its embedding, not yet stored: a turn's writes are stored by
+        its ending (DESIGN §3)."""
+        content, kind = _check_content(content), _check_kind(kind)
         now = time.time()
         meta: dict[str, Any] = {"author": author or principal.user}
         if session_id or ns.session_id:
@@ -196,7 +214,7 @@ class MemoryService:
             updated_at=now,
         )
         vector = (await self.embedder.embed([content]))[0]
-        return await self.store.put_memory(record, to_blob(vector))
+        return record, to_blob(vector)
 
     async def get(self, principal: Principal, record_id: str) -> MemoryRecord:
         ns = await self._locate(principal, record_id)
@@ -236,17 +254,6 @@ class MemoryService:
             raise Forbidden(f"only admins may write {current.namespace.scope} memory")
         if not await self.store.delete_memory(current.namespace, record_id):
             raise MemoryNotFound("memory item not found")
-
-    async def delete_own(self, ns: Namespace, record_id: str) -> bool:
-        """Delete one record of ``ns``, a namespace the caller built from its own principal (a
-        turn replacing its automatic note): no principal check, as ``add(namespace=…)``."""
-        return await self.store.delete_memory(ns, record_id)
-
-    async def drop_turn_writes(
-        self, namespaces: Sequence[Namespace], turn_id: str, author: str
-    ) -> int:
-        """Delete what ``author`` wrote in ``namespaces`` during ``turn_id`` (rolled back)."""
-        return await self.store.delete_turn_memory(namespaces, turn_id, author)
 
     async def clear(
         self,

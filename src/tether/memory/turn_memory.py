@@ -4,13 +4,18 @@ The turn loop uses it to recall before the model runs and to keep automatic note
 it as ``ToolContext.memory`` (the built-in ``remember`` and ``search_knowledge`` tools, and any
 user tool that wants the caller's memory). Nothing here can name another principal's memory:
 every namespace is built from the bound principal.
+
+What the turn writes is held here, not stored: :meth:`TurnMemory.pending` hands it to the
+turn's ending, which commits it in the same fenced transaction as the turn's last items, and
+only if the ending keeps them (DESIGN §3). A failed, rolled-back or superseded turn leaves no
+note behind, and the turn's own later steps recall only what earlier turns committed.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tether.agent import MemoryPolicy
 from tether.errors import InvalidInput
@@ -20,6 +25,7 @@ from tether.records import (
     Hit,
     MemoryKind,
     MemoryRecord,
+    MemoryWrites,
     Namespace,
     PersonalScope,
     Principal,
@@ -41,6 +47,19 @@ class TurnMemory:
     agent: str
     policy: MemoryPolicy
     turn_id: str
+    _put: list[tuple[MemoryRecord, bytes]] = field(default_factory=list)
+    _delete: list[tuple[Namespace, str]] = field(default_factory=list)
+
+    def pending(self) -> MemoryWrites:
+        """What this turn wrote, for its ending to commit."""
+        return MemoryWrites(tuple(self._put), tuple(self._delete))
+
+    async def _write(self, ns: Namespace, content: str, *, kind: str, author: str) -> MemoryRecord:
+        record, embedding = await self.service.prepare(
+            self.principal, content, ns, kind=kind, turn_id=self.turn_id, author=author
+        )
+        self._put.append((record, embedding))
+        return record
 
     def namespaces(self, scopes: Sequence[str]) -> list[Namespace]:
         return self.service.readable(
@@ -76,15 +95,9 @@ class TurnMemory:
     async def remember(
         self, content: str, *, scope: PersonalScope = "user", kind: MemoryKind = "fact"
     ) -> MemoryRecord:
-        """Write session or user memory on the bound principal's behalf (the model's tool)."""
-        return await self.service.add(
-            self.principal,
-            content,
-            kind=kind,
-            turn_id=self.turn_id,
-            author=MODEL_AUTHOR,
-            namespace=self._own(scope),
-        )
+        """Write session or user memory on the bound principal's behalf (the model's tool);
+        stored when the turn ends well."""
+        return await self._write(self._own(scope), content, kind=kind, author=MODEL_AUTHOR)
 
     async def keep_notes(self, text: str) -> list[MemoryRecord]:
         """Automatic notes from the user's message; an already known note is not stored twice."""
@@ -94,7 +107,9 @@ class TurnMemory:
         kept: list[MemoryRecord] = []
         for note in auto.statements(text):
             known = await self.service.search([ns], note, limit=5)
-            if any(h.record.content == note for h in known):
+            if any(h.record.content == note for h in known) or any(
+                r.namespace == ns and r.content == note for r, _ in self._put
+            ):
                 continue
             # "My name is Bob" after "My name is Alice": the newer statement replaces the
             # older automatic note instead of leaving two answers to recall.
@@ -106,23 +121,6 @@ class TurnMemory:
                     and old.meta.get("author") == AUTO_AUTHOR
                     and auto.attribute(old.content) == attr
                 ):
-                    await self.service.delete_own(ns, old.id)
-            kept.append(
-                await self.service.add(
-                    self.principal,
-                    note,
-                    kind="note",
-                    turn_id=self.turn_id,
-                    author=AUTO_AUTHOR,
-                    namespace=ns,
-                )
-            )
+                    self._delete.append((ns, old.id))
+            kept.append(await self._write(ns, note, kind="note", author=AUTO_AUTHOR))
         return kept
-
-    async def forget_turn(self) -> int:
-        """Drop what this turn wrote itself (its turn was rolled back)."""
-        namespaces = [self._own("session"), self._own("user")]
-        removed = 0
-        for author in (AUTO_AUTHOR, MODEL_AUTHOR):
-            removed += await self.service.drop_turn_writes(namespaces, self.turn_id, author)
-        return removed

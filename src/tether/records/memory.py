@@ -163,3 +163,19 @@ class Hit:
     record: MemoryRecord
     score: float
     """Reciprocal-rank-fusion score (higher is better; comparable within one search only)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryWrites:
+    """What a turn wrote to memory, applied by its ending in the same transaction (DESIGN §3).
+
+    ``put`` holds new records with their embeddings, ``delete`` the records they replace. The
+    store applies them only when the ending keeps the turn's items, so a failed or rolled-back
+    turn leaves no note behind, and a turn that lost its lease writes none.
+    """
+
+    put: tuple[tuple[MemoryRecord, bytes], ...] = ()
+    delete: tuple[tuple[Namespace, str], ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.put or self.delete)

@@ -21,7 +21,7 @@ from tether.memory.service import MemoryService
 from tether.memory.tools import memory_tools
 from tether.memory.turn_memory import TurnMemory
 from tether.models import resolve_model
-from tether.records import Item, Lease, NewItem, Principal, Turn, TurnEnding
+from tether.records import Item, Lease, MemoryWrites, NewItem, Principal, Turn, TurnEnding
 from tether.scheduler.feeds import TurnFeed
 from tether.scheduler.local import Local, RunningTurn
 from tether.scheduler.sink import FencedSink, StoreHistory
@@ -106,10 +106,8 @@ class TurnRunner:
             result = await run_turn(ctx)
         finally:
             self._local.running.pop(turn.id, None)
-        done = await _end(sink, turn, result.ending, result.items)
-        if done.status == "rolled_back" and memory is not None:
-            await _forget_turn_memory(memory)
-        return done
+        writes = memory.pending() if memory is not None else None
+        return await _end(sink, turn, result.ending, result.items, writes)
 
     def _context(
         self, sink: FencedSink, turn: Turn, agent: Agent, user_item: Item
@@ -141,13 +139,11 @@ class TurnRunner:
         return ctx, memory
 
 
-async def _end(sink: FencedSink, turn: Turn, ending: TurnEnding, items: list[NewItem]) -> Turn:
-    return await sink.end(ending, items, terminal_event_data(turn.id, ending))
-
-
-async def _forget_turn_memory(memory: TurnMemory) -> None:
-    # A rolled-back turn leaves no trace in history; what it noted goes with it.
-    try:
-        await memory.forget_turn()
-    except Exception:
-        log.warning("could not remove the memory of a rolled-back turn", exc_info=True)
+async def _end(
+    sink: FencedSink,
+    turn: Turn,
+    ending: TurnEnding,
+    items: list[NewItem],
+    memory: MemoryWrites | None = None,
+) -> Turn:
+    return await sink.end(ending, items, terminal_event_data(turn.id, ending), memory)

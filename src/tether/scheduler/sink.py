@@ -13,10 +13,22 @@ from collections.abc import Sequence
 from typing import Any
 
 from tether.errors import StaleLease
-from tether.events import TURN_ENDED, TURN_STARTED, EventType
-from tether.records import Event, Item, Lease, NewEvent, NewItem, SessionKey, Turn, TurnEnding
+from tether.events import MEMORY_WRITTEN, TURN_ENDED, TURN_STARTED, EventType
+from tether.memory.prompt import written_event_data
+from tether.records import (
+    Event,
+    Item,
+    Lease,
+    MemoryWrites,
+    NewEvent,
+    NewItem,
+    SessionKey,
+    Turn,
+    TurnEnding,
+)
 from tether.scheduler.feeds import TurnFeed
 from tether.store.protocol import FencedWrites, HistoryStore
+from tether.store.rules import keeps_memory
 
 log = logging.getLogger("tether.scheduler")
 
@@ -132,16 +144,24 @@ class FencedSink:
             return await self._store.append(self.lease, self._turn_id, items, self.take_events())
 
     async def end(
-        self, ending: TurnEnding, items: Sequence[NewItem], terminal: dict[str, Any]
+        self,
+        ending: TurnEnding,
+        items: Sequence[NewItem],
+        terminal: dict[str, Any],
+        memory: MemoryWrites | None = None,
     ) -> Turn:
-        """Write the last items, the remaining events and ``turn.ended`` with the ending."""
+        """Write the last items, the remaining events and ``turn.ended`` with the ending, and
+        the turn's memory writes if the ending keeps its items, all in one transaction."""
         self.close()
         async with self._lock:
             if self._stale is not None:
                 raise self._stale
+            if memory and keeps_memory(ending.status):
+                for record, _ in memory.put:
+                    self.emit(MEMORY_WRITTEN, written_event_data(record))
             self.emit(TURN_ENDED, terminal)
             return await self._store.end_turn(
-                self.lease, self._turn_id, ending, items, self.take_events()
+                self.lease, self._turn_id, ending, items, self.take_events(), memory=memory
             )
 
     def close(self) -> None:

@@ -31,6 +31,7 @@ from tether.records import (
     Item,
     Lease,
     MemoryRecord,
+    MemoryWrites,
     Namespace,
     NewEvent,
     NewItem,
@@ -248,8 +249,13 @@ class FencedWrites(Protocol):
         ending: TurnEnding,
         items: Sequence[NewItem],
         events: Sequence[NewEvent],
+        memory: MemoryWrites | None = None,
     ) -> Turn:
         """Write the last items and events and the terminal status in one transaction.
+
+        ``memory`` (the turn's notes and what the model remembered) is applied in that same
+        transaction when :func:`tether.store.rules.keeps_memory` says the ending keeps the
+        turn's items, and dropped otherwise.
 
         What the ending does to the turn's items is :func:`tether.store.rules.items_effect`
         (``failed`` excludes them, ``rolled_back`` deletes them).

@@ -27,9 +27,11 @@ from tether.errors import (
 )
 from tether.records import (
     ABORTED_TOOL_RESULT,
+    EXCLUDED_STATUSES,
     AgentRef,
     CancelStatus,
     Document,
+    EndStatus,
     Item,
     MemoryRecord,
     NewEvent,
@@ -115,6 +117,16 @@ def refuse_if_busy(first_active: str | None) -> None:
     """Raise SessionBusy when a turn is queued or running (clearing history waits for idle)."""
     if first_active is not None:
         raise SessionBusy("a turn is queued or running", busy_turn_id=first_active)
+
+
+def keeps_memory(status: EndStatus) -> bool:
+    """Whether an ending applies the turn's memory writes: only when its items are kept."""
+    return status not in EXCLUDED_STATUSES
+
+
+CONVERSATION_AUTHORS: Final = ("auto", "model")
+"""Authors of memory a session's turns wrote (automatic notes, the model's ``remember``):
+clearing the session's history clears these session-scope records with it."""
 
 
 def agent_args(agent: AgentRef | None) -> tuple[str | None, str | None]:

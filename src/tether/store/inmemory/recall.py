@@ -14,13 +14,12 @@ terms ranks first.
 from __future__ import annotations
 
 import copy
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from tether.errors import Conflict, MemoryNotFound, RevisionConflict
 from tether.records import Document, MemoryRecord, Namespace, VectorSnapshot
-from tether.store.inmemory.state import RecordRow, State
+from tether.store.inmemory.state import RecordRow, State, words
 from tether.store.rules import (
     PERSONAL_SCOPES,
     STOP_WORDS,
@@ -29,45 +28,9 @@ from tether.store.rules import (
     search_terms,
 )
 
-_WORD = re.compile(r"[^\W_]+", re.UNICODE)
-Pair = tuple[str, str]
-
-
-def _words(text: str) -> frozenset[str]:
-    return frozenset(_WORD.findall(text.lower()))
-
 
 class Recall(State):
     """Records, versions and documents, kept in dicts."""
-
-    # -- internals ---------------------------------------------------------------------------
-    def _bump(self, pairs: Iterable[Pair]) -> None:
-        # One clock for every pair: a version is never handed out twice, even for a pair that
-        # forget removed and a later write brought back.
-        self._clock += 1
-        for pair in pairs:
-            self._versions[pair] = self._clock
-
-    def _store(self, record: MemoryRecord, embedding: bytes) -> MemoryRecord:
-        stored = replace(record, meta=copy.deepcopy(record.meta), seq=self._next_seq)
-        self._next_seq += 1
-        self._rows[stored.seq] = RecordRow(stored, bytes(embedding), _words(stored.content))
-        self._seq_of[stored.id] = stored.seq
-        self._buckets.setdefault((stored.namespace.key, stored.collection), {})[stored.seq] = None
-        return stored
-
-    def _drop(self, seqs: Iterable[int]) -> set[Pair]:
-        changed: set[Pair] = set()
-        for seq in list(seqs):
-            row = self._rows.pop(seq)
-            del self._seq_of[row.record.id]
-            pair = (row.record.namespace.key, row.record.collection)
-            bucket = self._buckets[pair]
-            del bucket[seq]
-            if not bucket:
-                del self._buckets[pair]
-            changed.add(pair)
-        return changed
 
     def _in(self, namespaces: Sequence[Namespace], record_id: str) -> RecordRow | None:
         seq = self._seq_of.get(record_id)
@@ -109,7 +72,7 @@ class Recall(State):
                 current_revision=old.revision,
             )
         new = replace(old, content=content, kind=kind, revision=old.revision + 1, updated_at=now)
-        self._rows[old.seq] = RecordRow(new, bytes(embedding), _words(content))
+        self._rows[old.seq] = RecordRow(new, bytes(embedding), words(content))
         self._bump([(ns.key, old.collection)])
         return new
 
@@ -189,12 +152,12 @@ class Recall(State):
         limit: int,
     ) -> list[int]:
         # A term is matched as a whole: all of its words must be in the record.
-        wanted = [w - STOP_WORDS for w in map(_words, search_terms(terms))]
+        wanted = [w - STOP_WORDS for w in map(words, search_terms(terms))]
         wanted = [w for w in wanted if w]
         scored = []
         for seq in self._seqs(namespaces, collection):
-            words = self._rows[seq].words
-            score = sum(1 for w in set(wanted) if w <= words)
+            has = self._rows[seq].words
+            score = sum(1 for w in set(wanted) if w <= has)
             if score:
                 scored.append((score, seq))
         scored.sort(reverse=True)

@@ -82,7 +82,10 @@ class Sessions(State):
         return s.record
 
     async def delete_session(self, key: SessionKey) -> bool:
-        return self._sessions.pop(key, None) is not None
+        if self._sessions.pop(key, None) is None:
+            return False
+        self._drop_session_memory(key)
+        return True
 
     async def session_stats(self, key: SessionKey) -> SessionStats:
         s = self._get(key)
@@ -122,6 +125,7 @@ class Sessions(State):
         rules.refuse_if_busy(s.first_active())
         n = len(s.items)
         s.items.clear()
+        self._drop_conversation_memory(key)
         return n
 
     # -- API keys ------------------------------------------------------------------------------
@@ -161,6 +165,7 @@ class Sessions(State):
         ][:limit]
         for k in doomed:
             del self._sessions[k]
+            self._drop_session_memory(k)
         return len(doomed)
 
     async def sessions_needing_work(self, *, unowned_at: float | None = None) -> list[SessionKey]:

@@ -8,7 +8,10 @@ this state.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import copy
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 
 from tether.errors import SessionNotFound, StaleLease
 from tether.records import (
@@ -19,12 +22,21 @@ from tether.records import (
     Item,
     Lease,
     MemoryRecord,
+    MemoryWrites,
+    Namespace,
     Reason,
     SessionKey,
     SessionRecord,
     Turn,
 )
 from tether.store import rules
+
+_WORD = re.compile(r"[^\W_]+", re.UNICODE)
+Pair = tuple[str, str]
+
+
+def words(text: str) -> frozenset[str]:
+    return frozenset(_WORD.findall(text.lower()))
 
 
 @dataclass
@@ -87,3 +99,62 @@ class State:
         if s.lease_token != lease.token:
             raise StaleLease(rules.stale_message(lease.token, s.lease_token))
         return s
+
+    # -- internals ---------------------------------------------------------------------------
+    def _bump(self, pairs: Iterable[Pair]) -> None:
+        # One clock for every pair: a version is never handed out twice, even for a pair that
+        # forget removed and a later write brought back.
+        self._clock += 1
+        for pair in pairs:
+            self._versions[pair] = self._clock
+
+    def _store(self, record: MemoryRecord, embedding: bytes) -> MemoryRecord:
+        stored = replace(record, meta=copy.deepcopy(record.meta), seq=self._next_seq)
+        self._next_seq += 1
+        self._rows[stored.seq] = RecordRow(stored, bytes(embedding), words(stored.content))
+        self._seq_of[stored.id] = stored.seq
+        self._buckets.setdefault((stored.namespace.key, stored.collection), {})[stored.seq] = None
+        return stored
+
+    def _drop(self, seqs: Iterable[int]) -> set[Pair]:
+        changed: set[Pair] = set()
+        for seq in list(seqs):
+            row = self._rows.pop(seq)
+            del self._seq_of[row.record.id]
+            pair = (row.record.namespace.key, row.record.collection)
+            bucket = self._buckets[pair]
+            del bucket[seq]
+            if not bucket:
+                del self._buckets[pair]
+            changed.add(pair)
+        return changed
+
+    def _drop_session_memory(self, key: SessionKey) -> None:
+        """Delete everything of the session's own scope: records, documents, versions."""
+        ns = Namespace.session(key)
+        self._drop([seq for seq, row in self._rows.items() if row.record.namespace == ns])
+        for doc in [d for d in self._documents.values() if d.namespace == ns]:
+            del self._documents[doc.id]
+        for pair in [p for p in self._versions if p[0] == ns.key]:
+            del self._versions[pair]
+
+    def _drop_conversation_memory(self, key: SessionKey) -> None:
+        """Delete the session-scope memory its turns wrote (the history it came from is cleared)."""
+        ns = Namespace.session(key)
+        seqs = [
+            seq
+            for seq, row in self._rows.items()
+            if row.record.namespace == ns
+            and not row.record.collection
+            and row.record.meta.get("author") in rules.CONVERSATION_AUTHORS
+        ]
+        self._bump(self._drop(seqs))
+
+    def _apply_memory(self, writes: MemoryWrites) -> None:
+        for ns, record_id in writes.delete:
+            seq = self._seq_of.get(record_id)
+            if seq is not None and self._rows[seq].record.namespace == ns:
+                self._bump(self._drop([seq]))
+        if writes.put:
+            stored = [self._store(record, embedding) for record, embedding in writes.put]
+            self._bump({(r.namespace.key, r.collection) for r in stored})

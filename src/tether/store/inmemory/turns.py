@@ -11,12 +11,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
+from tether.errors import Conflict
 from tether.records import (
     AgentRef,
     CancelStatus,
     Event,
     Item,
     Lease,
+    MemoryWrites,
     NewEvent,
     NewItem,
     Policy,
@@ -169,13 +171,21 @@ class Turns(State):
         ending: TurnEnding,
         items: Sequence[NewItem],
         events: Sequence[NewEvent],
+        memory: MemoryWrites | None = None,
     ) -> Turn:
         s = self._in_status(lease, turn_id)
         rules.check_event_seqs(turn_id, s.last_event_seq(turn_id), [e.seq for e in events])
+        if memory:
+            for record, _ in memory.put:
+                if record.id in self._seq_of:
+                    raise Conflict(f"a memory record with id {record.id!r} exists")
         now = time.time()
         self._add_items(s, turn_id, items, now)
         self._add_events(s, turn_id, events, now)
-        return self._finish(s, s.turns[turn_id], ending, terminal=False)
+        done = self._finish(s, s.turns[turn_id], ending, terminal=False)
+        if memory and rules.keeps_memory(ending.status):
+            self._apply_memory(memory)
+        return done
 
     async def recover(self, lease: Lease) -> list[Turn]:
         s = self._fenced(lease)

@@ -216,4 +216,5 @@ SWEEP_EXPIRED = (
     " AND (s.lease_owner IS NULL OR s.lease_expires_at <= $1)"
     " AND NOT EXISTS (SELECT 1 FROM turns t WHERE t.session_pk = s.pk"
     "  AND t.status IN ('queued', 'running')) LIMIT $2 FOR UPDATE SKIP LOCKED)"
+    " RETURNING tenant, owner, session_id"
 )

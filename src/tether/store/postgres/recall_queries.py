@@ -70,11 +70,13 @@ DELETE_WHERE = (
     " SELECT ns, collection, count(*) FROM gone GROUP BY ns, collection"
 )
 WHERE_RECORD = "id = $1 AND ns = $2"
+WHERE_AUTHORS = "ns = $1 AND collection = '' AND author = ANY($2::text[])"
 WHERE_NAMESPACE = "ns = $1"
 WHERE_COLLECTION = "ns = $1 AND collection = $2"
 WHERE_TURN = "turn_id = $1 AND author = $2 AND ns = ANY($3::text[])"
 WHERE_DOCUMENT = "document_id = $1 AND ns = $2 AND collection = $3"
 DELETE_NAMESPACE_DOCUMENTS = "DELETE FROM documents WHERE ns = $1"
+DELETE_NAMESPACE_VERSIONS = "DELETE FROM memory_versions WHERE ns = $1"
 DELETE_COLLECTION_DOCUMENTS = "DELETE FROM documents WHERE ns = $1 AND collection = $2"
 FORGET_SESSIONS = "DELETE FROM sessions WHERE tenant = $1 AND owner = $2"
 FORGET_VERSIONS = f"DELETE FROM memory_versions WHERE {MINE}"

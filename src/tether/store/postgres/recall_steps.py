@@ -13,10 +13,11 @@ from typing import Any
 import asyncpg  # type: ignore[import-untyped]
 
 from tether.errors import Conflict
-from tether.records import MemoryRecord, Namespace
+from tether.records import MemoryRecord, MemoryWrites, Namespace, SessionKey
 from tether.store.postgres import recall_queries as q
 from tether.store.postgres.steps import Conn
 from tether.store.rows import record_values
+from tether.store.rules import CONVERSATION_AUTHORS
 
 Pair = tuple[str, str]
 """``(namespace key, collection)``: what a version counts the changes of."""
@@ -62,3 +63,25 @@ async def delete_where(conn: Conn, where: str, args: Sequence[Any]) -> int:
     # too: its version must move all the same.
     await bump(conn, {(r[0], r[1]) for r in gone} - seen)
     return sum(int(r[2]) for r in gone)
+
+
+async def drop_session_memory(conn: Conn, key: SessionKey) -> int:
+    """Delete everything of the session's own scope: records, documents, versions."""
+    ns = Namespace.session(key).key
+    n = await delete_where(conn, q.WHERE_NAMESPACE, [ns])
+    await conn.execute(q.DELETE_NAMESPACE_DOCUMENTS, ns)
+    await conn.execute(q.DELETE_NAMESPACE_VERSIONS, ns)
+    return n
+
+
+async def drop_conversation_memory(conn: Conn, key: SessionKey) -> int:
+    """Delete the session-scope memory its turns wrote (the history it came from is cleared)."""
+    return await delete_where(
+        conn, q.WHERE_AUTHORS, [Namespace.session(key).key, list(CONVERSATION_AUTHORS)]
+    )
+
+
+async def apply_writes(conn: Conn, writes: MemoryWrites) -> None:
+    for ns, record_id in writes.delete:
+        await delete_where(conn, q.WHERE_RECORD, [record_id, ns.key])
+    await insert(conn, writes.put)

@@ -13,6 +13,7 @@ from tether.records import ApiKey, Item, SessionKey, SessionRecord, SessionStats
 from tether.store import rules
 from tether.store.postgres import queries as q
 from tether.store.postgres.connection import Connection
+from tether.store.postgres.recall_steps import drop_conversation_memory, drop_session_memory
 from tether.store.postgres.steps import count, lock_session
 from tether.store.rows import api_key_row, item_row, key_args, session_row
 
@@ -90,7 +91,12 @@ class Sessions(Connection):
         return session_row(row)
 
     async def delete_session(self, key: SessionKey) -> bool:
-        return await self._fetchval(q.DELETE_SESSION, *key_args(key)) is not None
+        async with self._tx() as conn:
+            if await conn.fetchval(q.DELETE_SESSION, *key_args(key)) is None:
+                return False
+            # Its items, turns and events go by cascade; its own memory scope goes with them.
+            await drop_session_memory(conn, key)
+            return True
 
     async def session_stats(self, key: SessionKey) -> SessionStats:
         row = await self._fetchrow(q.SESSION_STATS, *key_args(key))
@@ -121,7 +127,9 @@ class Sessions(Connection):
         async with self._tx() as conn:
             pk = int((await lock_session(conn, key))[0])
             rules.refuse_if_busy(await conn.fetchval(q.FIRST_ACTIVE_TURN, pk))
-            return count(await conn.execute(q.CLEAR_ITEMS, pk))
+            cleared = count(await conn.execute(q.CLEAR_ITEMS, pk))
+            await drop_conversation_memory(conn, key)
+            return cleared
 
     # -- API keys ------------------------------------------------------------------------------
     async def create_api_key(self, key: ApiKey) -> None:
@@ -149,7 +157,11 @@ class Sessions(Connection):
 
     # -- maintenance ---------------------------------------------------------------------------
     async def sweep_expired(self, now: float, limit: int = 500) -> int:
-        return count(await self._execute(q.SWEEP_EXPIRED, now, limit))
+        async with self._tx() as conn:
+            swept = [SessionKey(*r) for r in await conn.fetch(q.SWEEP_EXPIRED, now, limit)]
+            for key in swept:
+                await drop_session_memory(conn, key)
+        return len(swept)
 
     async def sessions_needing_work(self, *, unowned_at: float | None = None) -> list[SessionKey]:
         rows = await self._fetch(q.SESSIONS_NEEDING_WORK, unowned_at)

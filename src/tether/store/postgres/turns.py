@@ -18,6 +18,7 @@ from tether.records import (
     Event,
     Item,
     Lease,
+    MemoryWrites,
     NewEvent,
     NewItem,
     Policy,
@@ -30,6 +31,7 @@ from tether.store import rules
 from tether.store.postgres import queries as q
 from tether.store.postgres import steps
 from tether.store.postgres.connection import Connection
+from tether.store.postgres.recall_steps import apply_writes
 from tether.store.postgres.steps import lock_session
 from tether.store.rows import cancel_json, cancel_of, events_of, key_args, turn_row
 from tether.store.rules import DEFAULT_MAX_QUEUE
@@ -176,6 +178,7 @@ class Turns(Connection):
         ending: TurnEnding,
         items: Sequence[NewItem],
         events: Sequence[NewEvent],
+        memory: MemoryWrites | None = None,
     ) -> Turn:
         async with self._tx() as conn:
             pk = await steps.fenced_pk(conn, lease)
@@ -183,7 +186,10 @@ class Turns(Connection):
             if row is None or row[7] != "running":
                 raise rules.not_in_status(turn_id, "running")
             await steps.add(conn, pk, turn_id, items, events)
-            return await steps.finish(conn, pk, turn_row(row), ending, terminal=False)
+            done = await steps.finish(conn, pk, turn_row(row), ending, terminal=False)
+            if memory and rules.keeps_memory(ending.status):
+                await apply_writes(conn, memory)
+            return done
 
     async def recover(self, lease: Lease) -> list[Turn]:
         async with self._tx() as conn:

@@ -43,7 +43,7 @@ UPDATE_SESSION = (
     "UPDATE sessions SET metadata = ?, state = ?, expires_at = ?, updated_at = ?,"
     f" revision = revision + 1 WHERE {KEY_WHERE}"
 )
-DELETE_SESSION = f"DELETE FROM sessions WHERE {KEY_WHERE}"
+DELETE_SESSION = f"DELETE FROM sessions WHERE {KEY_WHERE} RETURNING pk"
 COUNT_ITEMS = "SELECT COUNT(*) FROM items WHERE session_pk = ?"
 COUNT_TURNS = (
     "SELECT COUNT(*), COALESCE(SUM(status IN ('queued', 'running')), 0) FROM turns"
@@ -57,6 +57,7 @@ SWEEP_EXPIRED = (
     " AND (s.lease_owner IS NULL OR s.lease_expires_at <= ?)"
     " AND NOT EXISTS (SELECT 1 FROM turns t WHERE t.session_pk = s.pk"
     "  AND t.status IN ('queued', 'running')) LIMIT ?)"
+    " RETURNING tenant, owner, session_id"
 )
 SESSIONS_NEEDING_WORK = (
     "SELECT DISTINCT s.tenant, s.owner, s.session_id FROM turns t"

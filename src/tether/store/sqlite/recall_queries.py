@@ -55,6 +55,7 @@ VECTORS = "SELECT seq, embedding FROM memory WHERE ns = ? AND collection = ? ORD
 
 # The deletions go through delete_where: these are its WHERE clauses.
 WHERE_RECORD = "id = ? AND ns = ?"
+WHERE_AUTHORS = "ns = ? AND collection = '' AND author IN (?, ?)"
 WHERE_NAMESPACE = "ns = ?"
 WHERE_COLLECTION = "ns = ? AND collection = ?"
 WHERE_TURN = "turn_id = ? AND author = ? AND ns IN ({ns})"
@@ -76,6 +77,7 @@ LIST_DOCUMENTS = (
 )
 DELETE_DOCUMENT = "DELETE FROM documents WHERE id = ? AND ns = ? AND collection = ?"
 DELETE_NAMESPACE_DOCUMENTS = "DELETE FROM documents WHERE ns = ?"
+DELETE_NAMESPACE_VERSIONS = "DELETE FROM memory_versions WHERE ns = ?"
 DELETE_COLLECTION_DOCUMENTS = "DELETE FROM documents WHERE ns = ? AND collection = ?"
 
 FORGET_SESSIONS = "DELETE FROM sessions WHERE tenant = ? AND owner = ?"

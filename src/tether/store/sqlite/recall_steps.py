@@ -13,9 +13,9 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from tether.errors import Conflict
-from tether.records import MemoryRecord, Namespace
+from tether.records import MemoryRecord, MemoryWrites, Namespace, SessionKey
 from tether.store.rows import record_values
-from tether.store.rules import search_terms
+from tether.store.rules import CONVERSATION_AUTHORS, search_terms
 from tether.store.sqlite import recall_queries as q
 
 T = TypeVar("T")
@@ -70,6 +70,28 @@ def delete_where(c: sqlite3.Connection, where: str, args: Sequence[Any], *, vers
     if versions:
         bump(c, pairs)
     return int(n)
+
+
+def drop_session_memory(c: sqlite3.Connection, key: SessionKey) -> int:
+    """Delete everything of the session's own scope: records, documents, versions."""
+    ns = Namespace.session(key).key
+    n = delete_where(c, q.WHERE_NAMESPACE, (ns,), versions=False)
+    c.execute(q.DELETE_NAMESPACE_DOCUMENTS, (ns,))
+    c.execute(q.DELETE_NAMESPACE_VERSIONS, (ns,))
+    return n
+
+
+def drop_conversation_memory(c: sqlite3.Connection, key: SessionKey) -> int:
+    """Delete the session-scope memory its turns wrote (the history it came from is cleared)."""
+    args = (Namespace.session(key).key, *CONVERSATION_AUTHORS)
+    return delete_where(c, q.WHERE_AUTHORS, args, versions=True)
+
+
+def apply_writes(c: sqlite3.Connection, writes: MemoryWrites) -> None:
+    for ns, record_id in writes.delete:
+        delete_where(c, q.WHERE_RECORD, (record_id, ns.key), versions=True)
+    if writes.put:
+        insert(c, writes.put)
 
 
 def read_snapshot(c: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:

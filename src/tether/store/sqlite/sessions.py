@@ -17,6 +17,7 @@ from tether.store import rules
 from tether.store.rows import api_key_row, item_row, key_args, session_row
 from tether.store.sqlite import queries as q
 from tether.store.sqlite.connection import Connection
+from tether.store.sqlite.recall_steps import drop_conversation_memory, drop_session_memory
 from tether.store.sqlite.steps import first_active, session_pk
 
 
@@ -102,7 +103,11 @@ class Sessions(Connection):
 
     async def delete_session(self, key: SessionKey) -> bool:
         def do(c: sqlite3.Connection) -> bool:
-            return c.execute(q.DELETE_SESSION, key_args(key)).rowcount == 1
+            if c.execute(q.DELETE_SESSION, key_args(key)).fetchone() is None:
+                return False
+            # Its items, turns and events go by cascade; its own memory scope goes with them.
+            drop_session_memory(c, key)
+            return True
 
         return await self._write(do)
 
@@ -148,7 +153,9 @@ class Sessions(Connection):
         def do(c: sqlite3.Connection) -> int:
             pk = session_pk(c, key)
             rules.refuse_if_busy(first_active(c, pk))
-            return int(c.execute(q.CLEAR_ITEMS, (pk,)).rowcount)
+            cleared = int(c.execute(q.CLEAR_ITEMS, (pk,)).rowcount)
+            drop_conversation_memory(c, key)
+            return cleared
 
         return await self._write(do)
 
@@ -196,7 +203,10 @@ class Sessions(Connection):
     # -- maintenance ---------------------------------------------------------------------------
     async def sweep_expired(self, now: float, limit: int = 500) -> int:
         def do(c: sqlite3.Connection) -> int:
-            return int(c.execute(q.SWEEP_EXPIRED, (now, now, limit)).rowcount)
+            swept = [SessionKey(*r) for r in c.execute(q.SWEEP_EXPIRED, (now, now, limit))]
+            for key in swept:
+                drop_session_memory(c, key)
+            return len(swept)
 
         return await self._write(do)
 

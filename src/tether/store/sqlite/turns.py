@@ -19,6 +19,7 @@ from tether.records import (
     Event,
     Item,
     Lease,
+    MemoryWrites,
     NewEvent,
     NewItem,
     Policy,
@@ -33,6 +34,7 @@ from tether.store.rules import DEFAULT_MAX_QUEUE
 from tether.store.sqlite import queries as q
 from tether.store.sqlite import steps
 from tether.store.sqlite.connection import Connection
+from tether.store.sqlite.recall_steps import apply_writes
 from tether.store.sqlite.steps import session_pk
 
 
@@ -193,6 +195,7 @@ class Turns(Connection):
         ending: TurnEnding,
         items: Sequence[NewItem],
         events: Sequence[NewEvent],
+        memory: MemoryWrites | None = None,
     ) -> Turn:
         def do(c: sqlite3.Connection) -> Turn:
             pk = steps.fenced_pk(c, lease)
@@ -200,7 +203,10 @@ class Turns(Connection):
             if turn is None or turn.status != "running":
                 raise rules.not_in_status(turn_id, "running")
             steps.add_rows(c, pk, turn_id, items, events)
-            return steps.finish(c, pk, turn, ending, terminal=False)
+            done = steps.finish(c, pk, turn, ending, terminal=False)
+            if memory and rules.keeps_memory(ending.status):
+                apply_writes(c, memory)
+            return done
 
         return await self._write(do)
 

@@ -15,7 +15,9 @@ The suite is cut by capability, one class each, so a failure names what broke:
 * :class:`RecallConformance`: memory records: round trips, compare-and-set, isolation;
 * :class:`SearchConformance`: vector versions and snapshots, lexical search;
 * :class:`DocumentsConformance`: knowledge documents and their chunks;
-* :class:`ForgetConformance`: forgetting a user.
+* :class:`ForgetConformance`: forgetting a user;
+* :class:`LifecyclesConformance`: session memory dies with its session; a turn's memory
+  commits with its ending.
 
 :class:`StoreConformance` is all of them together. How a backend author uses it: subclass it
 (or only the capability classes the backend implements) in a test module pytest collects, and
@@ -60,6 +62,7 @@ from tether.testing.conformance.fencing import FencingConformance
 from tether.testing.conformance.forget import ForgetConformance
 from tether.testing.conformance.history import HistoryConformance
 from tether.testing.conformance.leases import LeasesConformance
+from tether.testing.conformance.lifecycles import LifecyclesConformance
 from tether.testing.conformance.recall import RecallConformance
 from tether.testing.conformance.search import SearchConformance
 from tether.testing.conformance.sessions import SessionsConformance
@@ -73,6 +76,7 @@ __all__ = [
     "ForgetConformance",
     "HistoryConformance",
     "LeasesConformance",
+    "LifecyclesConformance",
     "RecallConformance",
     "SearchConformance",
     "SessionsConformance",
@@ -93,6 +97,7 @@ class StoreConformance(
     SearchConformance,
     DocumentsConformance,
     ForgetConformance,
+    LifecyclesConformance,
 ):
     """Every capability at once: what a complete :class:`~tether.store.protocol.Store` passes.
 
