@@ -56,9 +56,10 @@ class MemoryPolicy:
     scopes: tuple[str, ...] = _DEFAULT_SCOPES
     """Memory scopes recalled before each turn (all four by default: what the caller wrote to
     their user memory, or an admin to the agent's, is recalled); an empty list for no recall."""
-    auto: bool = True
+    auto: bool | None = None
     """Keep the user's statements about themselves as notes, so even a small model can answer
-    from recall."""
+    from recall. None (the default): on only for the embedded ``local`` model, which needs the
+    crutch; a server may switch notes off for every agent (``TETHER_AUTO_NOTES=off``)."""
     notes: str = "session"
     """Where automatic notes go: ``session`` (default), or ``user`` to carry them across the
     user's sessions — chosen when ``scopes`` is given explicitly and names ``user``."""
@@ -115,7 +116,7 @@ class MemoryPolicy:
             session_ttl=ttl,
             scopes=tuple(dict.fromkeys(scopes)),
             notes=notes,
-            auto=bool(value.get("auto", True)),
+            auto=None if value.get("auto") is None else bool(value["auto"]),
             remember=bool(value.get("remember", False)),
             recall_limit=limit,
             knowledge=tuple(str(k) for k in knowledge),

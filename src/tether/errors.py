@@ -19,6 +19,7 @@
     ├── Forbidden                readable but not writable by this principal (HTTP 403)
     ├── SessionBusy              policy=reject and a turn is queued or running (HTTP 409)
     │   └── QueueFull            policy=enqueue and the session's queue is at its bound (HTTP 429)
+    ├── LimitExceeded            a per-principal bound: turns, sessions, storage (HTTP 429)
     ├── StaleLease               a write carried a fencing token that is no longer current
     ├── StoreError               the store failed or is unreachable (HTTP 503)
     ├── ShuttingDown             the server is draining and takes no new turns (HTTP 503)
@@ -118,6 +119,15 @@ class SessionBusy(TetherError):
 
 class QueueFull(SessionBusy):
     """The session's queue of turns is at its bound."""
+
+
+class LimitExceeded(TetherError):
+    """A per-principal bound (running or queued turns, sessions, storage) is reached: nothing
+    was written; try again after ``retry_after`` seconds."""
+
+    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class StaleLease(TetherError):

@@ -24,11 +24,13 @@ from tether.records import (
     ForgetReport,
     Policy,
     Principal,
+    PrincipalLimits,
     SessionKey,
     SessionRecord,
     Turn,
 )
 from tether.scheduler import Scheduler
+from tether.scheduler.runner import AutoNotes, auto_notes_from_env
 from tether.scheduler.sessions import SessionService
 from tether.store.protocol import Store
 from tether.store.rules import DEFAULT_MAX_QUEUE
@@ -54,6 +56,8 @@ class Runtime:
         max_queue: int = DEFAULT_MAX_QUEUE,
         default_model: str | None = None,
         embedder: Embedder | str | None = None,
+        auto_notes: AutoNotes | None = None,
+        limits: PrincipalLimits | None = None,
     ) -> None:
         self.data_dir = data_dir or default_data_dir()
         self.store: Store = store or SQLiteStore(self.data_dir / "tether.db")
@@ -73,8 +77,12 @@ class Runtime:
             max_queue=max_queue,
             default_model=default_model,
             memory=self.memory,
+            auto_notes=auto_notes or auto_notes_from_env(),
+            limits=limits,
         )
-        self.sessions = SessionService(self.store, self.scheduler)
+        self.sessions = SessionService(
+            self.store, self.scheduler, max_sessions=limits.sessions if limits else None
+        )
         """Sessions for every front door: the caller's own, cancel-then-delete."""
         self.keys = ApiKeys(self.store)
         self._started = False

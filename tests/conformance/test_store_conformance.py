@@ -22,6 +22,7 @@ from tether.testing.conformance import (
     HistoryConformance,
     LeasesConformance,
     LifecyclesConformance,
+    LimitsConformance,
     RecallConformance,
     SearchConformance,
     SessionsConformance,
@@ -95,4 +96,8 @@ class TestForget(ForgetConformance):
 
 
 class TestLifecycles(LifecyclesConformance):
+    pass
+
+
+class TestLimits(LimitsConformance):
     pass

@@ -32,7 +32,7 @@ def data_block(system: str) -> str:
 
 async def test_a_name_said_in_one_turn_is_recalled_into_the_next_prompt(store: Store) -> None:
     model = EchoModel()
-    agent = Agent(name="a", model=model)
+    agent = Agent(name="a", model=model, memory={"auto": True})
     async with running(store, agent) as rt:
         await rt.chat(agent, "My name is Alice", session_id="s1", principal=ALICE)
         await rt.chat(agent, "What's my name?", session_id="s1", principal=ALICE)
@@ -56,8 +56,9 @@ async def test_session_memory_stays_in_its_session_user_memory_follows_the_user(
     store: Store,
 ) -> None:
     model = EchoModel()
-    private = Agent(name="private", model=model)  # default scopes: session, agent, tenant
-    shared = Agent(name="shared", model=model, memory={"scopes": ["session", "user"]})
+    # Default scopes (session, agent, tenant) for the first, notes kept by both.
+    private = Agent(name="private", model=model, memory={"auto": True})
+    shared = Agent(name="shared", model=model, memory={"scopes": ["session", "user"], "auto": True})
     async with running(store, private, shared) as rt:
         await rt.chat(private, "My locker code is 4417", session_id="x", principal=ALICE)
         await rt.chat(private, "locker code?", session_id="y", principal=ALICE)
@@ -163,7 +164,7 @@ async def test_the_remember_tool_writes_user_memory_and_rollback_removes_auto_no
         ]
         # A turn rolled back takes its automatic notes with it: they were never stored.
         slow_model = ScriptedModel(Slow("w " * 200, delay=0.02, forever=True), default="after")
-        slow = Agent(name="slow", model=slow_model, memory={"scopes": ["user"]})
+        slow = Agent(name="slow", model=slow_model, memory={"scopes": ["user"], "auto": True})
         rt.register(slow)
         key = SessionKey("acme", "alice", "r")
         await rt.store.create_session(key, "slow")
@@ -224,7 +225,7 @@ async def test_a_newer_statement_replaces_the_older_note_and_secrets_are_not_kep
     store: Store,
 ) -> None:
     model = EchoModel()
-    agent = Agent(name="a", model=model, memory={"scopes": ["user"]})
+    agent = Agent(name="a", model=model, memory={"scopes": ["user"], "auto": True})
     user_ns = [Namespace.user("acme", "alice")]
     async with running(store, agent) as rt:
         await rt.chat(agent, "My name is Alice. I live in Lyon.", session_id="s", principal=ALICE)
@@ -260,8 +261,8 @@ async def test_adding_a_document_again_replaces_it(store: Store) -> None:
 async def test_by_default_user_memory_is_recalled_and_notes_stay_in_their_session(
     store: Store,
 ) -> None:
-    model = EchoModel()
-    agent = Agent(name="a", model=model)  # all defaults
+    model = EchoModel(name="local:echo")  # all defaults, as the embedded model gets them
+    agent = Agent(name="a", model=model)
     async with running(store, agent) as rt:
         await rt.memory.add(ALICE, "The user's tea is jasmine.", scope="user")
         await rt.chat(agent, "My bike is blue", session_id="one", principal=ALICE)

@@ -47,6 +47,8 @@ class TurnMemory:
     agent: str
     policy: MemoryPolicy
     turn_id: str
+    auto: bool = False
+    """Keep automatic notes (resolved by the runner from the agent, the model and the server)."""
     _put: list[tuple[MemoryRecord, bytes]] = field(default_factory=list)
     _delete: list[tuple[Namespace, str]] = field(default_factory=list)
 
@@ -101,7 +103,7 @@ class TurnMemory:
 
     async def keep_notes(self, text: str) -> list[MemoryRecord]:
         """Automatic notes from the user's message; an already known note is not stored twice."""
-        if not self.policy.auto:
+        if not self.auto:
             return []
         ns = self._own(self.policy.note_scope)
         kept: list[MemoryRecord] = []

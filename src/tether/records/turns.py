@@ -64,6 +64,19 @@ POLICIES: Final[tuple[Policy, ...]] = ("enqueue", "reject", "interrupt", "rollba
 
 
 @dataclass(frozen=True, slots=True)
+class PrincipalLimits:
+    """What one principal (tenant, user) may hold at once (DESIGN §11); None: unbounded.
+
+    ``running_turns`` bounds the principal's sessions with a turn under way (so concurrent model
+    calls), ``queued_turns`` the turns waiting behind them, ``sessions`` the sessions it keeps.
+    """
+
+    running_turns: int | None = None
+    queued_turns: int | None = None
+    sessions: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Usage:
     input_tokens: int = 0
     output_tokens: int = 0

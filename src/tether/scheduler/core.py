@@ -32,6 +32,7 @@ from tether.records import (
     Lease,
     Policy,
     Principal,
+    PrincipalLimits,
     Reason,
     SessionKey,
     Turn,
@@ -41,7 +42,7 @@ from tether.scheduler import chores
 from tether.scheduler.feeds import follow_turn
 from tether.scheduler.local import Local
 from tether.scheduler.owners import new_owner_id
-from tether.scheduler.runner import AgentResolver, TurnRunner, TurnStore
+from tether.scheduler.runner import AgentResolver, AutoNotes, TurnRunner, TurnStore
 from tether.scheduler.worker import Workers, WorkerStore
 from tether.store.protocol import Maintenance, TurnLog
 from tether.store.rules import DEFAULT_MAX_QUEUE
@@ -76,11 +77,15 @@ class Scheduler:
         default_model: str | None = None,
         linger: float = 0.25,
         memory: MemoryService | None = None,
+        auto_notes: AutoNotes = "default",
+        limits: PrincipalLimits | None = None,
     ) -> None:
         self.store = store
         self.owner = new_owner_id(node)
         self.lease_ttl = lease_ttl
         self.max_queue = max_queue
+        self.limits = limits
+        """Per-principal bounds applied when a turn is admitted (None: unbounded)."""
         self.local = Local()
         self.runner = TurnRunner(
             store,
@@ -90,6 +95,7 @@ class Scheduler:
             workspace_root=workspace_root,
             default_model=default_model,
             memory=memory,
+            auto_notes=auto_notes,
         )
         self.workers = Workers(
             store, self.local, self.runner, owner=self.owner, lease_ttl=lease_ttl, linger=linger
@@ -216,6 +222,7 @@ class Scheduler:
                         policy=policy,
                         max_queue=self.max_queue,
                         agent=agent,
+                        limits=self.limits,
                     )
                 except QueueFull:
                     remaining = deadline - time.monotonic()

@@ -10,11 +10,13 @@ served — ends in one ``end_turn`` and wakes the callers waiting for the turn; 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol, cast
 
 from tether.agent import Agent
+from tether.errors import ConfigError
 from tether.loop.context import TurnContext
 from tether.loop.turn import run_turn
 from tether.memory.service import MemoryService
@@ -38,6 +40,29 @@ class TurnStore(FencedWrites, HistoryStore, Protocol):
     """What running a turn needs of the store: its fenced writes and its history."""
 
 
+AutoNotes = Literal["default", "on", "off"]
+"""Automatic notes server-wide: ``default`` (each agent's choice; unset means on only for the
+embedded model), ``on`` (every agent that does not say no), ``off`` (none)."""
+
+
+def auto_notes_from_env() -> AutoNotes:
+    value = (os.environ.get("TETHER_AUTO_NOTES") or "default").strip().lower()
+    if value not in ("default", "on", "off"):
+        raise ConfigError(f"TETHER_AUTO_NOTES={value!r}: use on, off or default")
+    return cast(AutoNotes, value)
+
+
+def notes_wanted(mode: AutoNotes, agent_says: bool | None, model_name: str) -> bool:
+    """Whether a turn keeps automatic notes (DESIGN §8)."""
+    if mode == "off" or agent_says is False:
+        return False
+    if mode == "on" or agent_says is True:
+        return True
+    # The embedded model answers from its system prompt far better than from history; a real
+    # model reads history well and needs no regex guessing at facts.
+    return model_name.startswith("local:")
+
+
 class TurnRunner:
     def __init__(
         self,
@@ -49,6 +74,7 @@ class TurnRunner:
         workspace_root: Path | None,
         default_model: str | None,
         memory: MemoryService | None,
+        auto_notes: AutoNotes = "default",
     ) -> None:
         self._store = store
         self._local = local
@@ -57,6 +83,7 @@ class TurnRunner:
         self.workspace_root = workspace_root
         self.default_model = default_model
         self.memory = memory
+        self.auto_notes: AutoNotes = auto_notes
 
     async def run(self, lease: Lease, turn: Turn, agent_name: str | None) -> None:
         """Run ``turn`` to its ending and hand the ended turn to whoever waits for it.
@@ -133,7 +160,8 @@ class TurnRunner:
         # Memory belongs to the session's owner (embedded use may act for a user_id other than
         # the caller's principal), with the caller's roles.
         owner = Principal(key.tenant, key.owner, ctx.principal.roles)
-        memory = TurnMemory(self.memory, owner, key, agent.name, agent.memory, turn.id)
+        auto = notes_wanted(self.auto_notes, agent.memory.auto, ctx.model.name)
+        memory = TurnMemory(self.memory, owner, key, agent.name, agent.memory, turn.id, auto)
         ctx.memory = memory
         ctx.extra_tools = memory_tools(agent.memory.remember, agent.memory.knowledge_tool)
         return ctx, memory

@@ -43,9 +43,13 @@ class SessionPage:
 
 
 class SessionService:
-    def __init__(self, store: SessionServiceStore, canceller: Canceller) -> None:
+    def __init__(
+        self, store: SessionServiceStore, canceller: Canceller, *, max_sessions: int | None = None
+    ) -> None:
         self._store = store
         self._canceller = canceller
+        self.max_sessions = max_sessions
+        """How many sessions one owner may keep (None: unbounded)."""
 
     # -- reading ---------------------------------------------------------------------------------
     async def get(self, key: SessionKey) -> SessionRecord | None:
@@ -115,7 +119,12 @@ class SessionService:
         if replace_expired:
             await self.drop_if_expired(key)
         return await self._store.create_session(
-            key, agent, metadata=metadata, ttl_seconds=ttl_seconds, exist_ok=exist_ok
+            key,
+            agent,
+            metadata=metadata,
+            ttl_seconds=ttl_seconds,
+            exist_ok=exist_ok,
+            max_sessions=self.max_sessions,
         )
 
     async def update(

@@ -109,6 +109,7 @@ def create_app(settings: Settings | None = None, agents: Sequence[Agent] | None 
         approver=approvals,
         max_queue=settings.limits.max_queue,
         default_model=settings.model,
+        limits=settings.principal,
     )
     state = ServerState(
         settings=settings,

@@ -7,6 +7,7 @@ Error bodies never carry stack traces or raw exception text from inside the serv
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -22,6 +23,7 @@ from tether.errors import (
     Conflict,
     Forbidden,
     InvalidInput,
+    LimitExceeded,
     ModelError,
     NotFound,
     QueueFull,
@@ -72,6 +74,7 @@ _MAP: list[tuple[type[TetherError], int, str, str]] = [
     (Forbidden, 403, "forbidden", "Forbidden"),
     (NotFound, 404, "not-found", "Not found"),
     (QueueFull, 429, "queue-full", "Too many queued turns"),
+    (LimitExceeded, 429, "limit-exceeded", "Over a per-principal limit"),
     (SessionBusy, 409, "session-busy", "Session busy"),
     (Conflict, 409, "conflict", "Conflict"),
     (TooLarge, 413, "too-large", "Payload too large"),
@@ -95,6 +98,8 @@ def from_error(exc: TetherError) -> JSONResponse:
                 headers = {"WWW-Authenticate": "Bearer"}
             if isinstance(exc, QueueFull):
                 headers = {"Retry-After": "1"}
+            if isinstance(exc, LimitExceeded):
+                headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
             if isinstance(exc, NotFound):
                 # Unknown and foreign must be indistinguishable: one fixed body.
                 return problem_response(404, kind, title, "not found")

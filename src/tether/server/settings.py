@@ -8,6 +8,35 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tether.errors import ConfigError
+from tether.records import PrincipalLimits
+
+# One key drove 672 concurrent model calls across 1,500 sessions before these existed: a caller
+# gets room for real work (64 conversations answering at once, 1,024 turns waiting behind them,
+# 100,000 sessions kept) and no more. An app that fronts many users with one key raises them.
+DEFAULT_PRINCIPAL_LIMITS = PrincipalLimits(running_turns=64, queued_turns=1024, sessions=100_000)
+_PRINCIPAL_ENV = {
+    "running_turns": "TETHER_MAX_RUNNING_TURNS",
+    "queued_turns": "TETHER_MAX_QUEUED_TURNS",
+    "sessions": "TETHER_MAX_SESSIONS",
+}
+
+
+def _principal_limits(env: os._Environ[str]) -> PrincipalLimits:
+    values: dict[str, int | None] = {}
+    for name, var in _PRINCIPAL_ENV.items():
+        raw = env.get(var, "").strip().lower()
+        if not raw:
+            values[name] = getattr(DEFAULT_PRINCIPAL_LIMITS, name)
+        elif raw == "off":
+            values[name] = None
+        else:
+            try:
+                values[name] = int(raw)
+            except ValueError:
+                raise ConfigError(f"{var}={raw!r}: use a positive number, or off") from None
+            if values[name] < 1:  # type: ignore[operator]
+                raise ConfigError(f"{var}={raw!r}: use a positive number, or off")
+    return PrincipalLimits(**values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +64,9 @@ class Settings:
     lease_ttl: float = 30.0
     node: str | None = None
     limits: Limits = field(default_factory=Limits)
+    principal: PrincipalLimits = DEFAULT_PRINCIPAL_LIMITS
+    """What one principal may hold at once (TETHER_MAX_RUNNING_TURNS, TETHER_MAX_QUEUED_TURNS,
+    TETHER_MAX_SESSIONS; ``off`` for no bound)."""
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -70,6 +102,7 @@ class Settings:
                 raise ConfigError(
                     f"TETHER_DRAIN_TIMEOUT={env['TETHER_DRAIN_TIMEOUT']!r} is not a number"
                 ) from None
+        values["principal"] = _principal_limits(env)
         values.update({k: v for k, v in overrides.items() if v is not None})
         if "data_dir" in values and not isinstance(values["data_dir"], Path):
             values["data_dir"] = Path(str(values["data_dir"]))

@@ -36,6 +36,7 @@ from tether.records import (
     NewEvent,
     NewItem,
     Policy,
+    PrincipalLimits,
     Reason,
     SessionKey,
     SessionRecord,
@@ -72,10 +73,13 @@ class SessionStore(SessionReader, Protocol):
         metadata: dict[str, Any] | None = None,
         ttl_seconds: float | None = None,
         exist_ok: bool = False,
+        max_sessions: int | None = None,
     ) -> tuple[SessionRecord, bool]:
         """Create the session; returns ``(record, created)``.
 
         With ``exist_ok`` an existing session is returned unchanged; otherwise it is a Conflict.
+        A new session when the owner already has ``max_sessions`` is LimitExceeded
+        (:func:`tether.store.rules.admit_session`, checked in the same transaction).
         """
         ...
 
@@ -164,6 +168,7 @@ class TurnLog(TurnReader, Protocol):
         policy: Policy,
         max_queue: int = DEFAULT_MAX_QUEUE,
         agent: AgentRef | None = None,
+        limits: PrincipalLimits | None = None,
     ) -> Turn:
         """Queue a turn at the next ``seq`` and write its ``turn.queued`` event, atomically.
 
@@ -171,7 +176,8 @@ class TurnLog(TurnReader, Protocol):
         ``reject``: SessionBusy if any turn is queued or running; ``enqueue``: QueueFull when
         ``max_queue`` turns are already queued; SessionNotFound for an unknown session and for
         one past its ``expires_at``. ``agent`` is stored with the turn: the template it
-        must run (None: the session's agent).
+        must run (None: the session's agent). ``limits`` are the owner's bounds, applied by
+        :func:`tether.store.rules.admit_for_principal` in the same transaction.
         """
         ...
 

@@ -21,6 +21,7 @@ from tether import events
 from tether.errors import (
     Conflict,
     InvalidInput,
+    LimitExceeded,
     QueueFull,
     SessionBusy,
     SessionNotFound,
@@ -37,6 +38,7 @@ from tether.records import (
     NewEvent,
     NewItem,
     Policy,
+    PrincipalLimits,
     Reason,
     SessionKey,
     Turn,
@@ -117,6 +119,40 @@ def refuse_if_busy(first_active: str | None) -> None:
     """Raise SessionBusy when a turn is queued or running (clearing history waits for idle)."""
     if first_active is not None:
         raise SessionBusy("a turn is queued or running", busy_turn_id=first_active)
+
+
+def admit_for_principal(
+    limits: PrincipalLimits | None, *, busy_sessions: int, active_turns: int, session_active: bool
+) -> None:
+    """Refuse a turn over the principal's bounds (LimitExceeded → 429, nothing written).
+
+    ``busy_sessions``: the principal's sessions with a queued or running turn; ``active_turns``:
+    those turns. A turn on an idle session starts at once, so it needs room among the busy
+    sessions; one behind a busy session (or preempting it) waits, so it needs room among the
+    turns waiting behind others (each busy session's first active turn is under way, not
+    waiting).
+    """
+    if limits is None:
+        return
+    queued = active_turns - busy_sessions
+    if session_active:
+        if limits.queued_turns is not None and queued >= limits.queued_turns:
+            raise LimitExceeded(
+                f"{queued} of your turns are queued; the limit is {limits.queued_turns}"
+            )
+    elif limits.running_turns is not None and busy_sessions >= limits.running_turns:
+        raise LimitExceeded(
+            f"{busy_sessions} of your sessions have a turn under way;"
+            f" the limit is {limits.running_turns}"
+        )
+
+
+def admit_session(max_sessions: int | None, existing: int) -> None:
+    if max_sessions is not None and existing >= max_sessions:
+        raise LimitExceeded(
+            f"you have {existing} sessions; the limit is {max_sessions} (delete some first)",
+            retry_after=60.0,
+        )
 
 
 def keeps_memory(status: EndStatus) -> bool:

@@ -23,12 +23,16 @@ class Sessions(State):
         metadata: dict[str, Any] | None = None,
         ttl_seconds: float | None = None,
         exist_ok: bool = False,
+        max_sessions: int | None = None,
     ) -> tuple[SessionRecord, bool]:
         existing = self._sessions.get(key)
         if existing is not None:
             if exist_ok:
                 return existing.record, False
             raise Conflict("a session with this id already exists")
+        if max_sessions is not None:
+            owned = sum(1 for k in self._sessions if (k.tenant, k.owner) == (key.tenant, key.owner))
+            rules.admit_session(max_sessions, owned)
         now = time.time()
         record = SessionRecord(
             key=key,

@@ -22,6 +22,7 @@ from tether.records import (
     NewEvent,
     NewItem,
     Policy,
+    PrincipalLimits,
     Reason,
     SessionKey,
     Turn,
@@ -44,6 +45,7 @@ class Turns(State):
         policy: Policy,
         max_queue: int = DEFAULT_MAX_QUEUE,
         agent: AgentRef | None = None,
+        limits: PrincipalLimits | None = None,
     ) -> Turn:
         s = self._get(key)
         now = time.time()
@@ -54,6 +56,18 @@ class Turns(State):
             active=[(t, s.turns[t].status) for t in s.active],
             max_queue=max_queue,
         )
+        if limits is not None:
+            mine = [
+                o
+                for k, o in self._sessions.items()
+                if (k.tenant, k.owner) == (key.tenant, key.owner)
+            ]
+            rules.admit_for_principal(
+                limits,
+                busy_sessions=sum(1 for o in mine if o.active),
+                active_turns=sum(len(o.active) for o in mine),
+                session_active=bool(s.active),
+            )
         if turn_id in s.turns:
             raise rules.duplicate_turn(turn_id)
         turn = rules.queued_turn(turn_id, key, s.next_turn_seq, input, policy, now, agent)

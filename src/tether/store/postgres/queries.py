@@ -97,6 +97,14 @@ FIRST_ACTIVE_TURN = (
     "SELECT id FROM turns WHERE session_pk = $1 AND status IN ('queued', 'running')"
     " ORDER BY seq LIMIT 1"
 )
+OWNER_ACTIVE = (
+    "SELECT count(DISTINCT t.session_pk), count(*)"
+    " FROM turns t JOIN sessions s ON s.pk = t.session_pk"
+    " WHERE t.status IN ('queued', 'running') AND s.tenant = $1 AND s.owner = $2"
+)
+OWNER_SESSIONS = "SELECT count(*) FROM sessions WHERE tenant = $1 AND owner = $2"
+# Admissions of one owner take turns (across processes), so two cannot both see room for one.
+LOCK_OWNER = "SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 7))"
 ACTIVE_TURN_IDS = (
     "SELECT id, status FROM turns WHERE session_pk = $1 AND status IN ('queued', 'running')"
     " ORDER BY seq"

@@ -28,7 +28,19 @@ class Sessions(Connection):
         metadata: dict[str, Any] | None = None,
         ttl_seconds: float | None = None,
         exist_ok: bool = False,
+        max_sessions: int | None = None,
     ) -> tuple[SessionRecord, bool]:
+        if max_sessions is not None:
+            async with self._tx() as conn:
+                await conn.execute(q.LOCK_OWNER, key.tenant, key.owner)
+                existing = await conn.fetchrow(q.GET_SESSION, *key_args(key))
+                if existing is not None:
+                    if not exist_ok:
+                        raise Conflict("a session with this id already exists")
+                    return session_row(existing), False
+                rules.admit_session(
+                    max_sessions, int(await conn.fetchval(q.OWNER_SESSIONS, key.tenant, key.owner))
+                )
         async with self._conn() as conn:
             while True:
                 now = time.time()

@@ -22,6 +22,7 @@ from tether.records import (
     NewEvent,
     NewItem,
     Policy,
+    PrincipalLimits,
     Reason,
     SessionKey,
     Turn,
@@ -48,18 +49,25 @@ class Turns(Connection):
         policy: Policy,
         max_queue: int = DEFAULT_MAX_QUEUE,
         agent: AgentRef | None = None,
+        limits: PrincipalLimits | None = None,
     ) -> Turn:
         async with self._tx() as conn:
+            if limits is not None:
+                await conn.execute(q.LOCK_OWNER, key.tenant, key.owner)
             # The session row lock makes the busy and queue-bound checks hold until commit.
             pk, _, expires_at = await lock_session(conn, key)
             now = time.time()
-            rules.admit(
-                policy,
-                expires_at=expires_at,
-                now=now,
-                active=[(r[0], r[1]) for r in await conn.fetch(q.ACTIVE_TURN_IDS, pk)],
-                max_queue=max_queue,
-            )
+            active = [(r[0], r[1]) for r in await conn.fetch(q.ACTIVE_TURN_IDS, pk)]
+            rules.admit(policy, expires_at=expires_at, now=now, active=active, max_queue=max_queue)
+            if limits is not None:
+                counts = await conn.fetchrow(q.OWNER_ACTIVE, key.tenant, key.owner)
+                assert counts is not None  # an aggregate always answers one row
+                rules.admit_for_principal(
+                    limits,
+                    busy_sessions=int(counts[0]),
+                    active_turns=int(counts[1]),
+                    session_active=bool(active),
+                )
             seq = int(await conn.fetchval(q.NEXT_TURN_SEQ, pk))
             turn = rules.queued_turn(turn_id, key, seq, input, policy, now, agent)
             inserted = await conn.fetchval(

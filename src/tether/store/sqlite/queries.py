@@ -28,6 +28,14 @@ TURNS_FROM = "FROM turns t JOIN sessions s ON s.pk = t.session_pk"
 # -- sessions --------------------------------------------------------------------------------------
 SESSION_PK = f"SELECT pk FROM sessions WHERE {KEY_WHERE}"
 SESSION_FOR_ENQUEUE = f"SELECT pk, expires_at FROM sessions WHERE {KEY_WHERE}"
+# The owner's active turns, through the partial index of active turns (few, whatever the
+# number of sessions): sessions with one under way, and the active turns in all.
+OWNER_ACTIVE = (
+    "SELECT COUNT(DISTINCT t.session_pk), COUNT(*)"
+    " FROM turns t JOIN sessions s ON s.pk = t.session_pk"
+    " WHERE t.status IN ('queued', 'running') AND s.tenant = ? AND s.owner = ?"
+)
+OWNER_SESSIONS = "SELECT COUNT(*) FROM sessions WHERE tenant = ? AND owner = ?"
 FENCE = f"SELECT pk, lease_token FROM sessions WHERE {KEY_WHERE}"
 INSERT_SESSION = (
     "INSERT INTO sessions (tenant, owner, session_id, agent, metadata, created_at,"

@@ -31,8 +31,17 @@ class Sessions(Connection):
         metadata: dict[str, Any] | None = None,
         ttl_seconds: float | None = None,
         exist_ok: bool = False,
+        max_sessions: int | None = None,
     ) -> tuple[SessionRecord, bool]:
         def do(c: sqlite3.Connection) -> tuple[SessionRecord, bool]:
+            if max_sessions is not None:
+                existing = c.execute(q.GET_SESSION, key_args(key)).fetchone()
+                if existing is not None:
+                    if not exist_ok:
+                        raise Conflict("a session with this id already exists")
+                    return session_row(existing), False
+                (n,) = c.execute(q.OWNER_SESSIONS, (key.tenant, key.owner)).fetchone()
+                rules.admit_session(max_sessions, int(n))
             now = time.time()
             expires = now + ttl_seconds if ttl_seconds is not None else None
             cur = c.execute(

@@ -23,6 +23,7 @@ from tether.records import (
     NewEvent,
     NewItem,
     Policy,
+    PrincipalLimits,
     Reason,
     SessionKey,
     Turn,
@@ -49,19 +50,20 @@ class Turns(Connection):
         policy: Policy,
         max_queue: int = DEFAULT_MAX_QUEUE,
         agent: AgentRef | None = None,
+        limits: PrincipalLimits | None = None,
     ) -> Turn:
         def do(c: sqlite3.Connection) -> Turn:
             row = c.execute(q.SESSION_FOR_ENQUEUE, key_args(key)).fetchone()
             if row is None:
                 raise SessionNotFound("session not found")
             pk, now = int(row[0]), time.time()
-            rules.admit(
-                policy,
-                expires_at=row[1],
-                now=now,
-                active=c.execute(q.ACTIVE_TURN_IDS, (pk,)).fetchall(),
-                max_queue=max_queue,
-            )
+            active = c.execute(q.ACTIVE_TURN_IDS, (pk,)).fetchall()
+            rules.admit(policy, expires_at=row[1], now=now, active=active, max_queue=max_queue)
+            if limits is not None:
+                busy, total = c.execute(q.OWNER_ACTIVE, (key.tenant, key.owner)).fetchone()
+                rules.admit_for_principal(
+                    limits, busy_sessions=busy, active_turns=total, session_active=bool(active)
+                )
             (seq,) = c.execute(q.NEXT_TURN_SEQ, (pk,)).fetchone()
             turn = rules.queued_turn(turn_id, key, seq, input, policy, now, agent)
             try:

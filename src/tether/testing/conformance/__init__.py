@@ -16,6 +16,7 @@ The suite is cut by capability, one class each, so a failure names what broke:
 * :class:`SearchConformance`: vector versions and snapshots, lexical search;
 * :class:`DocumentsConformance`: knowledge documents and their chunks;
 * :class:`ForgetConformance`: forgetting a user;
+* :class:`LimitsConformance`: per-principal bounds on turns and sessions;
 * :class:`LifecyclesConformance`: session memory dies with its session; a turn's memory
   commits with its ending.
 
@@ -63,6 +64,7 @@ from tether.testing.conformance.forget import ForgetConformance
 from tether.testing.conformance.history import HistoryConformance
 from tether.testing.conformance.leases import LeasesConformance
 from tether.testing.conformance.lifecycles import LifecyclesConformance
+from tether.testing.conformance.limits import LimitsConformance
 from tether.testing.conformance.recall import RecallConformance
 from tether.testing.conformance.search import SearchConformance
 from tether.testing.conformance.sessions import SessionsConformance
@@ -77,6 +79,7 @@ __all__ = [
     "HistoryConformance",
     "LeasesConformance",
     "LifecyclesConformance",
+    "LimitsConformance",
     "RecallConformance",
     "SearchConformance",
     "SessionsConformance",
@@ -98,6 +101,7 @@ class StoreConformance(
     DocumentsConformance,
     ForgetConformance,
     LifecyclesConformance,
+    LimitsConformance,
 ):
     """Every capability at once: what a complete :class:`~tether.store.protocol.Store` passes.
 

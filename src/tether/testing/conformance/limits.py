@@ -1,0 +1,79 @@
+"""Per-principal bounds, applied by the store in the transaction that admits (DESIGN §11).
+
+A turn on an idle session needs room among the owner's busy sessions; a turn behind a busy one
+needs room in the owner's queued turns; a new session needs room among the owner's sessions.
+Over a bound is :class:`~tether.errors.LimitExceeded` and nothing is written. Another owner, or
+the same user id in another tenant, has room of its own.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tether.errors import LimitExceeded
+from tether.records import PrincipalLimits
+from tether.store.protocol import Store
+from tether.testing.conformance._support import key, new_session
+
+LIMITS = PrincipalLimits(running_turns=2, queued_turns=1)
+
+
+async def _enqueue(store: Store, session_id: str, turn_id: str, *, owner: str = "alice") -> None:
+    await store.enqueue_turn(
+        key(session_id, owner=owner), turn_id=turn_id, input="x", policy="enqueue", limits=LIMITS
+    )
+
+
+class LimitsConformance:
+    """Running and queued turns, and sessions, bounded per owner.
+
+    Every test receives ``store``: an opened, empty Store provided by the subclass.
+    """
+
+    async def test_busy_sessions_are_bounded_per_owner(self, store: Store) -> None:
+        for sid in ("l1", "l2", "l3"):
+            await new_session(store, key(sid))
+        await new_session(store, key("l3", owner="bob"))
+        await new_session(store, key("l3", tenant="globex"))
+        await _enqueue(store, "l1", "a1")
+        await _enqueue(store, "l2", "b1")
+        with pytest.raises(LimitExceeded) as refused:
+            await _enqueue(store, "l3", "c1")
+        assert refused.value.retry_after > 0
+        assert await store.list_turns(key("l3")) == []
+        # Another owner, and the same user id elsewhere, have room of their own.
+        await _enqueue(store, "l3", "x1", owner="bob")
+        await store.enqueue_turn(
+            key("l3", tenant="globex"), turn_id="g1", input="x", policy="enqueue", limits=LIMITS
+        )
+        # A turn that ends frees its session's room.
+        assert await store.cancel_queued_turn(key("l1"), "a1", "cancelled") is not None
+        await _enqueue(store, "l3", "c1")
+
+    async def test_queued_turns_are_bounded_per_owner(self, store: Store) -> None:
+        for sid in ("q1", "q2"):
+            await new_session(store, key(sid))
+        await _enqueue(store, "q1", "a1")
+        await _enqueue(store, "q2", "b1")
+        await _enqueue(store, "q1", "a2")  # behind a1: the one queued turn allowed
+        with pytest.raises(LimitExceeded):
+            await _enqueue(store, "q2", "b2")
+        assert [t.id for t in await store.list_turns(key("q2"))] == ["b1"]
+        # Without limits (in-process callers) the per-session queue bound alone applies.
+        await store.enqueue_turn(key("q2"), turn_id="b2", input="x", policy="enqueue")
+
+    async def test_sessions_are_bounded_per_owner(self, store: Store) -> None:
+        for sid in ("s1", "s2"):
+            await store.create_session(key(sid), "assistant", max_sessions=2)
+        with pytest.raises(LimitExceeded):
+            await store.create_session(key("s3"), "assistant", max_sessions=2)
+        assert await store.get_session(key("s3")) is None
+        # Asking again for one that exists is no new session: it is returned at the bound.
+        record, created = await store.create_session(
+            key("s1"), "assistant", max_sessions=2, exist_ok=True
+        )
+        assert record.key == key("s1") and created is False
+        await store.create_session(key("s3", owner="bob"), "assistant", max_sessions=2)
+        # Deleting one makes room again.
+        assert await store.delete_session(key("s2")) is True
+        await store.create_session(key("s3"), "assistant", max_sessions=2)
