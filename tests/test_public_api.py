@@ -35,6 +35,7 @@ def test_public_api_is_small_and_exact() -> None:
             "Runtime",
             "Session",
             "SessionBusy",
+            "SessionClosed",
             "SessionKey",
             "SessionNotFound",
             "StaleLease",

@@ -3,14 +3,27 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 import tether.embedded
-from tether import Agent, Session, SessionNotFound
+from tether import (
+    Agent,
+    ConfigError,
+    InvalidInput,
+    Principal,
+    Session,
+    SessionClosed,
+    SessionNotFound,
+    TurnFailed,
+    tool,
+)
+from tether.models.base import ModelRequest
+from tether.records import SessionRecord
 from tether.testing import EchoModel, ScriptedModel
+from tether.testing.scripted import Call, Fail, ToolCalls
 
 
 @pytest.fixture
@@ -89,3 +102,130 @@ def test_memory_and_knowledge_as_the_first_calls_of_a_process(
     stranger = Session(session_id="first-1", user_id="someone-else")
     assert stranger.search_memory("units") == []
     assert stranger.search_knowledge("paid leave days") == []
+
+
+def stored(session: Session) -> SessionRecord | None:
+    rt = tether.embedded.default_runtime()
+    record: SessionRecord | None = rt.call(rt.runtime.get_session(session.key))
+    return record
+
+
+def test_a_closed_session_refuses_every_use(data_dir: Path, tmp_path: Path) -> None:
+    session = Session(session_id="closing", user_id="u-close")
+    helper = session.Agent(name="A", model=EchoModel())
+    assert helper.chat("hello") == "user:hello"
+    session.close()
+    session.close()  # idempotent
+    note = tmp_path / "note.md"
+    note.write_text("a note")
+    refused: list[Callable[[], object]] = [
+        lambda: session.chat("more"),
+        lambda: session.save_state({"step": 3}),
+        lambda: session.restore_state(),
+        lambda: session.get_context(),
+        lambda: session.add_memory("Prefers tea"),
+        lambda: session.search_memory("tea"),
+        lambda: session.add_knowledge(note),
+        lambda: session.search_knowledge("note"),
+        lambda: session.Agent(name="B", model=EchoModel()),
+        lambda: session.clear(),
+        lambda: session.is_expired(),
+        lambda: session.time_to_expiry(),
+    ]
+    for use in refused:
+        with pytest.raises(SessionClosed, match="closing"):
+            use()
+    # Nothing was written by the refused calls; the stored conversation is intact.
+    again = Session(session_id="closing", user_id="u-close")
+    assert again.restore_state() == {}
+    assert again.get_context() == [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "user:hello"},
+    ]
+    assert again.search_memory("tea") == []
+
+
+async def test_a_closed_session_refuses_achat(data_dir: Path) -> None:
+    session = Session(session_id="closing-async")
+    session.Agent(name="A", model=EchoModel())
+    session.close()
+    with pytest.raises(SessionClosed):
+        await session.achat("hi")
+
+
+def test_closing_a_remote_session_releases_its_client_and_refuses_use() -> None:
+    # Nothing listens there: the client is lazy, and no call may reach the network after close.
+    remote = Session(agent_url="http://127.0.0.1:9", agent_name="echo", session_id="r-1")
+    held = remote._client
+    assert held is not None
+    remote.close()
+    assert held._http.is_closed
+    remote.close()
+    with pytest.raises(SessionClosed):
+        remote.chat("hi")
+    with pytest.raises(SessionClosed):
+        remote.add_memory("x")
+
+
+def instructions_of(request: ModelRequest) -> str:
+    return request.messages[0].content.splitlines()[0]
+
+
+def test_state_and_memory_before_any_agent_bind_no_phantom_agent(data_dir: Path) -> None:
+    # Shared agent memory of an agent that happens to be called "assistant".
+    rt = tether.embedded.default_runtime()
+    admin = Principal("local", "u-early", frozenset({"admin"}))
+    rt.call(rt.runtime.start())
+    rt.call(rt.runtime.memory.add(admin, "assistant-only fact", scope="agent", agent="assistant"))
+    session = Session(session_id="early", user_id="u-early")
+    session.save_state({"topic": "travel"})
+    session.add_memory("Prefers trains", scope="session")
+    record = stored(session)
+    assert record is not None and record.agent == ""  # no agent has been named yet
+    # Before any agent there is no agent scope to read or write.
+    assert [h["content"] for h in session.search_memory("fact trains")] == ["Prefers trains"]
+    with pytest.raises(InvalidInput, match="agent"):
+        session.add_memory("x", scope="agent")
+    # The PraisonAI order: state first, then the agent, then chat.
+    writer = session.Agent(
+        name="writer",
+        instructions="You write travel guides.",
+        model=ScriptedModel(default=instructions_of),
+    )
+    assert writer.chat("plan a trip") == "You write travel guides."
+    assert session.chat("and back?") == "You write travel guides."
+    assert session.restore_state() == {"topic": "travel"}
+    turns = rt.call(rt.runtime.sessions.turns(session.key))
+    assert [t.agent.name for t in turns if t.agent] == ["writer", "writer"]
+
+
+@tool
+def lookup(word: str) -> str:
+    """Look a word up."""
+    return word.upper()
+
+
+def test_get_context_returns_the_newest_messages_in_order(data_dir: Path) -> None:
+    model = ScriptedModel(
+        "a0",
+        Fail("down", transient=False),
+        ToolCalls(Call("lookup", {"word": "x"})),
+        "a2",
+        "a3",
+    )
+    session = Session(session_id="long", user_id="u-long")
+    agent = session.Agent(name="A", model=model, tools=[lookup])
+    assert agent.chat("m0") == "a0"
+    with pytest.raises(TurnFailed):
+        agent.chat("m1")
+    assert agent.chat("m2") == "a2"
+    assert agent.chat("m3") == "a3"
+    # The newest messages, oldest first; the failed turn's and the tool items left out.
+    assert session.get_context(limit=3) == [
+        {"role": "assistant", "content": "a2"},
+        {"role": "user", "content": "m3"},
+        {"role": "assistant", "content": "a3"},
+    ]
+    assert [m["content"] for m in session.get_context()] == ["m0", "a0", "m2", "a2", "m3", "a3"]
+    with pytest.raises(ConfigError):
+        session.get_context(limit=0)

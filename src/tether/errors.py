@@ -23,6 +23,7 @@
     ├── StaleLease               a write carried a fencing token that is no longer current
     ├── StoreError               the store failed or is unreachable (HTTP 503)
     ├── ShuttingDown             the server is draining and takes no new turns (HTTP 503)
+    ├── SessionClosed            a Session object was used after its close()
     ├── ModelError               a provider failed; ``transient`` says if a retry may help
     │   ├── ModelRequestsForbidden  a real provider was called while tests forbid it
     │   └── ScriptExhausted      a ScriptedModel was asked for more than its script holds
@@ -143,6 +144,11 @@ class StoreError(TetherError):
 
 class ShuttingDown(TetherError):
     """The process is shutting down and accepts no new turns."""
+
+
+class SessionClosed(TetherError):
+    """A :class:`~tether.Session` object was used after ``close()``; its stored conversation
+    stays, and a new ``Session`` with the same id opens it again."""
 
 
 class ModelError(TetherError):

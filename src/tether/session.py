@@ -8,7 +8,8 @@
     session.add_memory("Prefers metric units"); session.search_memory("units")
     session.add_knowledge("handbook.pdf"); session.search_knowledge("holiday policy")
     session.save_state({"step": 2}); session.restore_state()
-    session.is_expired(); session.time_to_expiry(); session.close()
+    session.is_expired(); session.time_to_expiry()
+    session.close()                       # this object is done; the conversation stays stored
 
     remote = Session(agent_url="http://host:8000", timeout=60)
     remote.chat("hi")                     # TimeoutError / ConnectionError on transport trouble
@@ -23,9 +24,10 @@ from typing import Any, TypeVar
 
 from tether.agent import Agent as AgentTemplate
 from tether.embedded import EmbeddedRuntime, default_runtime
-from tether.errors import ConfigError, SessionNotFound, TetherError
+from tether.errors import ConfigError, SessionClosed, SessionNotFound, TetherError
 from tether.records import (
     Hit,
+    Item,
     Principal,
     SessionKey,
     SessionRecord,
@@ -34,6 +36,12 @@ from tether.records import (
 )
 
 DEFAULT_COLLECTION = "knowledge"
+NO_AGENT = ""
+"""The agent a session is created with when state or memory comes before any agent: none. A
+session's agent is only the default for turns that name none, and every turn of this facade
+names its own, so nothing is bound to an agent nobody made (the store keeps a name, not NULL)."""
+CONTEXT_PAGE = 200
+"""Items read per step when ``get_context`` pages backwards from the newest."""
 T = TypeVar("T")
 
 
@@ -81,7 +89,15 @@ class Session:
     def key(self) -> SessionKey:
         return SessionKey.of(Principal("local", self.user_id), self.session_id)
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SessionClosed(
+                f"session {self.session_id!r} was closed; its conversation stays stored, "
+                f"open it again with Session(session_id={self.session_id!r}, ...)"
+            )
+
     def _rt(self) -> EmbeddedRuntime:
+        self._check_open()
         if self.is_remote:
             raise ConfigError("this is a remote session: state lives on the server")
         return default_runtime()
@@ -103,6 +119,7 @@ class Session:
         self, name: str, instructions: str = "You are a helpful assistant.", **options: Any
     ) -> AgentTemplate:
         """An agent whose conversation is this session (PraisonAI's ``session.Agent``)."""
+        self._check_open()
         extra = options.pop("memory", None) or {}
         if not isinstance(extra, dict):
             raise ConfigError("Session.Agent takes memory options as a dict (the session sets ids)")
@@ -124,12 +141,20 @@ class Session:
         return agent
 
     def _chat_agent(self) -> AgentTemplate:
+        """The agent ``chat`` talks to: the latest made here, else one named ``agent_name``
+        (or ``assistant``) with the default instructions — a real agent that takes the turn."""
         if self._agent is None:
             self._agent = self.Agent(name=self.agent_name or "assistant")
         return self._agent
 
+    def _named_agent(self) -> str | None:
+        """The agent this session has been given so far (the latest ``session.Agent``, else
+        ``agent_name``), or None: calls that run no turn never make one up."""
+        return self._agent.name if self._agent is not None else self.agent_name
+
     def chat(self, message: str) -> str:
         """One turn with this session's agent (or the remote server's)."""
+        self._check_open()
         if self._client is not None:
             reply = self._client.chat(
                 message, session_id=self.session_id, agent_name=self.agent_name
@@ -140,6 +165,7 @@ class Session:
         return agent.chat(message)
 
     async def achat(self, message: str) -> str:
+        self._check_open()
         if self.is_remote:
             assert self.agent_url is not None
             client = self._async_client_type(self.agent_url, **self._aclient_args)
@@ -167,9 +193,9 @@ class Session:
 
     # -- state and history -----------------------------------------------------------------------
     def save_state(self, state: dict[str, Any]) -> None:
-        """Replace the session's small JSON state."""
-        self._ensure(self._chat_agent().name)
+        """Replace the session's small JSON state (creating the session if need be)."""
         rt = self._rt()
+        self._ensure(self._named_agent() or NO_AGENT)
         rt.call(rt.runtime.sessions.update(self.key, state=dict(state)))
 
     def restore_state(self) -> dict[str, Any]:
@@ -177,20 +203,35 @@ class Session:
         return dict(record.state) if record else {}
 
     def get_context(self, limit: int = 1000) -> list[dict[str, Any]]:
-        """The conversation so far as chat messages (failed turns' items left out)."""
+        """The newest ``limit`` chat messages of the conversation, oldest first (failed turns'
+        items, tool calls and summaries left out)."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ConfigError(f"get_context takes a positive limit, not {limit!r}")
         if self._record() is None:
             return []
         rt = self._rt()
-        items = rt.call(rt.runtime.sessions.items(self.key, limit=limit))
+        messages: list[Item] = rt.call(self._newest_messages(limit))
         out: list[dict[str, Any]] = []
-        for i in items:
-            if i.excluded or i.kind not in ("user", "assistant"):
-                continue
+        for i in reversed(messages):
             entry: dict[str, Any] = {"role": i.kind, "content": i.content}
             if not i.complete:
                 entry["complete"] = False
             out.append(entry)
         return out
+
+    async def _newest_messages(self, limit: int) -> list[Item]:
+        """Up to ``limit`` user and assistant items, newest first, paging backwards: the cost
+        follows what is returned, not the length of the history."""
+        sessions = self._rt().runtime.sessions
+        found: list[Item] = []
+        before: int | None = None
+        while len(found) < limit:
+            page = await sessions.recent(self.key, before=before, limit=CONTEXT_PAGE)
+            found += [i for i in page if i.kind in ("user", "assistant")]
+            if len(page) < CONTEXT_PAGE:
+                break
+            before = page[-1].seq
+        return found[:limit]
 
     # -- memory and knowledge -------------------------------------------------------------------
     @property
@@ -201,6 +242,7 @@ class Session:
     def add_memory(self, content: str, *, scope: str = "user", kind: str = "fact") -> str:
         """Remember ``content`` (``user`` scope: every session of this user; or ``session``);
         returns the item's id."""
+        self._check_open()
         if self._client is not None:
             body = {"content": content, "scope": scope, "kind": kind}
             if scope == "session":
@@ -208,8 +250,9 @@ class Session:
                 body["session_id"] = self.session_id
             return str(self._client.request("POST", "/v1/memory", json=body)["id"])
         rt = self._rt()
+        agent = self._named_agent()
         if scope == "session":
-            self._ensure(self._chat_agent().name)
+            self._ensure(agent or NO_AGENT)
         record = rt.call(
             self._started(
                 rt.runtime.memory.add(
@@ -218,14 +261,16 @@ class Session:
                     scope=scope,
                     kind=kind,
                     session_id=self.session_id,
-                    agent=self._chat_agent().name,
+                    agent=agent,
                 )
             )
         )
         return record.id
 
     def search_memory(self, query: str, *, limit: int = 5) -> list[dict[str, Any]]:
-        """The best memory items for ``query`` from this session, this user and shared memory."""
+        """The best memory items for ``query`` from this session, this user and shared memory
+        (agent memory too, once the session has an agent)."""
+        self._check_open()
         if self._client is not None:
             body: dict[str, Any] = {"query": query, "limit": limit}
             if self._record_remote_exists():
@@ -240,7 +285,7 @@ class Session:
                     self.principal,
                     query,
                     session_id=session_id,
-                    agent=self._chat_agent().name,
+                    agent=self._named_agent(),
                     limit=limit,
                 )
             )
@@ -252,6 +297,7 @@ class Session:
     ) -> dict[str, Any]:
         """Index a file (text, Markdown, HTML, PDF) or, if ``source`` is not a file, the text
         itself, into this user's ``collection``; this session's agents retrieve from it."""
+        self._check_open()
         path = _as_path(source)
         if path is not None:
             data, doc_name = path.read_bytes(), name or path.name
@@ -274,6 +320,7 @@ class Session:
     def search_knowledge(
         self, query: str, *, collection: str = DEFAULT_COLLECTION, limit: int = 5
     ) -> list[dict[str, Any]]:
+        self._check_open()
         if self._client is not None:
             body = {"query": query, "limit": limit}
             hits = self._client.request("POST", f"/v1/knowledge/{collection}/search", json=body)[
@@ -283,7 +330,7 @@ class Session:
         rt = self._rt()
         memory = rt.runtime.memory
         namespaces = memory.readable(
-            self.principal, session_id=self.session_id, agent=self._chat_agent().name
+            self.principal, session_id=self.session_id, agent=self._named_agent()
         )
         found: list[Hit] = rt.call(
             self._started(memory.search_knowledge(namespaces, query, [collection], limit=limit))
@@ -325,11 +372,16 @@ class Session:
         rt.call(rt.runtime.sessions.clear(self.key))
 
     def close(self) -> None:
-        """Release the connection of a remote session (local history stays stored)."""
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        """Done with this object: a remote session's connection is closed, and every later
+        call on it raises :class:`SessionClosed`. Closing again does nothing.
+
+        The conversation itself stays stored (``Session(session_id=...)`` opens it again), and
+        agents made with :meth:`Agent` are templates of their own that keep working."""
         self._closed = True
+        self._agent = None
+        if self._client is not None:
+            client, self._client = self._client, None
+            client.close()
 
 
 _DOCUMENT_SUFFIXES = (".txt", ".text", ".md", ".markdown", ".html", ".htm", ".pdf")

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from tether.errors import NotFound, SessionBusy, SessionNotFound, TurnNotFound
 from tether.records import Item, Reason, SessionKey, SessionRecord, SessionStats, Turn
-from tether.store.protocol import LeaseStore, SessionStore, TurnLog, TurnReader
+from tether.store.protocol import HistoryStore, LeaseStore, SessionStore, TurnLog, TurnReader
 
 OFFLINE_CANCEL_WAIT = 30.0
 """Seconds an offline canceller waits for another process to end a running turn."""
@@ -31,7 +31,7 @@ class Canceller(Protocol):
     async def cancel(self, key: SessionKey, turn_id: str, reason: Reason = "cancelled") -> Turn: ...
 
 
-class SessionServiceStore(SessionStore, TurnReader, Protocol):
+class SessionServiceStore(SessionStore, HistoryStore, TurnReader, Protocol):
     """What the session service uses: sessions, their history, their turns."""
 
 
@@ -91,6 +91,13 @@ class SessionService:
 
     async def items(self, key: SessionKey, *, after: int = 0, limit: int = 100) -> list[Item]:
         return await self._store.list_items(key, after_seq=after, limit=limit)
+
+    async def recent(
+        self, key: SessionKey, *, before: int | None = None, limit: int = 64
+    ) -> list[Item]:
+        """The newest items a model may see (excluded ones left out), newest first: a page
+        backwards from ``before``, at a cost proportional to ``limit``."""
+        return await self._store.recent_items(key, before_seq=before, limit=limit)
 
     async def turns(self, key: SessionKey, *, after: int = 0, limit: int = 100) -> list[Turn]:
         return await self._store.list_turns(key, after_seq=after, limit=limit)
