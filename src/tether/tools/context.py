@@ -39,5 +39,7 @@ class ToolContext:
     call_id: str
     cancelled: asyncio.Event
     workspace: Path | None = None
+    """The session's own directory (named by a hash of its key, so no id reaches outside it);
+    it may not exist yet: create it on first use."""
     memory: ToolMemory | None = None
     """The caller's memory and the agent's knowledge (None when the runtime has no memory)."""
