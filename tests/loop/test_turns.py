@@ -214,7 +214,7 @@ async def test_tool_timeout_is_reported_to_model(store: Store) -> None:
         assert await rt.chat(agent, "go", session_id="s") == "ok"
         items = await all_items(rt, key("s"))
     assert_paired(items)
-    assert "did not finish within 0.1 seconds" in items[2].content
+    assert "timed out after 0.1 seconds" in items[2].content
 
 
 @tool

@@ -28,25 +28,45 @@ async def run_call(ctx: TurnContext, call: ToolCall) -> tuple[str, bool]:
         return f"Error: {exc}", True
     if tool.requires_approval and not await _approved(ctx, call):
         return REFUSED_RESULT, True
+    # The call's own stop signal, not the turn's: a timeout stops this call, and the turn goes
+    # on. A sync tool's thread cannot be interrupted and runs on after its call is abandoned;
+    # this flag is what tells it to stop.
+    stop = asyncio.Event()
+    if ctx.cancelled.is_set():
+        stop.set()
     tool_ctx = ToolContext(
         session=ctx.key,
         principal=ctx.principal,
         turn_id=ctx.turn_id,
         call_id=call.id,
-        cancelled=ctx.cancelled,
+        cancelled=stop,
         workspace=ctx.workspace,
         memory=ctx.memory,
     )
     timeout = tool.timeout if tool.timeout is not None else ctx.agent.tool_timeout
+    deadline = asyncio.timeout(timeout)
     try:
-        async with asyncio.timeout(timeout):
+        async with deadline:
             return await tool.invoke(call.arguments, tool_ctx), False
-    except TimeoutError:
-        return f"Error: {call.name} did not finish within {timeout:g} seconds.", True
+    except TimeoutError as exc:
+        if not deadline.expired():  # the tool's own TimeoutError (a socket's, say): its error
+            return _raised(call.name, exc), True
+        stop.set()
+        return timed_out(call.name, timeout), True
     except asyncio.CancelledError:
+        stop.set()  # the turn is being cancelled (request_cancel cancels the task running it)
         raise
     except Exception as exc:  # a tool's bug is reported to the model, not raised
-        return f"Error: {call.name} raised {type(exc).__name__}: {exc}", True
+        return _raised(call.name, exc), True
+
+
+def _raised(name: str, exc: Exception) -> str:
+    return f"Error: {name} raised {type(exc).__name__}: {exc}"
+
+
+def timed_out(name: str, seconds: float) -> str:
+    """The result the model reads for a call that ran past its timeout."""
+    return f"Error: {name} timed out after {seconds:g} seconds; it was told to stop."
 
 
 async def _approved(ctx: TurnContext, call: ToolCall) -> bool:

@@ -36,7 +36,8 @@ class Tool:
     """The call waits for a human decision; no decision means it does not run."""
     read_only: bool = False
     timeout: float | None = None
-    """Seconds before the call is abandoned and the model told it timed out."""
+    """Seconds before the call is abandoned, its ``ToolContext.cancelled`` set and the model told
+    it timed out."""
 
     @property
     def spec(self) -> ToolSpec:

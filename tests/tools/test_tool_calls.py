@@ -1,0 +1,105 @@
+"""Tool calls inside a turn: timeouts and cancellation reach the tool, read-only calls run together.
+
+A sync tool runs in a worker thread that Python cannot interrupt; what stops it is its
+``ToolContext.cancelled``, which must be set when its call times out or its turn is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from tests.helpers import all_items, assert_paired, key, running, wait_until
+from tether import Agent, ToolContext, tool
+from tether.models.base import ModelRequest
+from tether.records import ABORTED_TOOL_RESULT
+from tether.store.protocol import Store
+from tether.testing import Call, ScriptedModel, ToolCalls
+
+WAIT = 20.0
+"""Upper bound for waits on another thread; never reached unless the behaviour is broken."""
+
+
+class Cooperative:
+    """A sync tool that works until its context says stop (bounded, so a broken test ends)."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.stopped = threading.Event()
+
+    def run(self, ctx: ToolContext) -> str:
+        self.started.set()
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:
+            if ctx.cancelled.is_set():
+                self.stopped.set()
+                return "stopped early"
+            time.sleep(0.005)
+        return "nobody told me to stop"
+
+
+def _then(reply: str) -> object:
+    def respond(request: ModelRequest) -> str | ToolCalls:
+        return reply if request.messages[-1].role == "tool" else ToolCalls(Call("work"))
+
+    return respond
+
+
+async def test_a_sync_tool_past_its_timeout_is_told_to_stop(store: Store) -> None:
+    worker = Cooperative()
+
+    @tool(name="work", timeout=0.05)
+    def work(ctx: ToolContext) -> str:
+        """Works for a while."""
+        return worker.run(ctx)
+
+    model = ScriptedModel(default=_then("gave up"))  # type: ignore[arg-type]
+    agent = Agent(name="a", model=model, tools=[work])
+    async with running(store, agent) as rt:
+        assert await rt.chat(agent, "go", session_id="s") == "gave up"
+        items = await all_items(rt, key("s"))
+        # The thread was told, so it stops instead of running on unseen.
+        assert await asyncio.to_thread(worker.stopped.wait, WAIT)
+    assert_paired(items)
+    result = next(i for i in items if i.kind == "tool_result")
+    assert result.meta["error"] is True
+    assert "timed out after 0.05 seconds" in result.content
+    # Its own call's signal, not the turn's: the turn went on and completed.
+    tool_msgs = [m.content for m in model.requests[-1].messages if m.role == "tool"]
+    assert tool_msgs == [result.content]
+
+
+async def test_a_sync_tool_of_a_cancelled_turn_is_told_to_stop(store: Store) -> None:
+    worker = Cooperative()
+
+    @tool(name="work")
+    def work(ctx: ToolContext) -> str:
+        """Works for a while."""
+        return worker.run(ctx)
+
+    agent = Agent(name="a", model=ScriptedModel(ToolCalls(Call("work"))), tools=[work])
+    async with running(store, agent) as rt:
+        turn = await rt.submit(agent, "go", session_id="s")
+        await wait_until(worker.started.is_set, within=WAIT)
+        done = await rt.scheduler.cancel(turn.key, turn.id)
+        assert done.status == "cancelled"
+        assert await asyncio.to_thread(worker.stopped.wait, WAIT)
+        items = await all_items(rt, turn.key)
+    assert_paired(items)
+    assert [i.content for i in items if i.kind == "tool_result"] == [ABORTED_TOOL_RESULT]
+
+
+async def test_a_tools_own_timeout_error_is_its_error_not_a_timeout(store: Store) -> None:
+    @tool(name="work", timeout=60)
+    def work() -> str:
+        """Talks to something slow."""
+        raise TimeoutError("the upstream socket timed out")
+
+    model = ScriptedModel(default=_then("noted"))  # type: ignore[arg-type]
+    agent = Agent(name="a", model=model, tools=[work])
+    async with running(store, agent) as rt:
+        assert await rt.chat(agent, "go", session_id="s") == "noted"
+        items = await all_items(rt, key("s"))
+    result = next(i for i in items if i.kind == "tool_result")
+    assert result.content == "Error: work raised TimeoutError: the upstream socket timed out"
