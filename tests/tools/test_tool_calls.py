@@ -103,3 +103,68 @@ async def test_a_tools_own_timeout_error_is_its_error_not_a_timeout(store: Store
         items = await all_items(rt, key("s"))
     result = next(i for i in items if i.kind == "tool_result")
     assert result.content == "Error: work raised TimeoutError: the upstream socket timed out"
+
+
+class Log:
+    """What the tools of one step did, in the order they did it (they may run in threads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.entries: list[str] = []
+
+    def add(self, entry: str) -> None:
+        with self._lock:
+            self.entries.append(entry)
+
+
+def _calls_then(calls: ToolCalls, reply: str) -> object:
+    def respond(request: ModelRequest) -> str | ToolCalls:
+        return reply if request.messages[-1].role == "tool" else calls
+
+    return respond
+
+
+async def test_read_only_calls_of_one_step_run_together_and_others_alone(store: Store) -> None:
+    log = Log()
+    # The first two read-only calls can only both pass this if they run at the same time.
+    meet = threading.Barrier(2, timeout=10)
+
+    @tool(read_only=True)
+    def peek(name: str) -> str:
+        """Reads something."""
+        log.add(f"start {name}")
+        if name in ("a", "b"):
+            meet.wait()
+        log.add(f"end {name}")
+        return f"saw {name}"
+
+    @tool
+    async def change(name: str) -> str:
+        """Changes something."""
+        log.add(f"start {name}")
+        log.add(f"end {name}")
+        return f"changed {name}"
+
+    step = ToolCalls(
+        Call("peek", {"name": "a"}),
+        Call("peek", {"name": "b"}),
+        Call("change", {"name": "w"}),
+        Call("peek", {"name": "c"}),
+    )
+    model = ScriptedModel(default=_calls_then(step, "looked"))  # type: ignore[arg-type]
+    agent = Agent(name="a", model=model, tools=[peek, change])
+    async with running(store, agent) as rt:
+        turn = await rt.submit(agent, "go", session_id="s")
+        done = await rt.scheduler.wait(turn.key, turn.id)
+        items = await all_items(rt, turn.key)
+        events = await rt.store.list_events(turn.key, turn.id)
+    assert done.status == "completed"
+    assert_paired(items)
+    # Results stay in the order of the calls, in history and in the stream.
+    results = [i.content for i in items if i.kind == "tool_result"]
+    assert results == ["saw a", "saw b", "changed w", "saw c"]
+    assert [e.data["output"] for e in events if e.type == "tool.result"] == results
+    # The call with effects waited for the reads before it, and the read after it for it.
+    order = log.entries
+    assert order.index("start w") > max(order.index("end a"), order.index("end b"))
+    assert order.index("start c") > order.index("end w")

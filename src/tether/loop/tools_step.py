@@ -2,11 +2,15 @@
 
 A tool's failure is the model's business, not the turn's: errors, timeouts, unknown tools,
 invalid arguments and refusals all become a tool result the model reads.
+
+Calls run in the order the model made them, except that consecutive calls of ``read_only``
+tools run together: they change nothing, so no order among them can be observed.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Sequence
 
 from tether.errors import InvalidInput
 from tether.events import TOOL_APPROVAL_REQUESTED
@@ -14,6 +18,41 @@ from tether.loop.context import TurnContext
 from tether.models.base import ToolCall
 from tether.tools.approval import REFUSED_RESULT, ApprovalRequest
 from tether.tools.context import ToolContext
+
+
+async def run_calls(
+    ctx: TurnContext, calls: Sequence[ToolCall]
+) -> AsyncIterator[tuple[ToolCall, str, bool]]:
+    """Run one step's calls; yields ``(call, result text, is_error)`` in the calls' order."""
+    for batch in _batches(ctx, calls):
+        if len(batch) == 1:
+            outcomes = [await run_call(ctx, batch[0])]
+        else:
+            # A task group, not gather: on cancellation (or a bug) no call is left running.
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(run_call(ctx, call)) for call in batch]
+            outcomes = [task.result() for task in tasks]
+        for call, (text, is_error) in zip(batch, outcomes, strict=True):
+            yield call, text, is_error
+
+
+def _batches(ctx: TurnContext, calls: Sequence[ToolCall]) -> list[list[ToolCall]]:
+    """Runs of consecutive read-only calls, and every other call on its own.
+
+    A call that needs approval runs alone even when read-only: its human answers one question
+    at a time.
+    """
+    batches: list[list[ToolCall]] = []
+    together = False
+    for call in calls:
+        tool = ctx.tool_named(call.name)
+        shareable = tool is not None and tool.read_only and not tool.requires_approval
+        if shareable and together:
+            batches[-1].append(call)
+        else:
+            batches.append([call])
+        together = shareable
+    return batches
 
 
 async def run_call(ctx: TurnContext, call: ToolCall) -> tuple[str, bool]:
