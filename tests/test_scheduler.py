@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections.abc import AsyncIterator
 
 import pytest
 
 from tests.helpers import StoreFactory, all_items, wait_until
 from tether import Agent, QueueFull
-from tether.models.base import ModelRequest
+from tether.models.base import Finish, ModelEvent, ModelRequest, TextDelta, Usage
 from tether.records import LOCAL_PRINCIPAL, NewItem, SessionKey
 from tether.runtime import Runtime
 from tether.scheduler.owners import owner_is_dead
@@ -41,19 +43,25 @@ async def test_full_queue_rejects_or_applies_backpressure(store: Store) -> None:
 
 
 async def test_waiting_callers_are_bounded(store: Store) -> None:
-    agent = Agent(name="a", model=ScriptedModel(default=Slow("x", delay=0.3)))
-    rt = Runtime(store, agents=[agent], max_queue=1)
+    # The first turn runs until cancelled, so the queue stays full for as long as the test says.
+    model = ScriptedModel(Slow("x", delay=0.02, forever=True), default="ok")
+    rt = Runtime(store, agents=[Agent(name="a", model=model)], max_queue=1)
     async with rt:
         key = SessionKey("local", "local", "w")
         await store.create_session(key, "a")
-        await rt.scheduler.submit(key, "running")
+        running = await rt.scheduler.submit(key, "running")
         await wait_until(lambda: bool(rt.scheduler.running_turns()))
         await rt.scheduler.submit(key, "queued")
         waiter = asyncio.ensure_future(rt.scheduler.submit(key, "waits", wait_for_slot=30))
-        await asyncio.sleep(0.05)
+        await wait_until(lambda: rt.scheduler.local.slot_waiters.get(key) == 1)
         with pytest.raises(QueueFull):  # one waiter per queue slot, no more
             await rt.scheduler.submit(key, "one too many", wait_for_slot=30)
-        await waiter
+        assert not waiter.done()
+        await rt.scheduler.cancel(key, running.id)  # a slot frees: the waiter gets in
+        waited = await waiter
+        assert (await rt.scheduler.wait(key, waited.id)).status == "completed"
+        inputs = [t.input for t in await store.list_turns(key)]
+        assert inputs == ["running", "queued", "waits"]
 
 
 async def test_stolen_lease_stops_the_turn_without_writes(
@@ -83,6 +91,59 @@ async def test_stolen_lease_stops_the_turn_without_writes(
         # The new owner recovers it honestly.
         recovered = await store.recover(thief)
         assert [(t.status, t.reason) for t in recovered] == [("failed", "owner_lost")]
+
+
+class GatedModel:
+    """Answers once the test opens its gate: a turn that runs for as long as the test needs."""
+
+    name = "gated"
+    context_window = 8192
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        self.entered.set()
+        await self.gate.wait()
+        yield TextDelta("finished at last")
+        yield Usage(1, 3)
+        yield Finish("stop")
+
+
+async def test_heartbeats_keep_a_long_turns_lease_past_its_ttl(make_store: StoreFactory) -> None:
+    """A turn running longer than ``lease_ttl`` keeps its lease: another worker on the same store
+    never sees it as orphaned, cannot take the session, and the turn completes."""
+    if make_store is InMemoryStore:
+        pytest.skip("the in-memory store is one process's memory; it cannot be shared")
+    ttl = 1.0  # renewed every ttl/3: a 0.67 s stall of this process would lose it
+    model = GatedModel()
+    agent = Agent(name="a", model=model)
+    a = Runtime(make_store(), agents=[agent], lease_ttl=ttl)
+    b = Runtime(make_store(), agents=[agent], lease_ttl=ttl)  # looks for orphans every ttl/2
+    async with a, b:
+        key = SessionKey("local", "local", "long")
+        await a.store.create_session(key, "a")
+        turn = await a.scheduler.submit(key, "take your time")
+        async with asyncio.timeout(10):
+            await model.entered.wait()
+        lease = a.scheduler.lease_of(key)
+        assert lease is not None
+        # Let the first grant run out twice over: only renewals can keep the session now.
+        while time.time() < lease.expires_at + 2 * ttl:  # noqa: ASYNC110 - time must pass
+            await asyncio.sleep(0.05)
+        assert await b.store.lease_holder(key) == a.scheduler.owner
+        assert key not in await b.store.sessions_needing_work(unowned_at=time.time())
+        assert await b.store.acquire_lease(key, b.scheduler.owner, ttl) is None
+        assert a.scheduler.running_turns() and not b.scheduler.running_turns()
+        model.gate.set()
+        async with asyncio.timeout(10):
+            done = await a.scheduler.wait(key, turn.id)
+        events = await a.store.list_events(key, turn.id)
+    assert (done.status, done.reason, done.output) == ("completed", "answered", "finished at last")
+    # Nobody ran it a second time; and its ending, a write fenced by the lease's token, was
+    # accepted: the lease it started with was renewed, never lost.
+    assert [e.type for e in events].count("turn.started") == 1
 
 
 def test_dead_owner_detection() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 
@@ -11,7 +12,8 @@ import pytest
 from tests.helpers import all_items, assert_paired, key, running, wait_until
 from tether import Agent, RetryPolicy, SessionBusy, TurnFailed, tool
 from tether.loop.window import INTERRUPTED_MARK
-from tether.records import ABORTED_TOOL_RESULT
+from tether.records import ABORTED_TOOL_RESULT, Turn
+from tether.runtime import Runtime
 from tether.store.protocol import Store
 from tether.testing import Call, EchoModel, Fail, ScriptedModel, Slow, ToolCalls, transcript
 
@@ -214,7 +216,7 @@ async def test_tool_timeout_is_reported_to_model(store: Store) -> None:
         assert await rt.chat(agent, "go", session_id="s") == "ok"
         items = await all_items(rt, key("s"))
     assert_paired(items)
-    assert "did not finish within 0.1 seconds" in items[2].content
+    assert "timed out after 0.1 seconds" in items[2].content
 
 
 @tool
@@ -310,13 +312,22 @@ async def test_events_follow_the_design_order(store: Store) -> None:
     assert json.loads(call.data["arguments"]) == {"q": "z"}
 
 
+async def streamed(rt: Runtime, turn: Turn) -> None:
+    """Return once ``turn`` has streamed the first piece of its reply."""
+    events = rt.scheduler.events(turn.key, turn.id)
+    async with asyncio.timeout(10), contextlib.aclosing(events) as stream:
+        async for event in stream:
+            if event.type == "message.delta":
+                return
+    raise AssertionError("the turn ended without streaming anything")
+
+
 async def test_interrupt_policy_ends_running_turn(store: Store) -> None:
     model = ScriptedModel(Slow("a b c d e f g h", delay=0.05, forever=True), "new answer")
     agent = Agent(name="a", model=model)
     async with running(store, agent) as rt:
         first = await rt.submit(agent, "long", session_id="s")
-        await wait_until(lambda: bool(rt.scheduler.running_turns()))
-        await asyncio.sleep(0.12)
+        await streamed(rt, first)  # a partial reply exists to be kept (or removed)
         second = await rt.submit(agent, "stop that", session_id="s", policy="interrupt")
         one = await rt.scheduler.wait(first.key, first.id)
         two = await rt.scheduler.wait(second.key, second.id)
@@ -336,8 +347,7 @@ async def test_rollback_policy_removes_running_turns_items(store: Store) -> None
     agent = Agent(name="a", model=model)
     async with running(store, agent) as rt:
         first = await rt.submit(agent, "long", session_id="s")
-        await wait_until(lambda: bool(rt.scheduler.running_turns()))
-        await asyncio.sleep(0.12)
+        await streamed(rt, first)  # a partial reply exists to be kept (or removed)
         second = await rt.submit(agent, "instead", session_id="s", policy="rollback")
         one = await rt.scheduler.wait(first.key, first.id)
         await rt.scheduler.wait(second.key, second.id)

@@ -91,6 +91,8 @@ class TurnContext:
     sink: TurnSink
     approver: Approver | None = None
     workspace: Path | None = None
+    """The session's own directory, named by a hash of its key
+    (:func:`~tether.tools.workspace.workspace_dir`); created by the tool that first uses it."""
     memory: LoopMemory | None = None
     extra_tools: tuple[Tool, ...] = ()
     """Built-in tools the agent's memory policy turned on (``remember``, ``search_knowledge``)."""

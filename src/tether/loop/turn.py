@@ -8,6 +8,7 @@ the partial reply is kept with ``complete=False`` and every open tool call gets 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 
 from tether.errors import ModelError, StaleLease
@@ -17,8 +18,8 @@ from tether.loop.model_step import model_step
 from tether.loop.prepare import prepare
 from tether.loop.resolve import closed
 from tether.loop.state import TurnState
-from tether.loop.tools_step import run_call
-from tether.models.base import Message
+from tether.loop.tools_step import run_calls
+from tether.models.base import Message, ToolCall
 from tether.records import NewItem, TurnEnding
 
 log = logging.getLogger("tether.loop")
@@ -64,31 +65,14 @@ async def drive(ctx: TurnContext, state: TurnState) -> TurnResult:
         await ctx.sink.commit(items)
         state.messages.append(Message("assistant", out.text, tuple(out.calls)))
 
-        looped = False
+        # The calls that run: those before the first one repeated a third time in a row.
+        runnable = list(itertools.takewhile(lambda c: not state.is_loop(c), out.calls))
+        looped = len(runnable) < len(out.calls)
         results: list[NewItem] = []
-        for call in out.calls:
-            if state.is_loop(call):
-                looped = True
-                text, is_error = LOOP_RESULT, True
-            else:
-                text, is_error = await run_call(ctx, call)
-            ctx.sink.emit(
-                TOOL_RESULT,
-                {"call_id": call.id, "name": call.name, "output": text, "error": is_error},
-            )
-            results.append(
-                NewItem(
-                    "tool_result",
-                    text,
-                    call_id=call.id,
-                    tool_name=call.name,
-                    meta={"step": state.step, "error": is_error},
-                )
-            )
-            state.messages.append(Message("tool", text, tool_call_id=call.id))
-            if looped:
-                break
+        async for call, text, is_error in run_calls(ctx, runnable):
+            results.append(_result(ctx, state, call, text, is_error))
         if looped:
+            results.append(_result(ctx, state, out.calls[len(runnable)], LOOP_RESULT, True))
             # The remaining calls of this step never ran; each still needs its result.
             answered = {r.call_id for r in results}
             for call in out.calls:
@@ -108,6 +92,21 @@ async def drive(ctx: TurnContext, state: TurnState) -> TurnResult:
         if agent.token_budget is not None and used >= agent.token_budget:
             return TurnResult(TurnEnding("limit_reached", "token_budget", usage=state.usage), [])
     return TurnResult(TurnEnding("limit_reached", "max_iterations", usage=state.usage), [])
+
+
+def _result(ctx: TurnContext, state: TurnState, call: ToolCall, text: str, error: bool) -> NewItem:
+    """Announce a call's result, add it to the prompt, and return the item that stores it."""
+    ctx.sink.emit(
+        TOOL_RESULT, {"call_id": call.id, "name": call.name, "output": text, "error": error}
+    )
+    state.messages.append(Message("tool", text, tool_call_id=call.id))
+    return NewItem(
+        "tool_result",
+        text,
+        call_id=call.id,
+        tool_name=call.name,
+        meta={"step": state.step, "error": error},
+    )
 
 
 async def run_turn(ctx: TurnContext) -> TurnResult:

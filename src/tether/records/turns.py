@@ -16,16 +16,17 @@ TurnStatus = Literal[
     "rolled_back",
     "limit_reached",
     "failed",
-    "rejected",
 ]
+# No "rejected": a submission the reject policy or a full queue refuses is answered 409/429
+# and stores nothing, so no turn ever ends that way.
 EndStatus = Literal[
-    "completed", "cancelled", "interrupted", "rolled_back", "limit_reached", "failed", "rejected"
+    "completed", "cancelled", "interrupted", "rolled_back", "limit_reached", "failed"
 ]
 CancelStatus = Literal["cancelled", "interrupted", "rolled_back", "failed"]
 """What a running turn may be asked to end as (``failed``: its process lost the lease)."""
 
 TERMINAL_STATUSES: Final[frozenset[TurnStatus]] = frozenset(
-    {"completed", "cancelled", "interrupted", "rolled_back", "limit_reached", "failed", "rejected"}
+    {"completed", "cancelled", "interrupted", "rolled_back", "limit_reached", "failed"}
 )
 ACTIVE_STATUSES: Final[frozenset[TurnStatus]] = frozenset({"queued", "running"})
 # Items of turns that ended like this never reach a model again (DESIGN §3).

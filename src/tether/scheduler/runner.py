@@ -30,6 +30,7 @@ from tether.scheduler.sink import FencedSink, StoreHistory
 from tether.store.protocol import FencedWrites, HistoryStore
 from tether.store.rules import terminal_event_data
 from tether.tools.approval import Approver
+from tether.tools.workspace import workspace_dir
 
 log = logging.getLogger("tether.scheduler")
 
@@ -151,9 +152,7 @@ class TurnRunner:
             history=StoreHistory(self._store, key),
             sink=sink,
             approver=self.approver,
-            workspace=self.workspace_root / key.tenant / key.owner / key.session_id
-            if self.workspace_root
-            else None,
+            workspace=workspace_dir(self.workspace_root, key) if self.workspace_root else None,
         )
         if self.memory is None:
             return ctx, None

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
+import re
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -103,7 +106,9 @@ class Settings:
                     f"TETHER_DRAIN_TIMEOUT={env['TETHER_DRAIN_TIMEOUT']!r} is not a number"
                 ) from None
         values["principal"] = _principal_limits(env)
-        values.update({k: v for k, v in overrides.items() if v is not None})
+        given = {k: v for k, v in overrides.items() if v is not None}
+        _check_runtime_values({**values, **given}, given.keys())
+        values.update(given)
         if "data_dir" in values and not isinstance(values["data_dir"], Path):
             values["data_dir"] = Path(str(values["data_dir"]))
         return cls(**values)  # type: ignore[arg-type]
@@ -124,3 +129,32 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+_NODE = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+"""A node name becomes the first part of owner ids ``node|host|pid|nonce``: no ``|``."""
+
+
+def _check_runtime_values(values: Mapping[str, object], from_flags: Collection[str]) -> None:
+    """Refuse values the scheduler cannot run with, naming where each came from.
+
+    ``float()`` accepts ``nan`` and ``inf``: a NaN lease makes every expiry comparison false,
+    an infinite one means a dead node's sessions are never taken over, and ``serve`` rounds
+    the drain timeout up to an int (ValueError / OverflowError at shutdown).
+    """
+
+    def source(name: str) -> str:
+        return f"--{name.replace('_', '-')}" if name in from_flags else f"TETHER_{name.upper()}"
+
+    ttl = values.get("lease_ttl")
+    if isinstance(ttl, float | int) and not (math.isfinite(ttl) and ttl > 0):
+        raise ConfigError(f"{source('lease_ttl')}={ttl!r}: seconds, a finite number above 0")
+    drain = values.get("drain_timeout")
+    if isinstance(drain, float | int) and not (math.isfinite(drain) and drain >= 0):
+        raise ConfigError(f"{source('drain_timeout')}={drain!r}: seconds, a finite number >= 0")
+    node = values.get("node")
+    if node is not None and not (isinstance(node, str) and _NODE.fullmatch(node)):
+        raise ConfigError(
+            f"{source('node')}={node!r}: a node name is 1-64 characters of letters, digits "
+            "and '._:-'"
+        )

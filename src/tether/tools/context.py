@@ -29,8 +29,9 @@ class ToolMemory(Protocol):
 class ToolContext:
     """Passed to a tool that declares a parameter annotated ``ToolContext``.
 
-    ``cancelled`` is set when the turn is cancelled, so a long-running tool can stop early; an
-    async tool is also cancelled outright.
+    ``cancelled`` is set when the call times out or its turn is cancelled. An async tool is also
+    cancelled outright; a sync tool runs in a thread Python cannot interrupt, so a long-running
+    one should look at ``cancelled.is_set()`` now and then and return when it is.
     """
 
     session: SessionKey
@@ -39,5 +40,7 @@ class ToolContext:
     call_id: str
     cancelled: asyncio.Event
     workspace: Path | None = None
+    """The session's own directory (named by a hash of its key, so no id reaches outside it);
+    it may not exist yet: create it on first use."""
     memory: ToolMemory | None = None
     """The caller's memory and the agent's knowledge (None when the runtime has no memory)."""

@@ -35,8 +35,11 @@ class Tool:
     requires_approval: bool = False
     """The call waits for a human decision; no decision means it does not run."""
     read_only: bool = False
+    """The tool changes nothing (it only reads), so consecutive read-only calls of one model step
+    run at the same time; any other call runs alone, in the order the model made it."""
     timeout: float | None = None
-    """Seconds before the call is abandoned and the model told it timed out."""
+    """Seconds before the call is abandoned, its ``ToolContext.cancelled`` set and the model told
+    it timed out."""
 
     @property
     def spec(self) -> ToolSpec:

@@ -16,7 +16,6 @@ _OUTCOMES: dict[str, tuple[int, str, str]] = {
     "interrupted": (409, "turn-interrupted", "Turn interrupted"),
     "rolled_back": (409, "turn-rolled-back", "Turn rolled back"),
     "limit_reached": (422, "turn-limit-reached", "Turn limit reached"),
-    "rejected": (409, "turn-rejected", "Turn rejected"),
 }
 
 

@@ -7,6 +7,7 @@ things out; the conformance suite holds the SQL backends to exactly this behavio
 
 from __future__ import annotations
 
+from tether.errors import StoreError
 from tether.records import ForgetReport
 from tether.store.inmemory.recall import Recall
 from tether.store.inmemory.sessions import Sessions
@@ -16,14 +17,18 @@ __all__ = ["InMemoryStore"]
 
 
 class InMemoryStore(Sessions, Turns, Recall):
+    _open = False
+    """Only ping() looks: like the SQL stores, a store not open does not answer (readiness)."""
+
     async def open(self) -> None:
-        return None
+        self._open = True
 
     async def close(self) -> None:
-        return None
+        self._open = False
 
     async def ping(self) -> None:
-        return None
+        if not self._open:
+            raise StoreError("the store is not open")
 
     async def forget_user(self, tenant: str, user: str) -> ForgetReport:
         doomed = [k for k in self._sessions if k.tenant == tenant and k.owner == user]

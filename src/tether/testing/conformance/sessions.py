@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tether.errors import Conflict, SessionNotFound
+from tether.errors import Conflict, SessionNotFound, StoreError
 from tether.records import NewItem, TurnEnding
 from tether.store.protocol import Store
 from tether.testing.conformance._support import (
@@ -33,7 +33,16 @@ class SessionsConformance:
     """
 
     async def test_ping(self, store: Store) -> None:
+        """An open store answers; a closed one raises StoreError (readiness reports it), and a
+        store reopened answers again, with what it held."""
+        k = await new_session(store)
+        await store.ping()  # answers: no StoreError
+        await store.close()
+        with pytest.raises(StoreError):
+            await store.ping()
+        await store.open()
         await store.ping()
+        assert (rec := await store.get_session(k)) is not None and rec.key == k
 
     async def test_create_and_get_session(self, store: Store) -> None:
         k = key()

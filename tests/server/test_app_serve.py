@@ -1,0 +1,104 @@
+"""``App(agents=[...]).serve()`` and its alias ``AgentOS`` serve real HTTP from a user's script,
+drain and exit 0 on SIGTERM, and refuse a public address with no keys (DESIGN §1.4, §10)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.server.conftest import PYTHONPATH, free_port
+
+SCRIPT = """
+import sys
+from tether import Agent, {cls}
+from tether.testing import ScriptedModel, reply_to
+
+agents = [Agent(name="greeter", model=ScriptedModel(default=reply_to), memory={{"auto": False}})]
+{cls}(agents=agents).serve(host=sys.argv[1], port=int(sys.argv[2]), data_dir=sys.argv[3],
+                           drain_timeout=2, log_level="warning")
+"""
+
+
+def _run_script(tmp_path: Path, cls: str, host: str, port: int) -> subprocess.Popen[bytes]:
+    """The script as a user runs it; its output goes to ``tmp_path / "out.log"``."""
+    script = tmp_path / "myapp.py"
+    script.write_text(SCRIPT.format(cls=cls))
+    with (tmp_path / "out.log").open("wb") as sink:
+        return subprocess.Popen(
+            [sys.executable, str(script), host, str(port), str(tmp_path / "data")],
+            cwd=tmp_path,
+            env={"PYTHONPATH": PYTHONPATH, "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path, within: float = 60.0) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the script exited {proc.returncode}:\n{log.read_text()}")
+        try:
+            if httpx.get(url + "/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"the script's server was not ready in time:\n{log.read_text()}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cls", ["App", "AgentOS"])
+def test_serve_from_a_script_answers_http_and_exits_cleanly(tmp_path: Path, cls: str) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = _run_script(tmp_path, cls, "127.0.0.1", port)
+    try:
+        _wait_ready(proc, url, tmp_path / "out.log")
+        with httpx.Client(base_url=url, timeout=30) as c:
+            agents = c.get("/v1/agents").json()["data"]
+            assert [a["name"] for a in agents] == ["greeter"]
+            first = c.post("/api/chat", json={"message": "hi", "session_id": "app-1"})
+            assert first.status_code == 200, first.text
+            assert first.json() == {
+                "response": "reply to: hi",
+                "agent_name": "greeter",
+                "session_id": "app-1",
+            }
+            c.post("/api/chat", json={"message": "again", "session_id": "app-1"})
+            items = c.get("/v1/sessions/app-1/items").json()["data"]
+            assert [i["content"] for i in items] == [
+                "hi",
+                "reply to: hi",
+                "again",
+                "reply to: again",
+            ]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        _stop(proc)
+    # What it stored is where the script said: the data directory it passed.
+    assert (tmp_path / "data" / "tether.db").exists()
+
+
+@pytest.mark.slow
+def test_serve_refuses_a_public_address_without_keys(tmp_path: Path) -> None:
+    proc = _run_script(tmp_path, "AgentOS", "0.0.0.0", free_port())
+    try:
+        returncode = proc.wait(timeout=60)
+    finally:
+        _stop(proc)
+    assert returncode != 0
+    assert "refusing to listen on 0.0.0.0" in (tmp_path / "out.log").read_text()
