@@ -105,7 +105,9 @@ async def create_turn(
     """Run a turn. ``wait`` (default) answers with the ended turn; ``stream`` with its SSE
     events; ``wait=false`` with 202 and the queued turn."""
     check_message(st, body.input)
-    agent = st.runtime.served(body.agent or record.agent)
+    # A session made by the Python API before any agent names none: the app's first answers.
+    first = st.agents[0].name if st.agents else ""
+    agent = st.runtime.served(body.agent or record.agent or first)
     # A caller that waits for the outcome anyway may wait for room in a full queue
     # (backpressure); a fire-and-forget submission gets 429 at once.
     turn = await st.runtime.scheduler.submit(
