@@ -11,6 +11,8 @@ the check and the write it guards are one atomic step even with several processe
 
 from __future__ import annotations
 
+import asyncio
+import os
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -22,24 +24,43 @@ from tether.store.sqlite.worker import SQLiteWorker
 
 T = TypeVar("T")
 
+BUSY_MS = 10_000
+"""How long a statement waits for another process's lock before it fails."""
+MIN_FREE_BYTES = 4 * 1024 * 1024
+"""Below this much room on its disk the store is not ready: about one WAL's worth (SQLite
+checkpoints at 1,000 pages), which ordinary traffic fills before the next checkpoint."""
+PING_WITHIN = 2.0
+"""Readiness answers within this many seconds: a store that cannot take a write by then (a
+queue that long, a lock held that long by another process) is not ready."""
+
 
 class Connection:
     """Plumbing every role of :class:`~tether.store.sqlite.SQLiteStore` runs its calls on."""
 
-    def __init__(self, path: str | Path, *, synchronous: str = "NORMAL") -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        synchronous: str = "NORMAL",
+        min_free_bytes: int = MIN_FREE_BYTES,
+    ) -> None:
         self.path = Path(path)
         # WAL + NORMAL survives any process crash (kill -9); FULL also survives power loss.
         self._synchronous = synchronous
+        self._min_free_bytes = min_free_bytes
         self._worker: SQLiteWorker | None = None
 
-    async def _call(self, fn: Callable[[sqlite3.Connection], T], write: bool) -> T:
+    async def _call(
+        self, fn: Callable[[sqlite3.Connection], T], write: bool, alone: bool = False
+    ) -> T:
         worker = self._worker
         if worker is None:
             raise StoreError("the store is not open")
         try:
-            return await worker.call(fn, write=write)
+            return await worker.call(fn, write=write, alone=alone)
         except sqlite3.Error as exc:
-            raise StoreError(f"sqlite: {exc.__class__.__name__}") from exc
+            name = getattr(exc, "sqlite_errorname", None) or exc.__class__.__name__
+            raise StoreError(f"sqlite: {name}") from exc
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """A read."""
@@ -62,12 +83,12 @@ class Connection:
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(
-            self.path, isolation_level=None, check_same_thread=False, timeout=10.0
+            self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_MS / 1000
         )
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={self._synchronous}")
         conn.execute("PRAGMA foreign_keys=ON")
-        conn.execute("PRAGMA busy_timeout=10000")
+        conn.execute(f"PRAGMA busy_timeout={BUSY_MS}")
         # A bigger page cache keeps the hot B-tree pages of long sessions in memory.
         conn.execute("PRAGMA cache_size=-32000")
         migrate(conn)
@@ -79,4 +100,19 @@ class Connection:
             await worker.stop()
 
     async def ping(self) -> None:
-        await self._run(lambda c: c.execute("SELECT 1").fetchone())
+        """Readiness: within :data:`PING_WITHIN`, the store can take a write — its thread
+        answers, the write lock can be taken, and its disk has room."""
+        try:
+            async with asyncio.timeout(PING_WITHIN):
+                await self._write(self._probe)
+        except TimeoutError as exc:
+            raise StoreError(f"sqlite: no write within {PING_WITHIN} s") from exc
+
+    def _probe(self, _: sqlite3.Connection) -> None:
+        # A write call: it runs inside BEGIN IMMEDIATE, so it holds the write lock, and it
+        # fails with the other writes of its batch when their COMMIT fails. Writing nothing
+        # itself, it cannot tell a full disk (an emptied WAL is rewritten in place), so the
+        # room left is measured.
+        st = os.statvfs(self.path.parent)
+        if st.f_bavail * st.f_frsize < self._min_free_bytes:
+            raise StoreError(f"sqlite: less than {self._min_free_bytes} bytes free")
