@@ -12,17 +12,19 @@ the check and the write it guards are one atomic step even with several processe
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tether.errors import StoreError
 from tether.store.sqlite.migrations import migrate
 from tether.store.sqlite.worker import SQLiteWorker
 
 T = TypeVar("T")
+log = logging.getLogger("tether.store")
 
 BUSY_MS = 10_000
 """How long a statement waits for another process's lock before it fails."""
@@ -32,6 +34,16 @@ checkpoints at 1,000 pages), which ordinary traffic fills before the next checkp
 PING_WITHIN = 2.0
 """Readiness answers within this many seconds: a store that cannot take a write by then (a
 queue that long, a lock held that long by another process) is not ready."""
+CHECKPOINT_BUSY_MS = 50
+"""A checkpoint attempt waits this long for another process's readers: the store's one thread
+serves nobody else meanwhile, so attempts are short and repeated instead."""
+CHECKPOINT_PAUSES = (0.02, 0.05, 0.1, 0.2, 0.4)
+"""Pauses between the attempts made before a forget answers (about 1 s in all)."""
+CHECKPOINT_LATER = 2.0
+CHECKPOINT_LATER_TRIES = 300
+"""Then, in the background: an attempt every ``CHECKPOINT_LATER`` s, this many times at most
+(10 minutes; closing the store, which deletes the WAL when no other process has it open,
+stops them too)."""
 
 
 class Connection:
@@ -49,6 +61,7 @@ class Connection:
         self._synchronous = synchronous
         self._min_free_bytes = min_free_bytes
         self._worker: SQLiteWorker | None = None
+        self._later: set[asyncio.Task[None]] = set()
 
     async def _call(
         self, fn: Callable[[sqlite3.Connection], T], write: bool, alone: bool = False
@@ -69,6 +82,10 @@ class Connection:
     async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """A write: atomic on its own, possibly committed with others (group commit)."""
         return await self._call(fn, True)
+
+    async def _alone(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """A call outside any transaction (SQLite refuses a checkpoint inside one)."""
+        return await self._call(fn, False, alone=True)
 
     async def open(self) -> None:
         if self._worker is not None:
@@ -91,10 +108,17 @@ class Connection:
         conn.execute(f"PRAGMA busy_timeout={BUSY_MS}")
         # A bigger page cache keeps the hot B-tree pages of long sessions in memory.
         conn.execute("PRAGMA cache_size=-32000")
+        # Freed cells are zeroed as they are freed (FAST: where that costs no extra I/O), so
+        # that no stale copy of a row, left in a page by an update or a rebalance, outlives
+        # the row's deletion; a forget turns it fully on to clear freed pages as well.
+        conn.execute("PRAGMA secure_delete=FAST")
         migrate(conn)
         return conn
 
     async def close(self) -> None:
+        for task in list(self._later):
+            task.cancel()
+        await asyncio.gather(*self._later, return_exceptions=True)
         worker, self._worker = self._worker, None
         if worker is not None:
             await worker.stop()
@@ -116,3 +140,48 @@ class Connection:
         st = os.statvfs(self.path.parent)
         if st.f_bavail * st.f_frsize < self._min_free_bytes:
             raise StoreError(f"sqlite: less than {self._min_free_bytes} bytes free")
+
+    # -- the write-ahead log -------------------------------------------------------------------
+    async def _empty_wal(self) -> None:
+        """Fold the WAL into the file and truncate it, so that it keeps no page image of
+        what was just deleted. Never fails the caller, whose deletion has committed: when a
+        reader in another process holds an old snapshot (or the disk cannot take the pages),
+        it is tried again, then in the background."""
+        if await self._truncate_wal(CHECKPOINT_PAUSES):
+            return
+        log.warning("the SQLite WAL could not be emptied yet after a forget; retrying")
+        self._spawn(self._truncate_later())
+
+    async def _truncate_later(self) -> None:
+        if await self._truncate_wal((CHECKPOINT_LATER,) * CHECKPOINT_LATER_TRIES):
+            log.warning("the SQLite WAL is emptied")
+        else:
+            log.error("the SQLite WAL could not be emptied: deleted data may remain in it")
+
+    async def _truncate_wal(self, pauses: tuple[float, ...]) -> bool:
+        for pause in (0.0, *pauses):
+            await asyncio.sleep(pause)
+            try:
+                if await self._alone(_checkpoint):
+                    return True
+            except StoreError:
+                pass  # closed meanwhile, or the disk is full: the next attempt decides
+        return False
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` in the background until it ends or the store closes."""
+        task = asyncio.create_task(coro)
+        self._later.add(task)
+        task.add_done_callback(self._later.discard)
+
+
+def _checkpoint(c: sqlite3.Connection) -> bool:
+    """One ``wal_checkpoint(TRUNCATE)``, outside any transaction: True when the WAL is empty."""
+    c.execute(f"PRAGMA busy_timeout={CHECKPOINT_BUSY_MS}")
+    try:
+        busy, _, _ = c.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    except sqlite3.OperationalError:
+        return False  # SQLITE_BUSY or SQLITE_FULL, say: try again later
+    finally:
+        c.execute(f"PRAGMA busy_timeout={BUSY_MS}")
+    return int(busy) == 0
