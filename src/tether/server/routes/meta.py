@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter
 
+from tether.errors import StoreError
 from tether.models.base import Model
 from tether.server.deps import Caller, State
 from tether.server.problems import responses
@@ -11,17 +14,25 @@ from tether.server.schemas import AgentList, AgentOut, Health
 
 router = APIRouter()
 
+READY_WITHIN = 5.0
+"""A backstop for any backend: each store's ping has a shorter deadline of its own."""
+
 
 @router.get("/healthz", tags=["health"])
 async def healthz() -> Health:
-    """Liveness: the process answers."""
+    """Liveness: the process answers (whatever state its store is in: see ``/readyz``)."""
     return Health(status="ok")
 
 
 @router.get("/readyz", tags=["health"], responses=responses(503))
 async def readyz(st: State) -> Health:
-    """Readiness: the store answers."""
-    await st.runtime.ping()
+    """Readiness: the store can take a write now. 503, within a bound, when it cannot (a full
+    disk, a store that does not answer)."""
+    try:
+        async with asyncio.timeout(READY_WITHIN):
+            await st.runtime.ping()
+    except TimeoutError as exc:
+        raise StoreError(f"no answer from the store within {READY_WITHIN} s") from exc
     return Health(status="ok")
 
 

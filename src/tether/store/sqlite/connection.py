@@ -11,35 +11,69 @@ the check and the write it guards are one atomic step even with several processe
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tether.errors import StoreError
 from tether.store.sqlite.migrations import migrate
 from tether.store.sqlite.worker import SQLiteWorker
 
 T = TypeVar("T")
+log = logging.getLogger("tether.store")
+
+BUSY_MS = 10_000
+"""How long a statement waits for another process's lock before it fails."""
+MIN_FREE_BYTES = 4 * 1024 * 1024
+"""Below this much room on its disk the store is not ready: about one WAL's worth (SQLite
+checkpoints at 1,000 pages), which ordinary traffic fills before the next checkpoint."""
+PING_WITHIN = 2.0
+"""Readiness answers within this many seconds: a store that cannot take a write by then (a
+queue that long, a lock held that long by another process) is not ready."""
+CHECKPOINT_BUSY_MS = 50
+"""A checkpoint attempt waits this long for another process's readers: the store's one thread
+serves nobody else meanwhile, so attempts are short and repeated instead."""
+CHECKPOINT_PAUSES = (0.02, 0.05, 0.1, 0.2, 0.4)
+"""Pauses between the attempts made before a forget answers (about 1 s in all)."""
+CHECKPOINT_LATER = 2.0
+CHECKPOINT_LATER_TRIES = 300
+"""Then, in the background: an attempt every ``CHECKPOINT_LATER`` s, this many times at most
+(10 minutes; closing the store, which deletes the WAL when no other process has it open,
+stops them too)."""
 
 
 class Connection:
     """Plumbing every role of :class:`~tether.store.sqlite.SQLiteStore` runs its calls on."""
 
-    def __init__(self, path: str | Path, *, synchronous: str = "NORMAL") -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        synchronous: str = "NORMAL",
+        min_free_bytes: int = MIN_FREE_BYTES,
+    ) -> None:
         self.path = Path(path)
         # WAL + NORMAL survives any process crash (kill -9); FULL also survives power loss.
         self._synchronous = synchronous
+        self._min_free_bytes = min_free_bytes
         self._worker: SQLiteWorker | None = None
+        self._later: set[asyncio.Task[None]] = set()
 
-    async def _call(self, fn: Callable[[sqlite3.Connection], T], write: bool) -> T:
+    async def _call(
+        self, fn: Callable[[sqlite3.Connection], T], write: bool, alone: bool = False
+    ) -> T:
         worker = self._worker
         if worker is None:
             raise StoreError("the store is not open")
         try:
-            return await worker.call(fn, write=write)
+            return await worker.call(fn, write=write, alone=alone)
         except sqlite3.Error as exc:
-            raise StoreError(f"sqlite: {exc.__class__.__name__}") from exc
+            name = getattr(exc, "sqlite_errorname", None) or exc.__class__.__name__
+            raise StoreError(f"sqlite: {name}") from exc
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """A read."""
@@ -48,6 +82,10 @@ class Connection:
     async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """A write: atomic on its own, possibly committed with others (group commit)."""
         return await self._call(fn, True)
+
+    async def _alone(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """A call outside any transaction (SQLite refuses a checkpoint inside one)."""
+        return await self._call(fn, False, alone=True)
 
     async def open(self) -> None:
         if self._worker is not None:
@@ -62,21 +100,88 @@ class Connection:
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(
-            self.path, isolation_level=None, check_same_thread=False, timeout=10.0
+            self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_MS / 1000
         )
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={self._synchronous}")
         conn.execute("PRAGMA foreign_keys=ON")
-        conn.execute("PRAGMA busy_timeout=10000")
+        conn.execute(f"PRAGMA busy_timeout={BUSY_MS}")
         # A bigger page cache keeps the hot B-tree pages of long sessions in memory.
         conn.execute("PRAGMA cache_size=-32000")
+        # Freed cells are zeroed as they are freed (FAST: where that costs no extra I/O), so
+        # that no stale copy of a row, left in a page by an update or a rebalance, outlives
+        # the row's deletion; a forget turns it fully on to clear freed pages as well.
+        conn.execute("PRAGMA secure_delete=FAST")
         migrate(conn)
         return conn
 
     async def close(self) -> None:
+        for task in list(self._later):
+            task.cancel()
+        await asyncio.gather(*self._later, return_exceptions=True)
         worker, self._worker = self._worker, None
         if worker is not None:
             await worker.stop()
 
     async def ping(self) -> None:
-        await self._run(lambda c: c.execute("SELECT 1").fetchone())
+        """Readiness: within :data:`PING_WITHIN`, the store can take a write — its thread
+        answers, the write lock can be taken, and its disk has room."""
+        try:
+            async with asyncio.timeout(PING_WITHIN):
+                await self._write(self._probe)
+        except TimeoutError as exc:
+            raise StoreError(f"sqlite: no write within {PING_WITHIN} s") from exc
+
+    def _probe(self, _: sqlite3.Connection) -> None:
+        # A write call: it runs inside BEGIN IMMEDIATE, so it holds the write lock, and it
+        # fails with the other writes of its batch when their COMMIT fails. Writing nothing
+        # itself, it cannot tell a full disk (an emptied WAL is rewritten in place), so the
+        # room left is measured.
+        st = os.statvfs(self.path.parent)
+        if st.f_bavail * st.f_frsize < self._min_free_bytes:
+            raise StoreError(f"sqlite: less than {self._min_free_bytes} bytes free")
+
+    # -- the write-ahead log -------------------------------------------------------------------
+    async def _empty_wal(self) -> None:
+        """Fold the WAL into the file and truncate it, so that it keeps no page image of
+        what was just deleted. Never fails the caller, whose deletion has committed: when a
+        reader in another process holds an old snapshot (or the disk cannot take the pages),
+        it is tried again, then in the background."""
+        if await self._truncate_wal(CHECKPOINT_PAUSES):
+            return
+        log.warning("the SQLite WAL could not be emptied yet after a forget; retrying")
+        self._spawn(self._truncate_later())
+
+    async def _truncate_later(self) -> None:
+        if await self._truncate_wal((CHECKPOINT_LATER,) * CHECKPOINT_LATER_TRIES):
+            log.warning("the SQLite WAL is emptied")
+        else:
+            log.error("the SQLite WAL could not be emptied: deleted data may remain in it")
+
+    async def _truncate_wal(self, pauses: tuple[float, ...]) -> bool:
+        for pause in (0.0, *pauses):
+            await asyncio.sleep(pause)
+            try:
+                if await self._alone(_checkpoint):
+                    return True
+            except StoreError:
+                pass  # closed meanwhile, or the disk is full: the next attempt decides
+        return False
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` in the background until it ends or the store closes."""
+        task = asyncio.create_task(coro)
+        self._later.add(task)
+        task.add_done_callback(self._later.discard)
+
+
+def _checkpoint(c: sqlite3.Connection) -> bool:
+    """One ``wal_checkpoint(TRUNCATE)``, outside any transaction: True when the WAL is empty."""
+    c.execute(f"PRAGMA busy_timeout={CHECKPOINT_BUSY_MS}")
+    try:
+        busy, _, _ = c.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    except sqlite3.OperationalError:
+        return False  # SQLITE_BUSY or SQLITE_FULL, say: try again later
+    finally:
+        c.execute(f"PRAGMA busy_timeout={BUSY_MS}")
+    return int(busy) == 0

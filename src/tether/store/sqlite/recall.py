@@ -226,13 +226,13 @@ class Recall(Connection):
     async def forget_user(self, tenant: str, user: str) -> ForgetReport:
         def do(c: sqlite3.Connection) -> ForgetReport:
             # Forgetting means no trace in the file either: freed cells and pages are zeroed
-            # (secure_delete), and the full-text index, which keeps deleted terms in its older
-            # segments until they merge, is merged now.
+            # (secure_delete ON, then back to the connection's FAST), and the full-text index,
+            # which keeps deleted terms in its older segments until they merge, is merged now.
             c.execute("PRAGMA secure_delete=ON")
             try:
                 return forget(c)
             finally:
-                c.execute("PRAGMA secure_delete=OFF")
+                c.execute("PRAGMA secure_delete=FAST")
 
         def forget(c: sqlite3.Connection) -> ForgetReport:
             args = (tenant, user)
@@ -248,6 +248,8 @@ class Recall(Connection):
 
         report = await self._write(do)
         # The old page images may still sit in the write-ahead log: fold it into the file and
-        # empty it (best effort: a reader holding a snapshot defers it to a later checkpoint).
-        await self._run(lambda c: c.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall())
+        # empty it. That is a call of its own, outside any transaction (SQLite refuses a
+        # checkpoint inside one, as in another caller's batch), and it never fails the forget:
+        # the deletion has committed.
+        await self._empty_wal()
         return report
