@@ -84,6 +84,7 @@ def serve(settings: Settings, agents: Sequence[Agent], *, log_level: str = "info
     import uvicorn
 
     from tether.server.app import create_app
+    from tether.server.head_limit import head_limited
 
     check_bind(settings)
     app = create_app(settings, agents)
@@ -92,6 +93,7 @@ def serve(settings: Settings, agents: Sequence[Agent], *, log_level: str = "info
         host=settings.host,
         port=settings.port,
         log_level=log_level,
+        http=head_limited(settings.limits.max_header_bytes),
         # Streams of running turns end once the drain has ended their turns; this bound only
         # cuts the ones that cannot end here (turns queued behind them, or run elsewhere).
         timeout_graceful_shutdown=math.ceil(settings.drain_timeout) + 6,

@@ -16,6 +16,8 @@ class Limits:
     max_metadata_bytes: int = 16_384
     max_body_bytes: int = 1_048_576
     max_queue: int = 16
+    max_header_bytes: int = 65_536
+    """The request line and headers of one request, together (``tether serve``: 431 beyond)."""
 
 
 @dataclass(frozen=True, slots=True)
