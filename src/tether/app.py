@@ -44,7 +44,16 @@ class App:
             raise ConfigError("two agents of one app share a name")
 
     def asgi(self, settings: Settings | None = None) -> FastAPI:
-        """The ASGI application (for uvicorn, gunicorn or tests)."""
+        """The ASGI application (for uvicorn, gunicorn or tests).
+
+        It fails closed as ``serve`` does, though it cannot know what the ASGI server binds:
+        with no API keys, each request is checked instead (see :mod:`tether.server.local_mode`)
+        and only callers on this machine are served, unless ``settings.insecure``. In-process
+        test clients that name a host other than localhost or an IP address need it in
+        ``settings.allowed_hosts``. The bound ``serve`` puts on request heads is the ASGI
+        server's business here: uvicorn (gunicorn's uvicorn workers too) has one only with
+        ``--http h11`` (16 KiB by default).
+        """
         from tether.server.app import create_app
 
         return create_app(settings or Settings.from_env(), self.agents)

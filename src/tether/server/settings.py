@@ -31,6 +31,10 @@ class Settings:
     """Default model spec for agents that name none (``TETHER_MODEL``, else ``local``)."""
     insecure: bool = False
     """Allow a non-loopback bind with no API keys (everyone is the local principal)."""
+    allowed_hosts: tuple[str, ...] = ()
+    """With no API keys, Host names served besides localhost and IP addresses (``*``: any)."""
+    allowed_origins: tuple[str, ...] = ()
+    """With no API keys, web origins besides the server's own that may change state."""
     drain_timeout: float = 10.0
     admission_wait: float = 30.0
     """Seconds a waiting (``wait``/``stream``) request may wait for room in a full queue."""
@@ -72,6 +76,10 @@ class Settings:
                 raise ConfigError(
                     f"TETHER_DRAIN_TIMEOUT={env['TETHER_DRAIN_TIMEOUT']!r} is not a number"
                 ) from None
+        for name in ("allowed_hosts", "allowed_origins"):
+            raw = env.get(f"TETHER_{name.upper()}")
+            if raw:
+                values[name] = tuple(part.strip() for part in raw.split(",") if part.strip())
         values.update({k: v for k, v in overrides.items() if v is not None})
         if "data_dir" in values and not isinstance(values["data_dir"], Path):
             values["data_dir"] = Path(str(values["data_dir"]))
