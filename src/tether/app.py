@@ -49,8 +49,10 @@ class App:
         It fails closed as ``serve`` does, though it cannot know what the ASGI server binds:
         with no API keys, each request is checked instead (see :mod:`tether.server.local_mode`)
         and only callers on this machine are served, unless ``settings.insecure``. In-process
-        test clients that name a host other than localhost or an IP address need it in
-        ``settings.allowed_hosts``. The bound ``serve`` puts on request heads is the ASGI
+        clients count as what they claim: httpx's ``ASGITransport`` is 127.0.0.1 (name the
+        base URL ``http://127.0.0.1``), Starlette's ``TestClient`` is remote ("testclient" at
+        "testserver": give it a key, or ``Settings(insecure=True,
+        allowed_hosts=("testserver",))``). The bound ``serve`` puts on request heads is the ASGI
         server's business here: uvicorn (gunicorn's uvicorn workers too) has one only with
         ``--http h11`` (16 KiB by default).
         """
