@@ -44,7 +44,18 @@ class App:
             raise ConfigError("two agents of one app share a name")
 
     def asgi(self, settings: Settings | None = None) -> FastAPI:
-        """The ASGI application (for uvicorn, gunicorn or tests)."""
+        """The ASGI application (for uvicorn, gunicorn or tests).
+
+        It fails closed as ``serve`` does, though it cannot know what the ASGI server binds:
+        with no API keys, each request is checked instead (see :mod:`tether.server.local_mode`)
+        and only callers on this machine are served, unless ``settings.insecure``. In-process
+        clients count as what they claim: httpx's ``ASGITransport`` is 127.0.0.1 (name the
+        base URL ``http://127.0.0.1``), Starlette's ``TestClient`` is remote ("testclient" at
+        "testserver": give it a key, or ``Settings(insecure=True,
+        allowed_hosts=("testserver",))``). The bound ``serve`` puts on request heads is the ASGI
+        server's business here: uvicorn (gunicorn's uvicorn workers too) has one only with
+        ``--http h11`` (16 KiB by default).
+        """
         from tether.server.app import create_app
 
         return create_app(settings or Settings.from_env(), self.agents)
@@ -84,6 +95,7 @@ def serve(settings: Settings, agents: Sequence[Agent], *, log_level: str = "info
     import uvicorn
 
     from tether.server.app import create_app
+    from tether.server.head_limit import head_limited
 
     check_bind(settings)
     app = create_app(settings, agents)
@@ -92,6 +104,7 @@ def serve(settings: Settings, agents: Sequence[Agent], *, log_level: str = "info
         host=settings.host,
         port=settings.port,
         log_level=log_level,
+        http=head_limited(settings.limits.max_header_bytes),
         # Streams of running turns end once the drain has ended their turns; this bound only
         # cuts the ones that cannot end here (turns queued behind them, or run elsewhere).
         timeout_graceful_shutdown=math.ceil(settings.drain_timeout) + 6,

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from tether.errors import ConfigError, Unauthorized
-from tether.records import ApiKey, Principal
+from tether.records import LOCAL_PRINCIPAL, ApiKey, Principal
 from tether.store.protocol import KeyStore
 
 KEY_PREFIX = "tk_"
@@ -39,6 +39,18 @@ def check_name(label: str, value: str) -> str:
     return value
 
 
+def check_tenant(tenant: str) -> str:
+    """A key's tenant: a name (see :func:`check_name`), and never the one local mode and
+    embedded scripts use: a key in it would read and write as they do."""
+    check_name("tenant", tenant)
+    if tenant == LOCAL_PRINCIPAL.tenant:
+        raise ConfigError(
+            f"the tenant {tenant!r} is reserved for local mode and embedded scripts; keys "
+            "cannot act in it (pick another tenant, e.g. the default)"
+        )
+    return tenant
+
+
 def mint_key(user: str, tenant: str = "default", *, admin: bool = False) -> NewKey:
     key_id = secrets.token_hex(4)
     secret = f"{KEY_PREFIX}{key_id}_{secrets.token_urlsafe(24)}"
@@ -61,7 +73,7 @@ class ApiKeys:
 
     async def create(self, user: str, tenant: str = "default", *, admin: bool = False) -> NewKey:
         """A new key for ``tenant``/``user``, stored hashed; its secret is in the result only."""
-        new = mint_key(check_name("user", user), check_name("tenant", tenant), admin=admin)
+        new = mint_key(check_name("user", user), check_tenant(tenant), admin=admin)
         await self._store.create_api_key(new.record)
         return new
 
@@ -94,4 +106,7 @@ class ApiKeys:
             raise Unauthorized("invalid or revoked API key")
         if not hmac.compare_digest(record.hash, digest):
             raise Unauthorized("invalid API key")
+        if record.tenant == LOCAL_PRINCIPAL.tenant:
+            # Made before the tenant was reserved (or written to the store by hand).
+            raise Unauthorized("this API key's tenant is reserved for local mode; make a new key")
         return Principal(record.tenant, record.user, record.roles)

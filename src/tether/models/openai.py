@@ -3,13 +3,20 @@
 The SDK's own retries are off (``max_retries=0``): tether's turn loop owns the retry policy, and
 two retry layers would multiply attempts and hide failures. Every SDK error leaves this module as a
 :class:`~tether.errors.ModelError` whose ``transient`` flag tells the loop whether to retry.
+
+A ModelError's text reaches callers (turn records, ``turn.ended``, error bodies), so it is a
+short sentence of ours: never the base URL (it may carry credentials), the upstream's own words
+(a proxy may quote the request's ``Authorization`` back) or an exception's text. Those go to
+this module's log, with any password in the URL and the API key itself masked.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
+import re
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, cast
 
@@ -32,6 +39,8 @@ from tether.models.guard import ensure_requests_allowed
 
 __all__ = ["OPENAI_BASE_URL", "OpenAIModel"]
 
+log = logging.getLogger(__name__)
+
 OPENAI_BASE_URL = "https://api.openai.com/v1"
 
 _FINISH_REASONS: dict[str, FinishReason] = {
@@ -43,7 +52,19 @@ _FINISH_REASONS: dict[str, FinishReason] = {
 }
 # 408 and 409 are retried too: OpenAI documents both as safe to retry (timeouts, lock conflicts).
 _TRANSIENT_STATUSES = frozenset({408, 409, 429})
-_MAX_DETAIL = 300
+_MAX_LOGGED = 2000
+# What a status means, in the few words a caller gets instead of the upstream's body.
+_STATUS_HINTS = {
+    400: "request refused",
+    401: "key refused",
+    403: "key refused",
+    404: "unknown model or endpoint",
+    408: "timed out",
+    409: "conflict",
+    413: "request too large",
+    422: "request refused",
+    429: "rate limited",
+}
 
 
 class OpenAIModel:
@@ -171,11 +192,10 @@ class OpenAIModel:
                     if reason is not None:
                         finish = _FINISH_REASONS.get(reason, "other")
         except httpx2.TimeoutException as exc:
-            raise ModelError(f"{self._name}: the stream timed out", transient=True) from exc
+            raise self._failed("the model provider's stream timed out", exc) from exc
         except httpx2.TransportError as exc:
-            raise ModelError(
-                f"{self._name}: the connection broke mid-answer: {type(exc).__name__}",
-                transient=True,
+            raise self._failed(
+                "the connection to the model provider broke mid-answer", exc
             ) from exc
         finally:
             # However the generator ends (exhausted, failed, closed by a consumer that stopped
@@ -184,7 +204,7 @@ class OpenAIModel:
         if finish is None:
             # A stream that stops without a finish_reason was cut (proxy, server crash, dropped
             # connection): the answer is incomplete, and asking again may well work.
-            raise ModelError(f"{self._name}: stream ended before a finish reason", transient=True)
+            raise self._failed("the model provider's stream ended before a finish reason")
         # The usage chunk comes after the finish chunk; Finish is always the last event.
         if usage is not None:
             yield usage
@@ -203,39 +223,62 @@ class OpenAIModel:
         try:
             chunk = json.loads(data)
         except ValueError:
-            raise ModelError(
-                f"{self._name}: the stream sent invalid JSON", transient=True
-            ) from None
+            raise self._failed("the model provider sent invalid JSON", data) from None
         error = chunk.get("error")
         if error:
-            detail = error.get("message") if isinstance(error, dict) else str(error)
-            raise ModelError(f"{self._name}: stream error: {_clip(str(detail))}", transient=True)
+            detail = error.get("message") if isinstance(error, dict) else error
+            raise self._failed("the model provider failed mid-answer", str(detail))
         return cast(dict[str, Any], chunk)
+
+    def _failed(
+        self,
+        what: str,
+        detail: BaseException | str | None = None,
+        *,
+        transient: bool = True,
+        status: int | None = None,
+    ) -> ModelError:
+        """A ModelError saying ``what`` (ours, for callers); ``detail`` goes to the log only."""
+        if isinstance(detail, BaseException):
+            detail = f"{type(detail).__name__}: {detail}"
+        log.warning(
+            "%s: %s (%s): %s",
+            self._name,
+            what,
+            _redact_url(self.base_url),
+            self._scrub(detail) if detail else "no detail",
+        )
+        return ModelError(f"{self._name}: {what}", transient=transient, status=status)
+
+    def _scrub(self, text: str) -> str:
+        # Upstreams (and proxies) may quote the request back: never log the key itself.
+        if len(self._api_key) >= 8:
+            text = text.replace(self._api_key, "***")
+        return _clip(_redact_url(text))
 
     def _error(self, exc: openai.OpenAIError) -> ModelError:
         """A short, retry-classified ModelError for an SDK exception; never a traceback."""
-        name = self._name
         if isinstance(exc, openai.APITimeoutError):
-            return ModelError(f"{name}: request timed out after {self.timeout:g}s", transient=True)
+            return self._failed(
+                f"the model provider did not answer within {self.timeout:g}s", exc.__cause__
+            )
         if isinstance(exc, openai.APIConnectionError):
             # The SDK's own message is a bare "Connection error."; the transport cause says why.
-            cause = exc.__cause__
-            detail = f"{type(cause).__name__}: {cause}" if cause is not None else exc.message
-            return ModelError(
-                f"{name}: cannot reach {self.base_url}: {_clip(detail)}", transient=True
-            )
+            return self._failed("the model provider could not be reached", exc.__cause__ or exc)
         if isinstance(exc, openai.APIStatusError):
             status = exc.status_code
             transient = status >= 500 or status in _TRANSIENT_STATUSES
-            return ModelError(
-                f"{name}: HTTP {status}: {_clip(_server_message(exc))}",
+            hint = _STATUS_HINTS.get(status, "server error" if status >= 500 else "refused")
+            return self._failed(
+                f"the model provider answered HTTP {status} ({hint})",
+                _server_message(exc),
                 transient=transient,
                 status=status,
             )
         if isinstance(exc, openai.APIError):
             # An error event inside an accepted stream: the server failed mid-answer.
-            return ModelError(f"{name}: stream error: {_clip(exc.message)}", transient=True)
-        return ModelError(f"{name}: {_clip(str(exc))}")
+            return self._failed("the model provider failed mid-answer", exc.message)
+        return self._failed("the model provider request failed", exc, transient=False)
 
 
 def _to_openai(message: Message) -> ChatCompletionMessageParam:
@@ -277,9 +320,14 @@ def _server_message(exc: openai.APIStatusError) -> str:
     return exc.response.reason_phrase or exc.message
 
 
+def _redact_url(text: str) -> str:
+    """``scheme://user:password@host`` with the password masked, wherever it appears."""
+    return re.sub(r"(//[^:/@\s]+):[^@/\s]*@", r"\1:***@", text)
+
+
 def _clip(text: str) -> str:
     text = " ".join(text.split())
-    return text if len(text) <= _MAX_DETAIL else text[: _MAX_DETAIL - 1] + "…"
+    return text if len(text) <= _MAX_LOGGED else text[: _MAX_LOGGED - 1] + "…"
 
 
 def _usage(chunk: dict[str, Any]) -> Usage | None:

@@ -14,6 +14,7 @@ from tether.runtime import Runtime
 from tether.server import problems
 from tether.server.approvals import Approvals
 from tether.server.auth import Authenticator
+from tether.server.local_mode import LocalMode
 from tether.server.routes import chat, knowledge, memory, meta, sessions, turns, users
 from tether.server.settings import Settings
 from tether.server.state import ServerState
@@ -114,7 +115,14 @@ def create_app(settings: Settings | None = None, agents: Sequence[Agent] | None 
     state = ServerState(
         settings=settings,
         runtime=runtime,
-        auth=Authenticator(runtime.keys, local_allowed=settings.loopback or settings.insecure),
+        auth=Authenticator(
+            runtime.keys,
+            LocalMode(
+                insecure=settings.insecure,
+                allowed_hosts=settings.allowed_hosts,
+                allowed_origins=settings.allowed_origins,
+            ),
+        ),
         approvals=approvals,
         agents=agents,
     )

@@ -1,9 +1,12 @@
 """Who is calling: every request resolves a principal before anything else happens.
 
-* **Local mode** — no API key exists and the server is bound to a loopback address: every
-  request is the principal ``local``.
 * **API keys** — ``Authorization: Bearer <key>`` or ``X-API-Key: <key>``, resolved by
-  :class:`tether.keys.ApiKeys` (stored hashed).
+  :class:`tether.keys.ApiKeys` (stored hashed). Two different keys in one request (the two
+  headers disagree, or a header is repeated) are refused with a 400: which one would count is
+  not something a proxy and the server should be able to disagree on.
+* **Local mode** — no API key exists: a request is the principal ``local`` if
+  :class:`~tether.server.local_mode.LocalMode` allows it (from this machine, for this server's
+  own names, state changes from its own origin only).
 
 Whether any key exists is cached for a second, so keys created by ``tether keys create`` in
 another process take effect without a restart. A revoked key still counts as existing: revoking
@@ -19,14 +22,16 @@ from fastapi import Request
 from tether.errors import Unauthorized
 from tether.keys import ApiKeys
 from tether.records import LOCAL_PRINCIPAL, Principal
+from tether.server.local_mode import LocalMode
+from tether.server.problems import Problem
 
 _CACHE_SECONDS = 1.0
 
 
 class Authenticator:
-    def __init__(self, keys: ApiKeys, *, local_allowed: bool) -> None:
+    def __init__(self, keys: ApiKeys, local: LocalMode) -> None:
         self._keys = keys
-        self._local_allowed = local_allowed
+        self._local = local
         self._keys_exist: tuple[float, bool] = (0.0, False)
 
     async def keys_exist(self) -> bool:
@@ -39,19 +44,33 @@ class Authenticator:
 
     async def resolve(self, request: Request) -> Principal:
         secret = _credential(request)
-        if secret is None:
-            if self._local_allowed and not await self.keys_exist():
-                return LOCAL_PRINCIPAL
+        if secret is not None:
+            return await self._keys.principal(secret)
+        if await self.keys_exist():
             raise Unauthorized("an API key is required (Authorization: Bearer <key>)")
-        return await self._keys.principal(secret)
+        self._local.check(request)
+        return LOCAL_PRINCIPAL
+
+
+def _ambiguous(detail: str) -> Problem:
+    return Problem(400, "ambiguous-credentials", "Ambiguous credentials", detail)
 
 
 def _credential(request: Request) -> str | None:
-    header = request.headers.get("authorization")
-    if header:
-        scheme, _, value = header.partition(" ")
-        if scheme.lower() == "bearer" and value.strip():
-            return value.strip()
-        raise Unauthorized("the Authorization header must be 'Bearer <key>'")
-    key = request.headers.get("x-api-key")
-    return key.strip() if key else None
+    """The one key the request carries, or None; two different ones are refused."""
+    authorization = request.headers.getlist("authorization")
+    api_keys = request.headers.getlist("x-api-key")
+    if len(authorization) > 1:
+        raise _ambiguous("send one Authorization header, not several")
+    if len({k.strip() for k in api_keys}) > 1:
+        raise _ambiguous("send one X-API-Key header, not several")
+    bearer: str | None = None
+    if authorization and authorization[0]:
+        scheme, _, value = authorization[0].partition(" ")
+        if scheme.lower() != "bearer" or not value.strip():
+            raise Unauthorized("the Authorization header must be 'Bearer <key>'")
+        bearer = value.strip()
+    key = api_keys[0].strip() if api_keys and api_keys[0].strip() else None
+    if bearer is not None and key is not None and bearer != key:
+        raise _ambiguous("Authorization and X-API-Key name different keys; send one")
+    return bearer or key

@@ -195,9 +195,10 @@ _EVENT: dict[str, Any] = {
     },
 }
 DESCRIPTIONS: dict[int, str] = {
-    400: "malformed JSON, or an invalid session id",
+    400: "malformed JSON, an invalid session id, or two different API keys in one request",
     401: "no credentials, or an unknown or revoked API key",
-    403: "you may read this but not change it (agent and tenant memory: admins only)",
+    403: "you may read this but not change it (agent and tenant memory: admins only); with no "
+    "API keys, a Host other than localhost or an IP address, or a change from another origin",
     404: "unknown or not yours (indistinguishable)",
     409: "conflict",
     413: "the body, message or metadata is over its size bound",
@@ -237,7 +238,7 @@ def _implied(route: APIRoute) -> set[int]:
     uses = _uses(dependant, {"principal", "state_of", "session_key", "own_session"})
     codes: set[int] = set()
     if "principal" in uses:
-        codes.add(401)
+        codes |= {400, 401, 403}  # ambiguous credentials; local mode's Host and Origin
     if "state_of" in uses:
         codes.add(503)
     if "session_key" in uses:

@@ -48,6 +48,8 @@ class Limits:
     max_metadata_bytes: int = 16_384
     max_body_bytes: int = 1_048_576
     max_queue: int = 16
+    max_header_bytes: int = 65_536
+    """The request line and headers of one request, together (``tether serve``: 431 beyond)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +63,10 @@ class Settings:
     """Default model spec for agents that name none (``TETHER_MODEL``, else ``local``)."""
     insecure: bool = False
     """Allow a non-loopback bind with no API keys (everyone is the local principal)."""
+    allowed_hosts: tuple[str, ...] = ()
+    """With no API keys, Host names served besides localhost and IP addresses (``*``: any)."""
+    allowed_origins: tuple[str, ...] = ()
+    """With no API keys, web origins besides the server's own that may change state."""
     drain_timeout: float = 10.0
     admission_wait: float = 30.0
     """Seconds a waiting (``wait``/``stream``) request may wait for room in a full queue."""
@@ -105,6 +111,10 @@ class Settings:
                 raise ConfigError(
                     f"TETHER_DRAIN_TIMEOUT={env['TETHER_DRAIN_TIMEOUT']!r} is not a number"
                 ) from None
+        for name in ("allowed_hosts", "allowed_origins"):
+            raw = env.get(f"TETHER_{name.upper()}")
+            if raw:
+                values[name] = tuple(part.strip() for part in raw.split(",") if part.strip())
         values["principal"] = _principal_limits(env)
         given = {k: v for k, v in overrides.items() if v is not None}
         _check_runtime_values({**values, **given}, given.keys())

@@ -18,6 +18,7 @@ or InvalidInput for a value PostgreSQL cannot hold (text with a NUL character).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, NoReturn, Protocol, cast
@@ -39,6 +40,8 @@ class _Pool(Protocol):
     def terminate(self) -> None: ...
 
 
+log = logging.getLogger(__name__)
+
 DRIVER_ERRORS = (
     asyncpg.PostgresError,
     asyncpg.InterfaceError,
@@ -54,8 +57,20 @@ def translate(exc: BaseException) -> NoReturn:
         raise ConfigError(f"invalid PostgreSQL URL: {exc}") from exc
     if isinstance(exc, asyncpg.DataError):
         # A value PostgreSQL cannot hold (text with a NUL, an int past 64 bits): the caller's.
-        raise InvalidInput(f"PostgreSQL cannot store this value: {exc}") from exc
+        # The driver's words (query argument numbers, the value itself) stay in the log.
+        log.info("postgresql refused a value: %s", exc)
+        raise InvalidInput(_refused(exc)) from exc
     raise StoreError(f"postgresql: {exc.__class__.__name__}: {exc}") from exc
+
+
+def _refused(exc: BaseException) -> str:
+    if isinstance(exc, asyncpg.exceptions.CharacterNotInRepertoireError):
+        return "text must not contain NUL characters"
+    if isinstance(exc, asyncpg.exceptions.NumericValueOutOfRangeError) or isinstance(
+        exc.__cause__, OverflowError
+    ):
+        return "a number is out of range (integers are at most 2**63 - 1)"
+    return "a value cannot be stored"
 
 
 class Connection:
