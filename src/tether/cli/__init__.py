@@ -13,6 +13,7 @@ import sys
 import typer
 
 from tether.cli import chat, db, keys, memory, serve, sessions
+from tether.cli._output import configure_logging
 
 app = typer.Typer(
     name="tether",
@@ -32,6 +33,7 @@ app.add_typer(memory.knowledge_app, name="knowledge")
 
 def main() -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    configure_logging()
     try:
         app()
     except KeyboardInterrupt:
