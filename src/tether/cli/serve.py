@@ -34,7 +34,8 @@ def serve(
     insecure: Annotated[
         bool,
         typer.Option(
-            help="Allow a non-loopback bind with no API keys (everyone gets full access)."
+            help="Allow a non-loopback bind with no API keys (everyone gets full access).",
+            show_default=False,
         ),
     ] = False,
     node: Annotated[str | None, typer.Option(help="Stable node name (env TETHER_NODE).")] = None,
@@ -56,7 +57,12 @@ def serve(
         ),
     ] = "info",
     access_log: Annotated[
-        bool, typer.Option("--access-log/--no-access-log", help="Log one line per request.")
+        bool,
+        typer.Option(
+            "--access-log/--no-access-log",
+            help="Log one line per request (default: on).",
+            show_default=False,
+        ),
     ] = True,
 ) -> None:
     """Run the HTTP server (SQLite under ./.tether and the embedded model by default)."""
