@@ -17,8 +17,8 @@ import pytest
 
 POSTGRES = "PostgreSQL"
 EMBEDDED = "embedded model"
-SLOW = "subprocesses and servers"
-REST = "in-process"
+SLOW = "other slow tests"
+REST = "the rest"
 GROUPS = (POSTGRES, EMBEDDED, SLOW, REST)
 _POSTGRES_FIXTURES = {"postgres_url", "postgres_database"}
 
