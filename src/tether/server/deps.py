@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Path, Request
 
-from tether.errors import TooLarge
+from tether.errors import AgentNotFound, TooLarge
 from tether.records import Principal, SessionKey, SessionRecord
 from tether.server.schemas import SESSION_ID
 from tether.server.state import ServerState, state_of
@@ -45,6 +45,15 @@ async def own_session(st: State, key: Key) -> SessionRecord:
 
 
 OwnSession = Annotated[SessionRecord, Depends(own_session)]
+
+
+def unknown_agent(st: ServerState, name: str) -> AgentNotFound:
+    """The 404 for an agent name the server does not run: it says which, and what it runs."""
+    known = [agent.name for agent in st.agents]
+    return AgentNotFound(
+        f"no agent named {name!r}; this server runs: {', '.join(known) or 'no agents'}",
+        known=known,
+    )
 
 
 def check_message(st: ServerState, text: str) -> None:

@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute
 
 from tether.errors import (
+    AgentNotFound,
     Conflict,
     Forbidden,
     InvalidInput,
@@ -95,6 +96,9 @@ def from_error(exc: TetherError) -> JSONResponse:
                 headers = {"WWW-Authenticate": "Bearer"}
             if isinstance(exc, QueueFull):
                 headers = {"Retry-After": "1"}
+            if isinstance(exc, AgentNotFound):
+                # Agent names are no secret (GET /v1/agents): say which, and which there are.
+                return problem_response(404, kind, title, str(exc), agents=list(exc.known))
             if isinstance(exc, NotFound):
                 # Unknown and foreign must be indistinguishable: one fixed body.
                 return problem_response(404, kind, title, "not found")

@@ -12,9 +12,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
-from tether.errors import AgentNotFound, Conflict, InvalidInput
+from tether.errors import Conflict, InvalidInput
 from tether.records import SessionKey, new_session_id
-from tether.server.deps import Caller, State, check_message
+from tether.server.deps import Caller, State, check_message, unknown_agent
 from tether.server.problems import responses
 from tether.server.routes.outcomes import turn_problem
 from tether.server.routes.turns import wait_for_turn
@@ -44,7 +44,7 @@ async def chat(body: ChatRequest, request: Request, st: State, caller: Caller) -
         raise InvalidInput("this server has no agents")
     agent_name = body.agent_name or st.agents[0].name
     if agent_name not in st.runtime.agents:
-        raise AgentNotFound(f"no agent named {agent_name!r}")
+        raise unknown_agent(st, agent_name)
     check_message(st, body.message)
     session_id = body.session_id or new_session_id()
     key = SessionKey.of(caller, session_id)

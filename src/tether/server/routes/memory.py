@@ -12,9 +12,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Path, Query, Response
 
-from tether.errors import AgentNotFound, InvalidInput, MemoryNotFound
+from tether.errors import InvalidInput, MemoryNotFound
 from tether.records import SCOPES, MemoryRecord, Principal, SessionKey
-from tether.server.deps import Caller, State
+from tether.server.deps import Caller, State, unknown_agent
 from tether.server.memory_schemas import (
     SESSION_ID_DOC,
     Cleared,
@@ -79,7 +79,7 @@ async def check_target(
     if session_id is not None:
         await st.runtime.sessions.own(SessionKey.of(caller, session_id))
     if write and scope == "agent" and agent is not None and agent not in st.runtime.agents:
-        raise AgentNotFound(f"no agent named {agent!r}")
+        raise unknown_agent(st, agent)
 
 
 # -- routes ------------------------------------------------------------------------------------

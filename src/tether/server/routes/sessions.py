@@ -7,9 +7,9 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
 
-from tether.errors import AgentNotFound, InvalidInput, TooLarge
+from tether.errors import InvalidInput, TooLarge
 from tether.records import SessionKey, SessionRecord, new_session_id
-from tether.server.deps import Caller, Key, OwnSession, State
+from tether.server.deps import Caller, Key, OwnSession, State, unknown_agent
 from tether.server.problems import responses
 from tether.server.schemas import (
     ItemOut,
@@ -85,7 +85,7 @@ async def create_session(body: SessionCreate, st: State, caller: Caller) -> Sess
     key = SessionKey.of(caller, new_session_id() if body.session_id is None else body.session_id)
     agent = body.agent or st.agents[0].name
     if agent not in st.runtime.agents:
-        raise AgentNotFound(f"no agent named {agent!r}")
+        raise unknown_agent(st, agent)
     _check_metadata(st, "metadata", body.metadata)
     record, _ = await st.runtime.sessions.create(
         key, agent, metadata=body.metadata, ttl_seconds=body.ttl_seconds, replace_expired=True
