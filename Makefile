@@ -20,8 +20,10 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# The whole suite, PostgreSQL included when a PostgreSQL answers on 127.0.0.1:5432: the tests run
+# in a throw-away database (.ci/with-postgres says which, or why they skip).
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	.ci/with-postgres $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

@@ -52,3 +52,9 @@ def postgres_url(postgres_database: str) -> Iterator[str]:
     from tests.conformance.postgres_db import fresh_schema
 
     yield from fresh_schema(postgres_database)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from tests.groups import GroupSummary
+
+    config.pluginmanager.register(GroupSummary(), "tether-test-groups")

@@ -17,7 +17,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -71,6 +71,7 @@ class App:
         insecure: bool = False,
         drain_timeout: float | None = None,
         log_level: str = "info",
+        access_log: bool = True,
     ) -> None:
         """Run the server until SIGINT/SIGTERM (blocking); then running turns get
         ``drain_timeout`` seconds (default 10) to finish before they are cancelled."""
@@ -83,36 +84,52 @@ class App:
             insecure=insecure or None,
             drain_timeout=drain_timeout,
         )
-        serve(settings, self.agents, log_level=log_level)
+        serve(settings, self.agents, log_level=log_level, access_log=access_log)
 
 
 AgentOS = App
 
 
-def serve(settings: Settings, agents: Sequence[Agent], *, log_level: str = "info") -> None:
+def serve(
+    settings: Settings,
+    agents: Sequence[Agent],
+    *,
+    log_level: str = "info",
+    access_log: bool = True,
+    on_ready: Callable[[str], object] | None = None,
+) -> None:
     """Serve until SIGTERM/SIGINT, then drain: running turns get ``drain_timeout`` seconds to
-    finish and are then cancelled (reason ``shutdown``); the process exits 0."""
+    finish and are then cancelled (reason ``shutdown``); the process exits 0.
+
+    ``on_ready(url)`` is called once the socket listens and the app has started; a port that
+    is taken is a :class:`ConfigError` before anything starts."""
     import uvicorn
 
     from tether.server.app import create_app
     from tether.server.head_limit import head_limited
+    from tether.server.listen import listen_socket, url_of
+    from tether.server.log_config import log_config
 
     check_bind(settings)
+    sock = listen_socket(settings.host, settings.port)
     app = create_app(settings, agents)
     config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
+        log_config=log_config(log_level),
         log_level=log_level,
         http=head_limited(settings.limits.max_header_bytes),
         # Streams of running turns end once the drain has ended their turns; this bound only
         # cuts the ones that cannot end here (turns queued behind them, or run elsewhere).
         timeout_graceful_shutdown=math.ceil(settings.drain_timeout) + 6,
-        access_log=False,
+        access_log=access_log,
     )
     server = _draining_server(config, app.state.tether.runtime.scheduler, settings.drain_timeout)
-    with _sigterm_exits_cleanly(), contextlib.suppress(KeyboardInterrupt):
-        server.run()
+    if on_ready is not None:
+        server.on_ready = lambda: on_ready(url_of(sock, settings.host))
+    with _sigterm_exits_cleanly(), contextlib.suppress(KeyboardInterrupt), sock:
+        server.run(sockets=[sock])
     if not server.started:
         raise SystemExit(3)  # uvicorn's STARTUP_FAILURE (it has logged why)
 
@@ -128,6 +145,13 @@ def _draining_server(config: uvicorn.Config, scheduler: Scheduler, drain_timeout
         its turn ends, so without this the server would sit out its whole grace period before
         even asking the turn to stop, and cut the client off without the turn's terminal event.
         """
+
+        on_ready: Callable[[], object] | None = None
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.started and self.on_ready is not None:
+                self.on_ready()
 
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
             # The lifespan's own close() joins this one: both wait for the same worker tasks.

@@ -39,6 +39,7 @@ Control signals (cancellation) are not errors and stay out of this tree.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -79,7 +80,15 @@ class TurnNotFound(NotFound):
 
 
 class AgentNotFound(NotFound):
-    """No agent of that name is served."""
+    """No agent of that name is served.
+
+    Unlike the other NotFounds it may say so in full: which agents a server runs is no secret
+    (``GET /v1/agents`` lists them), so ``known`` names them for the caller who mistyped one.
+    """
+
+    def __init__(self, message: str, *, known: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.known = tuple(known)
 
 
 class MemoryNotFound(NotFound):

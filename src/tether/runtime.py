@@ -143,8 +143,11 @@ class Runtime:
         """The agent served under ``name``; AgentNotFound names the ones that are."""
         agent = self.agents.get(name)
         if agent is None:
-            known = ", ".join(sorted(self.agents)) or "none"
-            raise AgentNotFound(f"no agent named {name!r} is served here (agents: {known})")
+            known = sorted(self.agents)
+            raise AgentNotFound(
+                f"no agent named {name!r}; this server runs: {', '.join(known) or 'no agents'}",
+                known=known,
+            )
         return agent
 
     async def ping(self) -> None:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -57,3 +61,43 @@ async def test_the_openai_embedder_obeys_the_test_guard() -> None:
     with pytest.raises(ModelRequestsForbidden):
         await embedder.embed(["hello"])
     await embedder.aclose()
+
+
+# A program using tether, with a model on an OpenAI-compatible endpoint and the default embedder.
+QUIET_SCRIPT = """
+import asyncio, sys, tempfile
+from pathlib import Path
+from tether import Agent
+from tether.models.openai import OpenAIModel
+from tether.runtime import Runtime
+from tether.store import SQLiteStore
+from tether.testing.fake_openai import FakeOpenAIServer
+
+async def main(url: str) -> None:
+    data = Path(tempfile.mkdtemp())
+    agent = Agent(name="a", model=OpenAIModel("fake-model", base_url=url, api_key="k"))
+    async with Runtime(SQLiteStore(data / "t.db"), data_dir=data, agents=[agent]) as rt:
+        print(await rt.chat(agent, "hello", session_id="s"))
+
+with FakeOpenAIServer() as fake:
+    asyncio.run(main(fake.base_url))
+"""
+
+
+@pytest.mark.slow
+def test_loading_the_default_embedder_leaves_the_programs_logging_alone() -> None:
+    # wordllama calls logging.basicConfig(level=INFO) on import; unchecked, every request to the
+    # model provider then printed "INFO:httpx…: HTTP Request: POST …" on the program's stderr.
+    from tests.server.conftest import PYTHONPATH, ROOT
+
+    done = subprocess.run(
+        [sys.executable, "-c", QUIET_SCRIPT],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": PYTHONPATH},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "echo: hello"
+    assert done.stderr == ""

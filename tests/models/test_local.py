@@ -185,6 +185,53 @@ async def test_native_errors_become_model_errors() -> None:
     assert "Paris" in text_of(await collect(LocalModel(), CAPITAL))
 
 
+STORY = ModelRequest(
+    messages=(Message("user", "Write a very long story about a dragon and a knight."),),
+)
+
+
+@pytest.mark.real_model
+@pytest.mark.slow
+async def test_the_default_reply_cap_is_set_by_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TETHER_LOCAL_MAX_TOKENS", "8")
+    events = await collect(LocalModel(), STORY)  # the request sets no cap of its own
+
+    usage = [event for event in events if isinstance(event, Usage)]
+    assert usage and usage[0].output_tokens == 8
+    assert events[-1] == Finish("length")
+
+
+@pytest.mark.real_model
+@pytest.mark.slow
+async def test_a_reply_stops_at_its_time_cap_whatever_its_token_cap() -> None:
+    model = LocalModel(max_reply_seconds=0.3)
+    long = ModelRequest(messages=STORY.messages, max_output_tokens=1500)
+    events = await collect(model, long)
+
+    # No timing assertion (the machine is shared): the reply ended "length", far short of its
+    # 1,500 tokens (on a busy machine before its first word); and the model goes on serving.
+    assert events[-1] == Finish("length")
+    job = model._last_job
+    assert job is not None and job.out_of_time and job.chunks < 1500
+    assert "Paris" in text_of(await collect(LocalModel(), CAPITAL))
+
+
+def test_reply_caps_must_be_positive(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match="max_reply_seconds"):
+        LocalModel(max_reply_seconds=0)
+    with pytest.raises(ConfigError, match="max_output_tokens"):
+        LocalModel(max_output_tokens=-1)
+    monkeypatch.setenv("TETHER_LOCAL_MAX_TOKENS", "lots")
+    with pytest.raises(ConfigError, match="TETHER_LOCAL_MAX_TOKENS"):
+        LocalModel()
+    monkeypatch.setenv("TETHER_LOCAL_MAX_TOKENS", "16")
+    monkeypatch.setenv("TETHER_LOCAL_MAX_SECONDS", "0")
+    with pytest.raises(ConfigError, match="TETHER_LOCAL_MAX_SECONDS"):
+        LocalModel()
+
+
 async def test_stream_is_refused_while_model_requests_are_forbidden() -> None:
     with pytest.raises(ModelRequestsForbidden):
         await collect(LocalModel(), CAPITAL)

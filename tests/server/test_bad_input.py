@@ -195,10 +195,16 @@ def test_the_longest_valid_id_works(c: httpx.Client) -> None:
     assert c.get(f"/v1/sessions/{sid}").json()["session_id"] == sid
 
 
-def test_unknown_agent_is_404(c: httpx.Client) -> None:
-    assert_problem(c.post("/v1/sessions", json={"agent": "nope"}), 404, "not-found")
-    r = c.post("/api/chat", json={"message": "hi", "agent_name": "nope"})
-    assert_problem(r, 404, "not-found")
+def test_unknown_agent_is_404_that_says_which_and_lists_the_known_ones(c: httpx.Client) -> None:
+    known = [a["name"] for a in c.get("/v1/agents").json()["data"]]
+    for r in (
+        c.post("/v1/sessions", json={"agent": "nope"}),
+        c.post("/api/chat", json={"message": "hi", "agent_name": "nope"}),
+    ):
+        assert_problem(r, 404, "not-found")
+        # Agent names are no secret (GET /v1/agents lists them), unlike sessions and turns.
+        assert r.json()["detail"] == f"no agent named 'nope'; this server runs: {', '.join(known)}"
+        assert r.json()["agents"] == known
 
 
 def test_chat_for_an_unknown_agent_is_404_and_loses_nothing(c: httpx.Client) -> None:

@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -17,7 +17,8 @@ import pytest
 from rich.console import Console
 
 from tests.server.conftest import PYTHONPATH, ROOT, Server
-from tether.cli.chat import _show_event
+from tether.cli._chat_view import show_event
+from tether.testing.fake_openai import FakeOpenAIServer
 from tether.tools.approval import REFUSED_RESULT
 
 TETHER = [sys.executable, "-m", "tether"]
@@ -25,8 +26,8 @@ PROMPT = "you> "
 TIMEOUT = 30
 
 
-def spawn(*args: str) -> pexpect.spawn:
-    env = {**os.environ, "PYTHONPATH": PYTHONPATH, "COLUMNS": "200"}
+def spawn(*args: str, env: dict[str, str] | None = None) -> pexpect.spawn:
+    env = {**os.environ, "PYTHONPATH": PYTHONPATH, "COLUMNS": "200", **(env or {})}
     child = pexpect.spawn(
         TETHER[0],
         [*TETHER[1:], "chat", *args],
@@ -59,6 +60,11 @@ def say(child: pexpect.spawn, text: str, reply: str) -> None:
     child.sendline(text)
     child.expect_exact(reply)
     child.expect_exact(PROMPT)
+
+
+def plain(screen: str | None) -> str:
+    """What was shown, without terminal colour codes or surrounding blank space."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", screen or "").strip()
 
 
 def leave(child: pexpect.spawn) -> None:
@@ -119,7 +125,7 @@ def test_remote_ctrl_c_cancels_the_reply_in_progress(
     child.sendline("go")
     child.expect_exact("w3 ")
     child.sendintr()
-    child.expect_exact("cancelled")
+    child.expect_exact("turn cancelled")
     child.expect_exact(PROMPT)  # the chat goes on
     with server.client() as c:
         turn = wait_ended(c, sid)
@@ -220,8 +226,9 @@ def test_local_ctrl_c_cancels_the_reply_in_progress(
     child.sendline("go")
     child.expect_exact("w3 ")
     child.sendintr()
-    child.expect_exact("turn cancelled (cancelled)")
+    child.expect_exact("turn cancelled")
     child.expect_exact(PROMPT)
+    assert plain(child.before) == "", child.before  # not "turn cancelled (cancelled)"
     leave(child)
 
 
@@ -232,7 +239,7 @@ def test_local_chat_with_an_unknown_agent_fails_cleanly(
     data = str(tmp_path / "data")
     child = spawn("tests.server.apps:app", "--agent", "nobody", "--data-dir", data)
     children.append(child)
-    child.expect("no agent named 'nobody'")
+    child.expect_exact("no agent named 'nobody' (the agents here: echo, slow, approver, steady)")
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 2
@@ -269,8 +276,9 @@ def test_local_ctrl_c_at_an_approval_question_cancels_and_keeps_the_next_line(
     child.sendline("launch it")
     child.expect_exact("[y/N] ")
     child.sendintr()
-    child.expect_exact("turn cancelled (cancelled)")
+    child.expect_exact("turn cancelled")
     child.expect_exact(PROMPT)
+    assert plain(child.before) == "", child.before
     # The line typed next is the next message (the abandoned question does not eat it).
     child.sendline("again")
     child.expect_exact("[y/N] ")
@@ -278,6 +286,107 @@ def test_local_ctrl_c_at_an_approval_question_cancels_and_keeps_the_next_line(
     child.expect_exact("tool said: launched rocket")
     child.expect_exact(PROMPT)
     leave(child)
+
+
+# -- either end: slash-commands, resuming, leaving ---------------------------------------------
+Start = Callable[..., pexpect.spawn]
+
+
+@pytest.fixture(params=["local", "remote"])
+def start_chat(
+    request: pytest.FixtureRequest, tmp_path: Path, children: list[pexpect.spawn]
+) -> Start:
+    """Starts ``tether chat`` with the given flags, locally or against the module's server."""
+
+    def start(*args: str) -> pexpect.spawn:
+        if request.param == "remote":
+            server: Server = request.getfixturevalue("server")
+            child = spawn("--url", server.url, *args)
+        else:
+            child = spawn("tests.server.apps:app", "--data-dir", str(tmp_path / "data"), *args)
+        children.append(child)
+        return child
+
+    return start
+
+
+@pytest.mark.slow
+def test_slash_commands_are_never_sent_to_the_agent(start_chat: Start) -> None:
+    child = start_chat("--agent", "echo")
+    sid = session_of(child)
+    child.sendline("/help")
+    child.expect_exact("the conversation so far")
+    child.expect_exact("start a new session with the same agent")
+    child.expect_exact(PROMPT)
+    child.sendline("/foo bar")
+    child.expect_exact("unknown command /foo (not sent to the model)")
+    child.expect_exact(PROMPT)
+    # Neither /help nor /foo reached the model: this is the first message it sees.
+    say(child, "//etc is a folder", "saw [] then /etc is a folder")
+    say(child, "and more", "saw [/etc is a folder] then and more")
+
+    child.sendline("/history")
+    child.expect_exact("earlier in this session: all 2 exchanges")
+    child.expect_exact("you: /etc is a folder")
+    child.expect_exact("echo: saw [/etc is a folder] then and more")
+    child.expect_exact(PROMPT)
+
+    child.sendline("/new")
+    child.expect(r"session (\S+) with echo")
+    assert child.match.group(1) != sid
+    child.expect_exact(PROMPT)
+    say(child, "fresh", "saw [] then fresh")
+    leave(child)
+
+
+@pytest.mark.slow
+def test_resuming_a_session_shows_its_last_exchanges(start_chat: Start) -> None:
+    first = start_chat("--agent", "echo")
+    sid = session_of(first)
+    for word in ("one", "two", "three", "four"):
+        say(first, word, f"then {word}")
+    leave(first)
+
+    again = start_chat("--agent", "echo", "--session", sid)
+    again.expect_exact("earlier in this session: the last 3 of 4 exchanges")
+    again.expect_exact(PROMPT)
+    shown = again.before or ""
+    assert "you: two" in shown and "echo: saw [one, two, three] then four" in shown, shown
+    assert "you: one" not in shown
+    say(again, "five", "saw [one, two, three, four] then five")
+    leave(again)
+
+
+@pytest.mark.slow
+def test_ctrl_c_at_the_prompt_leaves_with_a_message(start_chat: Start) -> None:
+    child = start_chat("--agent", "echo")
+    sid = session_of(child)
+    say(child, "hello", "saw [] then hello")  # after a turn, whose own Ctrl-C handler is gone
+    child.sendintr()
+    child.expect_exact(f"left the chat (Ctrl-C); resume it with --session {sid}")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 130
+    assert "Traceback" not in (child.before or "")
+
+
+@pytest.mark.slow
+def test_chat_with_an_openai_model_prints_no_request_log(
+    tmp_path: Path, children: list[pexpect.spawn], fake_openai: FakeOpenAIServer
+) -> None:
+    data = str(tmp_path / "data")
+    child = spawn(
+        "tests.server.apps:app",
+        *("--agent", "upstream", "--data-dir", data),
+        env={"FAKE_OPENAI_URL": fake_openai.base_url},
+    )
+    children.append(child)
+    screen = io.StringIO()
+    child.logfile_read = screen
+    child.expect_exact(PROMPT)
+    say(child, "hi there", "echo: hi there")
+    leave(child)
+    assert "HTTP Request" not in screen.getvalue() and "httpx" not in screen.getvalue()
 
 
 # -- help ----------------------------------------------------------------------------------------
@@ -308,15 +417,52 @@ def test_help(command: list[str], mentions: list[str]) -> None:
         assert re.search(r"env TETHER_DATA_DIR", done.stdout), done.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("command", "env_name"),
+    [(["serve"], "TETHER_DRAIN_TIMEOUT"), (["chat"], "TETHER_API_KEY"), (["sessions", "list"], "")],
+)
+def test_help_reads_well_in_80_columns(command: list[str], env_name: str) -> None:
+    env = {**os.environ, "COLUMNS": "80", "NO_COLOR": "1"}
+    done = subprocess.run(
+        [*TETHER, *command, "--help"], capture_output=True, text=True, env=env, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    assert "<bool>" not in done.stdout  # a flag takes no value: no type tag
+    assert "…" not in done.stdout  # nothing is cut off
+    assert env_name in done.stdout
+    assert max(len(line) for line in done.stdout.splitlines()) <= 80
+
+
 # -- rendering ------------------------------------------------------------------------------------
 def test_model_and_tool_text_is_never_markup() -> None:
     console = Console(file=io.StringIO(), width=200, color_system=None)
     hostile = "[/oops] [bold]not bold[/bold] [link=http://x]y[/link]"
-    _show_event(console, "message.delta", {"text": hostile})
-    _show_event(console, "tool.call", {"name": "t", "arguments": '{"a": "[/b]"}'})
-    _show_event(console, "tool.result", {"output": hostile})
-    _show_event(console, "turn.ended", {"status": "failed", "reason": "x", "error": "[/e]"})
+    show_event(console, "message.delta", {"text": hostile})
+    show_event(console, "tool.call", {"name": "t", "arguments": '{"a": "[/b]"}'})
+    show_event(console, "tool.result", {"output": hostile})
+    show_event(console, "turn.ended", {"status": "failed", "reason": "x", "error": "[/e]"})
     shown = console.file.getvalue()  # type: ignore[attr-defined]
     assert shown.count(hostile) == 2
     assert '{"a": "[/b]"}' in shown
     assert "turn failed (x): [/e]" in shown
+
+
+@pytest.mark.parametrize(
+    ("status", "reason", "line"),
+    [
+        ("completed", "answered", None),
+        ("cancelled", "cancelled", "turn cancelled"),
+        ("cancelled", "client_disconnected", "turn cancelled"),
+        ("cancelled", "shutdown", "turn cancelled: the server is shutting down"),
+        ("interrupted", "interrupt", "turn interrupted by a newer message"),
+        ("limit_reached", "token_budget", "turn stopped: it used up the agent's token_budget"),
+        ("failed", "model_error", "turn failed (model_error)"),
+    ],
+)
+def test_a_turn_that_did_not_complete_is_said_once_in_words(
+    status: str, reason: str, line: str | None
+) -> None:
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    show_event(console, "turn.ended", {"status": status, "reason": reason})
+    assert console.file.getvalue().strip() == (line or "")  # type: ignore[attr-defined]

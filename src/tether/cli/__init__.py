@@ -13,6 +13,7 @@ import sys
 import typer
 
 from tether.cli import chat, db, keys, memory, serve, sessions
+from tether.cli._output import configure_logging
 
 app = typer.Typer(
     name="tether",
@@ -20,6 +21,10 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain help text (click's layout), for every group and command: rich's panels put a type
+    # tag on flags ("--insecure <bool>") and cut long words ("TETHER_DRAIN_TIMEOU…") at 80
+    # columns; plain text wraps between words instead.
+    rich_markup_mode=None,
 )
 app.command()(serve.serve)
 app.command()(chat.chat)
@@ -32,6 +37,7 @@ app.add_typer(memory.knowledge_app, name="knowledge")
 
 def main() -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    configure_logging()
     try:
         app()
     except KeyboardInterrupt:

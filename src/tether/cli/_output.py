@@ -1,8 +1,11 @@
-"""The CLI's two consoles and how a command fails: one place, so every command prints alike."""
+"""The CLI's two consoles, its log lines, and how a command fails: one place, so every command
+prints alike."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import sys
 from collections.abc import Iterator
 
 import typer
@@ -29,3 +32,11 @@ def errors() -> Iterator[None]:
         raise fail(str(exc)) from None
     except (ConnectionError, TimeoutError) as exc:
         raise fail(str(exc)) from None
+
+
+def configure_logging() -> None:
+    """Warnings and errors on stderr, one line each; nothing below (``serve`` configures its
+    own log, see tether.server.log_config). Set before any library can set it on import."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler], force=True)

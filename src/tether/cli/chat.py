@@ -1,27 +1,43 @@
-"""``tether chat``: a terminal conversation, local (in-process runtime) or against a server."""
+"""``tether chat``: a terminal conversation, local (in-process runtime) or against a server.
+
+Both ends read the same prompt: a message goes to the agent, a ``/command`` never does
+(see _chat_commands). Ctrl-C cancels a reply while it streams, and leaves at the prompt.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import signal
-import threading
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 
 from tether import events
+from tether.cli._chat_commands import (
+    HISTORY_EXCHANGES,
+    RESUME_EXCHANGES,
+    Command,
+    help_text,
+    parse,
+    unknown,
+)
+from tether.cli._chat_history import Exchanges, HistoryItem, show
+from tether.cli._chat_view import approval_question, approves, ending, show_event
 from tether.cli._options import DataDirOpt, KeyOpt, ModelOpt, UrlOpt, settings
 from tether.cli._output import errors, out
+from tether.cli._terminal import Interrupted, Terminal, read_prompt
 from tether.errors import ConfigError, TetherError
 from tether.records import LOCAL_PRINCIPAL, SessionKey, new_session_id
 
 if TYPE_CHECKING:
     from tether.client import Client
+    from tether.runtime import Runtime
     from tether.server.settings import Settings
 
 PROMPT = "you> "
-EXIT = {"/exit", "/quit"}
+INTERRUPTED_EXIT = 130  # the shell's code for a program ended by Ctrl-C
+_PAGE = 500
 
 
 def chat(
@@ -32,7 +48,9 @@ def chat(
         ),
     ] = None,
     agent: Annotated[str | None, typer.Option(help="Agent name.")] = None,
-    session: Annotated[str | None, typer.Option(help="Resume this session id.")] = None,
+    session: Annotated[
+        str | None, typer.Option(help="Resume this session id (its last exchanges are shown).")
+    ] = None,
     url: UrlOpt = None,
     key: KeyOpt = None,
     model: ModelOpt = None,
@@ -40,97 +58,117 @@ def chat(
 ) -> None:
     """Chat in the terminal: streams tokens, shows tool calls and each turn's outcome.
 
-    Type /exit (or Ctrl-D) to leave; Ctrl-C cancels the reply in progress.
+    \b
+    At the prompt:
+      /help      the commands
+      /history   the conversation so far
+      /new       a new session with the same agent
+      /exit      leave (or Ctrl-D; Ctrl-C at the prompt leaves too)
+
+    Ctrl-C while a reply streams cancels it. A line starting with / is never sent to the agent
+    (type //text to send "/text").
     """
     with errors():
         if url:
-            chat_remote(out, url, key, agent, session)
+            code = chat_remote(out, url, key, agent, session)
         else:
-            chat_local(out, settings(model=model, data_dir=data_dir), target, agent, session)
+            code = chat_local(out, settings(model=model, data_dir=data_dir), target, agent, session)
+    if code:
+        raise typer.Exit(code)
 
 
-def _show_event(out: Console, kind: str, data: dict[str, Any]) -> None:
-    # Everything that comes from the model, a tool or the server is printed as plain text:
-    # brackets in it are not rich markup (and "[/x]" would otherwise crash the chat).
-    if kind == events.MESSAGE_DELTA:
-        out.print(data.get("text", ""), end="", markup=False, highlight=False)
-    elif kind == events.TOOL_CALL:
-        out.print()
-        out.print(f"→ {data.get('name')}({data.get('arguments')})", style="yellow", markup=False)
-    elif kind == events.TOOL_RESULT:
-        text = str(data.get("output", ""))
-        out.print(f"← {text[:200]}", style="yellow", markup=False)
-    # tool.approval_requested: the chat asks the user (see _approval_question), nothing to show.
-    elif kind == events.TURN_ENDED:
-        status = data.get("status")
-        if status == "completed":
-            out.print()
-        else:
-            reason = data.get("reason")
-            error = f": {data['error']}" if data.get("error") else ""
-            out.print()
-            out.print(f"turn {status} ({reason}){error}", style="red", markup=False)
+def _banner(out: Console, verb: str, sid: str, agent: str, where: str = "") -> None:
+    out.print(
+        f"{verb} {sid} with {agent}{where} (resume with --session {sid}; /help for commands)",
+        style="dim",
+        markup=False,
+    )
 
 
-def _approval_question(name: object, arguments: object) -> str:
-    return f"approve {name}({arguments})? [y/N] "
+def _left(out: Console, sid: str) -> int:
+    out.print()
+    out.print(f"left the chat (Ctrl-C); resume it with --session {sid}", style="dim", markup=False)
+    return INTERRUPTED_EXIT
 
 
-def _approves(answer: str) -> bool:
-    return answer.strip().lower() in ("y", "yes")
+def _without_session(out: Console, command: Command) -> bool:
+    """Handle what needs no session (/help, unknown commands); True when it was one of those."""
+    if command.name == "/help":
+        out.print(help_text(), markup=False, highlight=False)
+        return True
+    if not command.known:
+        out.print(unknown(command), style="yellow", markup=False)
+        return True
+    return False
 
 
-class _Terminal:
-    """Reads lines on a daemon thread, so leaving the chat never waits for a blocked read.
+# -- local: an in-process runtime on the local store -------------------------------------------
+class _LocalChat:
+    def __init__(self, out: Console, runtime: Runtime, agent: str) -> None:
+        self.out = out
+        self.runtime = runtime
+        self.agent = agent
+        self.key = SessionKey.of(LOCAL_PRINCIPAL, "-")
+        self._cancels: set[asyncio.Future[Any]] = set()  # keeps cancel tasks referenced
 
-    There is only ever one read in flight. A caller that stops waiting (Ctrl-C cancels a
-    turn while its approval question is open) leaves that read to the next caller, whose
-    prompt is printed instead: the line typed next is never swallowed by an abandoned read.
-    """
+    async def open(self, sid: str) -> None:
+        self.key = SessionKey.of(LOCAL_PRINCIPAL, sid)
+        record, created = await self.runtime.sessions.create(self.key, self.agent, exist_ok=True)
+        self.agent = record.agent
+        _banner(self.out, "new session" if created else "resuming session", sid, record.agent)
+        if not created:
+            await self.show_history(RESUME_EXCHANGES, quiet_if_empty=True)
 
-    def __init__(self, out: Console) -> None:
-        self._out = out
-        self._reading: asyncio.Future[str] | None = None
+    async def show_history(self, keep: int, *, quiet_if_empty: bool = False) -> None:
+        exchanges = Exchanges(keep)
+        after = 0
+        while True:
+            page = await self.runtime.sessions.items(self.key, after=after, limit=_PAGE)
+            for item in page:
+                exchanges.add(HistoryItem.of(item))
+            if len(page) < _PAGE:
+                break
+            after = page[-1].seq
+        if exchanges.total or not quiet_if_empty:
+            show(self.out, exchanges, self.agent)
 
-    async def read(self, prompt: str) -> str:
-        reading = self._reading
-        if reading is None:
-            reading = self._reading = self._start(prompt)
-        elif not reading.done():
-            self._out.print(prompt, end="", markup=False, highlight=False)
-        try:
-            # Shielded: cancelling this caller must not cancel the read (see the class doc).
-            line = await asyncio.shield(reading)
-        except asyncio.CancelledError:
-            raise  # the read stays in flight for the next caller
-        except BaseException:
-            self._reading = None
-            raise
-        self._reading = None
-        return line
+    async def send(self, text: str) -> None:
+        turn = await self.runtime.scheduler.submit(self.key, text, principal=LOCAL_PRINCIPAL)
+        key = self.key
 
-    def _start(self, prompt: str) -> asyncio.Future[str]:
+        def cancel_turn() -> None:
+            cancel = self.runtime.scheduler.cancel(key, turn.id, "cancelled")
+            self._cancels.add(asyncio.ensure_future(cancel))
+
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[str] = loop.create_future()
+        loop.add_signal_handler(signal.SIGINT, cancel_turn)
+        try:
+            async for event in self.runtime.scheduler.events(key, turn.id):
+                show_event(self.out, event.type, event.data)
+        finally:
+            loop.remove_signal_handler(signal.SIGINT)
 
-        def deliver(line: str | None, error: BaseException | None) -> None:
-            if fut.done():
-                return
-            if error is not None:
-                fut.set_exception(error)
-            else:
-                fut.set_result(line or "")
-
-        def read() -> None:
+    async def run(self, terminal: Terminal) -> int:
+        while True:
             try:
-                line = input(prompt)
-            except BaseException as exc:  # EOFError, KeyboardInterrupt: hand them to the loop
-                loop.call_soon_threadsafe(deliver, None, exc)
-                return
-            loop.call_soon_threadsafe(deliver, line, None)
-
-        threading.Thread(target=read, daemon=True).start()
-        return fut
+                line = parse(await read_prompt(terminal, PROMPT))
+            except EOFError:
+                self.out.print()
+                return 0
+            except Interrupted:
+                return _left(self.out, self.key.session_id)
+            if line is None:
+                continue
+            if isinstance(line, str):
+                await self.send(line)
+            elif line.name == "/exit":
+                return 0
+            elif line.name == "/new":
+                await self.open(new_session_id())
+            elif line.name == "/history":
+                await self.show_history(HISTORY_EXCHANGES)
+            else:
+                _without_session(self.out, line)
 
 
 def chat_local(
@@ -139,7 +177,7 @@ def chat_local(
     target: str | None,
     agent_name: str | None,
     session_id: str | None,
-) -> None:
+) -> int:
     from tether.app import load_agents
     from tether.runtime import Runtime
     from tether.server.app import default_agent
@@ -149,19 +187,18 @@ def chat_local(
     agents = load_agents(target) if target else [default_agent(settings)]
     agent = next((a for a in agents if a.name == (agent_name or agents[0].name)), None)
     if agent is None:
-        raise ConfigError(f"no agent named {agent_name!r}")
-    sid = session_id or new_session_id()
-    key = SessionKey.of(LOCAL_PRINCIPAL, sid)
-    terminal = _Terminal(out)
+        known = ", ".join(a.name for a in agents)
+        raise ConfigError(f"no agent named {agent_name!r} (the agents here: {known})")
+    terminal = Terminal(out)
 
     async def ask(request: ApprovalRequest) -> bool:
         try:
-            answer = await terminal.read(_approval_question(request.tool_name, request.arguments))
+            answer = await terminal.read(approval_question(request.tool_name, request.arguments))
         except EOFError:
             return False
-        return _approves(answer)
+        return approves(answer)
 
-    async def main() -> None:
+    async def main() -> int:
         runtime = Runtime(
             open_store_url(settings.store_url),
             data_dir=settings.data_dir,
@@ -170,40 +207,86 @@ def chat_local(
             approver=ask,
         )
         async with runtime:
-            record, created = await runtime.sessions.create(key, agent.name, exist_ok=True)
-            verb = "new session" if created else "resuming session"
-            out.print(
-                f"{verb} {sid} with {record.agent} (resume with --session {sid}; /exit to leave)",
-                style="dim",
-                markup=False,
-            )
-            loop = asyncio.get_running_loop()
-            cancels: set[asyncio.Future[Any]] = set()  # keeps cancel tasks referenced
-            while True:
-                try:
-                    line = (await terminal.read(PROMPT)).strip()
-                except (EOFError, KeyboardInterrupt):
-                    out.print()
-                    return
-                if not line:
-                    continue
-                if line in EXIT:
-                    return
-                turn = await runtime.scheduler.submit(key, line, principal=LOCAL_PRINCIPAL)
+            chat = _LocalChat(out, runtime, agent.name)
+            await chat.open(session_id or new_session_id())
+            return await chat.run(terminal)
 
-                def cancel_turn(turn_id: str = turn.id) -> None:
-                    cancels.add(
-                        asyncio.ensure_future(runtime.scheduler.cancel(key, turn_id, "cancelled"))
-                    )
+    return asyncio.run(main())
 
-                loop.add_signal_handler(signal.SIGINT, cancel_turn)
-                try:
-                    async for event in runtime.scheduler.events(key, turn.id):
-                        _show_event(out, event.type, event.data)
-                finally:
-                    loop.remove_signal_handler(signal.SIGINT)
 
-    asyncio.run(main())
+# -- remote: a tether server over HTTP -----------------------------------------------------------
+class _RemoteChat:
+    def __init__(self, out: Console, client: Client, url: str) -> None:
+        self.out = out
+        self.client = client
+        self.url = url
+        self.sid = ""
+        self.agent = ""
+
+    def open(self, session_id: str | None, agent: str | None) -> None:
+        session = self.client.ensure_session(session_id, agent)
+        self.sid, self.agent = session["session_id"], session["agent"]
+        _banner(self.out, "session", self.sid, self.agent, f" on {self.url}")
+        if session.get("item_count"):
+            self.show_history(RESUME_EXCHANGES)
+
+    def show_history(self, keep: int) -> None:
+        exchanges = Exchanges(keep)
+        cursor: str | None = None
+        while True:
+            params: dict[str, Any] = {"limit": _PAGE, **({"cursor": cursor} if cursor else {})}
+            page = self.client.request("GET", f"/v1/sessions/{self.sid}/items", params=params)
+            for item in page["data"]:
+                exchanges.add(HistoryItem.from_json(item))
+            cursor = page.get("next_cursor")
+            if not cursor:
+                break
+        show(self.out, exchanges, self.agent)
+
+    def send(self, text: str) -> None:
+        try:
+            for event in self.client.stream_turn(self.sid, text):
+                show_event(self.out, event.type, event.data)
+                if event.type == events.TOOL_APPROVAL_REQUESTED:
+                    self._decide(event.id, event.data)
+        except KeyboardInterrupt:
+            # Closing the stream cancels the turn (on_disconnect=cancel).
+            self.out.print()
+            self.out.print(ending("cancelled", "client_disconnected"), style="red")
+        except TetherError as exc:
+            self.out.print(str(exc), style="red", markup=False)
+
+    def _decide(self, event_id: str, data: dict[str, Any]) -> None:
+        """Ask the user, and send the answer to the server, which is waiting for it."""
+        try:
+            approve = approves(input(approval_question(data.get("name"), data.get("arguments"))))
+        except EOFError:
+            approve = False
+        turn_id = event_id.rpartition(":")[0]
+        if not self.client.decide(self.sid, turn_id, str(data.get("call_id")), approve):
+            self.out.print("too late: the server had already refused the call", style="red")
+
+    def run(self) -> int:
+        while True:
+            try:
+                line = parse(input(PROMPT))
+            except EOFError:
+                self.out.print()
+                return 0
+            except KeyboardInterrupt:
+                return _left(self.out, self.sid)
+            if line is None:
+                continue
+            if isinstance(line, str):
+                self.send(line)
+            elif line.name == "/exit":
+                return 0
+            elif line.name == "/new":
+                self.open(None, self.agent)
+            elif line.name == "/history":
+                self.show_history(HISTORY_EXCHANGES)
+            else:
+                _without_session(self.out, line)
 
 
 def chat_remote(
@@ -212,49 +295,10 @@ def chat_remote(
     api_key: str | None,
     agent_name: str | None,
     session_id: str | None,
-) -> None:
+) -> int:
     from tether.client import Client
 
     with Client(url, api_key=api_key) as client:
-        session = client.ensure_session(session_id, agent_name)
-        sid = session["session_id"]
-        out.print(
-            f"session {sid} with {session['agent']} on {url} "
-            f"(resume with --session {sid}; /exit to leave)",
-            style="dim",
-            markup=False,
-        )
-        while True:
-            try:
-                line = input(PROMPT).strip()
-            except (EOFError, KeyboardInterrupt):
-                out.print()
-                return
-            if not line:
-                continue
-            if line in EXIT:
-                return
-            try:
-                for event in client.stream_turn(sid, line):
-                    _show_event(out, event.type, event.data)
-                    if event.type == events.TOOL_APPROVAL_REQUESTED:
-                        _decide_remote(out, client, sid, event.id, event.data)
-            except KeyboardInterrupt:
-                # Closing the stream cancels the turn (on_disconnect=cancel).
-                out.print()
-                out.print("cancelled", style="red")
-            except TetherError as exc:
-                out.print(str(exc), style="red", markup=False)
-
-
-def _decide_remote(
-    out: Console, client: Client, session_id: str, event_id: str, data: dict[str, Any]
-) -> None:
-    """Ask the user, and send the answer to the server, which is waiting for it."""
-    try:
-        approve = _approves(input(_approval_question(data.get("name"), data.get("arguments"))))
-    except EOFError:
-        approve = False
-    turn_id = event_id.rpartition(":")[0]
-    if not client.decide(session_id, turn_id, str(data.get("call_id")), approve):
-        out.print("too late: the server had already refused the call", style="red")
+        chat = _RemoteChat(out, client, url)
+        chat.open(session_id, agent_name)
+        return chat.run()

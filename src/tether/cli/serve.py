@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
 from tether.cli._options import DataDirOpt, HostOpt, ModelOpt, PortOpt, StoreOpt, settings
 from tether.cli._output import err, errors
+
+LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
 
 
 def _redacted(url: str) -> str:
@@ -32,7 +34,8 @@ def serve(
     insecure: Annotated[
         bool,
         typer.Option(
-            help="Allow a non-loopback bind with no API keys (everyone gets full access)."
+            help="Allow a non-loopback bind with no API keys (everyone gets full access).",
+            show_default=False,
         ),
     ] = False,
     node: Annotated[str | None, typer.Option(help="Stable node name (env TETHER_NODE).")] = None,
@@ -45,10 +48,25 @@ def serve(
             "cancelled with reason 'shutdown' (default 10).",
         ),
     ] = None,
-    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    log_level: Annotated[
+        LogLevel,
+        typer.Option(
+            case_sensitive=False,
+            help="Level of the server's log lines (tether's and uvicorn's; other libraries "
+            "log warnings only).",
+        ),
+    ] = "info",
+    access_log: Annotated[
+        bool,
+        typer.Option(
+            "--access-log/--no-access-log",
+            help="Log one line per request (default: on).",
+            show_default=False,
+        ),
+    ] = True,
 ) -> None:
     """Run the HTTP server (SQLite under ./.tether and the embedded model by default)."""
-    from tether.app import check_bind, load_agents
+    from tether.app import load_agents
     from tether.app import serve as run_server
     from tether.server.app import default_agent
 
@@ -64,9 +82,10 @@ def serve(
             drain_timeout=drain_timeout,
         )
         agents = load_agents(target) if target else [default_agent(config)]
-        check_bind(config)  # refuse before announcing anything
-        err.print(
-            f"tether: serving {', '.join(a.name for a in agents)} on "
-            f"http://{config.host}:{config.port} (store {_redacted(config.store_url)})"
-        )
-        run_server(config, agents, log_level=log_level)
+        names = ", ".join(a.name for a in agents)
+        store_shown = _redacted(config.store_url)
+
+        def announce(url: str) -> None:  # once the socket listens: never before a bind fails
+            err.print(f"tether: serving {names} on {url} (store {store_shown})", markup=False)
+
+        run_server(config, agents, log_level=log_level, access_log=access_log, on_ready=announce)

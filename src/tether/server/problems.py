@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute
 
 from tether.errors import (
+    AgentNotFound,
     Conflict,
     Forbidden,
     InvalidInput,
@@ -100,6 +101,9 @@ def from_error(exc: TetherError) -> JSONResponse:
                 headers = {"Retry-After": "1"}
             if isinstance(exc, LimitExceeded):
                 headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
+            if isinstance(exc, AgentNotFound):
+                # Agent names are no secret (GET /v1/agents): say which, and which there are.
+                return problem_response(404, kind, title, str(exc), agents=list(exc.known))
             if isinstance(exc, NotFound):
                 # Unknown and foreign must be indistinguishable: one fixed body.
                 return problem_response(404, kind, title, "not found")

@@ -209,7 +209,8 @@ class ChatResponse(BaseModel):
 
 
 class ProblemOut(BaseModel):
-    """RFC 9457 problem details; some types add members (``errors``, ``busy_turn_id``, ``turn``)."""
+    """RFC 9457 problem details; some types add members (``errors``, ``busy_turn_id``, ``turn``,
+    ``agents``)."""
 
     model_config = ConfigDict(extra="allow", title="Problem")
     type: str = Field(..., description="A stable URI naming the kind of problem.")
