@@ -214,6 +214,7 @@ def test_two_agents_of_the_app_serve_one_session(server: Server) -> None:
         assert [t["agent"] for t in turns] == ["researcher", "writer", "writer", "researcher"]
         unknown = c.post("/v1/sessions/duo/turns", json={"input": "x", "agent": "nobody"})
         assert unknown.status_code == 404
+        assert "nobody" in unknown.json()["detail"] and "writer" in unknown.json()["agents"]
 
 
 def test_session_memory_dies_with_its_session(server: Server) -> None:

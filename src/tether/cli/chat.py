@@ -114,8 +114,10 @@ class _LocalChat:
     async def open(self, sid: str) -> None:
         self.key = SessionKey.of(LOCAL_PRINCIPAL, sid)
         record, created = await self.runtime.sessions.create(self.key, self.agent, exist_ok=True)
-        self.agent = record.agent
-        _banner(self.out, "new session" if created else "resuming session", sid, record.agent)
+        # The session's own agent answers (a session the Python API made before any agent has
+        # none: the one chosen here does).
+        self.agent = record.agent or self.agent
+        _banner(self.out, "new session" if created else "resuming session", sid, self.agent)
         if not created:
             await self.show_history(RESUME_EXCHANGES, quiet_if_empty=True)
 
@@ -133,7 +135,9 @@ class _LocalChat:
             show(self.out, exchanges, self.agent)
 
     async def send(self, text: str) -> None:
-        turn = await self.runtime.scheduler.submit(self.key, text, principal=LOCAL_PRINCIPAL)
+        turn = await self.runtime.scheduler.submit(
+            self.key, text, principal=LOCAL_PRINCIPAL, agent=self.runtime.served(self.agent).ref
+        )
         key = self.key
 
         def cancel_turn() -> None:
