@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
-from starlette.routing import BaseRoute
+from starlette.routing import BaseRoute, Match
 
 from tether.errors import (
     Conflict,
@@ -28,13 +28,15 @@ from tether.errors import (
     RevisionConflict,
     SessionBusy,
     ShuttingDown,
+    StorageQuotaExceeded,
     StoreError,
     TetherError,
     TooLarge,
     Unauthorized,
 )
 from tether.events import EVENT_TYPES, TURN_ENDED
-from tether.server.schemas import ProblemOut
+from tether.server.memory_schemas import merge_scope_parameters
+from tether.server.schemas import ProblemOut, without_null
 
 log = logging.getLogger("tether.server")
 
@@ -45,12 +47,21 @@ BASE = "https://tether.dev/problems/"
 class Problem(Exception):
     """An HTTP problem raised from a route (for the few not mapped from TetherError)."""
 
-    def __init__(self, status: int, kind: str, title: str, detail: str, **extra: Any) -> None:
+    def __init__(
+        self,
+        status: int,
+        kind: str,
+        title: str,
+        detail: str,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> None:
         super().__init__(detail)
         self.status = status
         self.kind = kind
         self.title = title
         self.detail = detail
+        self.headers = headers
         self.extra = extra
 
 
@@ -74,6 +85,7 @@ _MAP: list[tuple[type[TetherError], int, str, str]] = [
     (QueueFull, 429, "queue-full", "Too many queued turns"),
     (SessionBusy, 409, "session-busy", "Session busy"),
     (Conflict, 409, "conflict", "Conflict"),
+    (StorageQuotaExceeded, 413, "storage-quota", "Storage quota exceeded"),
     (TooLarge, 413, "too-large", "Payload too large"),
     (InvalidInput, 400, "invalid-input", "Invalid input"),
     (StoreError, 503, "store-unavailable", "Store unavailable"),
@@ -112,7 +124,9 @@ def install(app: FastAPI) -> None:
 
     async def problem(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, Problem)
-        return problem_response(exc.status, exc.kind, exc.title, exc.detail, **exc.extra)
+        return problem_response(
+            exc.status, exc.kind, exc.title, exc.detail, headers=exc.headers, **exc.extra
+        )
 
     async def validation(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
@@ -133,9 +147,11 @@ def install(app: FastAPI) -> None:
             errors=errors,
         )
 
-    async def http_error(_: Request, exc: Exception) -> JSONResponse:
+    async def http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         headers = dict(exc.headers) if exc.headers else None
+        if exc.status_code == 405:
+            headers = {**(headers or {}), "Allow": allowed_methods(request)}
         if exc.status_code == 400:
             # FastAPI's only 400: a JSON body its parser gave up on (too deeply nested, say).
             return problem_response(
@@ -157,6 +173,22 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, validation)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(Exception, unexpected)
+
+
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
+def allowed_methods(request: Request) -> str:
+    """Every method some route serves at the request's path, for a 405's ``Allow`` (Starlette
+    names those of the first route that matched the path only: GET of ``/v1/sessions/{sid}``
+    hides its PATCH and DELETE)."""
+    routes = request.app.router.routes
+    found = [
+        method
+        for method in _METHODS
+        if any(r.matches({**request.scope, "method": method})[0] is Match.FULL for r in routes)
+    ]
+    return ", ".join(found)
 
 
 # -- OpenAPI ------------------------------------------------------------------------------------
@@ -197,6 +229,7 @@ DESCRIPTIONS: dict[int, str] = {
     409: "conflict",
     413: "the body, message or metadata is over its size bound",
     422: "the body, query or headers do not match the schema",
+    428: "the request must say which revision it expects",
     429: "the session's queue of turns is full",
     502: "the model provider failed",
     503: "the store is unreachable",
@@ -269,6 +302,9 @@ def document(app: FastAPI, api_routes: Iterable[BaseRoute]) -> None:
         }
         for path, item in schema.get("paths", {}).items():
             for method, op in item.items():
+                for parameter in op.get("parameters", []):
+                    parameter["schema"] = without_null(parameter["schema"])
+                merge_scope_parameters(op)
                 route = routes.get((method, path))
                 documented = op.setdefault("responses", {})
                 implied = _implied(route) if route else set()

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tether.errors import ConfigError
+from tether.memory.budget import IngestLimits
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,6 +18,48 @@ class Limits:
     max_metadata_bytes: int = 16_384
     max_body_bytes: int = 1_048_576
     max_queue: int = 16
+    # Knowledge and memory, per document and per user (``TETHER_<NAME>`` for each).
+    max_document_chars: int = 2_000_000
+    """Characters of text one document may give; extraction stops past it (413)."""
+    max_document_chunks: int = 5_000
+    max_ingest_seconds: float = 60.0
+    """Wall time to parse, chunk and embed one document (413 past it)."""
+    max_ingestions: int = 2
+    """Documents one user may have read in at once (429 with Retry-After beyond)."""
+    max_storage_bytes: int = 100_000_000
+    """Memory and knowledge one user may keep: text and embeddings (413 past it)."""
+
+    @property
+    def ingest(self) -> IngestLimits:
+        return IngestLimits(
+            max_chars=self.max_document_chars,
+            max_chunks=self.max_document_chunks,
+            max_seconds=self.max_ingest_seconds,
+        )
+
+
+_ENV_LIMITS: dict[str, type[int] | type[float]] = {
+    "max_document_chars": int,
+    "max_document_chunks": int,
+    "max_ingest_seconds": float,
+    "max_ingestions": int,
+    "max_storage_bytes": int,
+}
+"""Limits read from ``TETHER_<NAME>`` (``TETHER_MAX_STORAGE_BYTES``…)."""
+
+
+def _limits_from_env(env: Mapping[str, str]) -> Limits | None:
+    values: dict[str, int | float] = {}
+    for name, kind in _ENV_LIMITS.items():
+        variable = "TETHER_" + name.upper()
+        if env.get(variable):
+            try:
+                values[name] = kind(env[variable])
+            except ValueError:
+                raise ConfigError(f"{variable}={env[variable]!r} is not a number") from None
+            if not values[name] > 0:
+                raise ConfigError(f"{variable} must be positive, got {env[variable]!r}")
+    return Limits(**values) if values else None  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +114,9 @@ class Settings:
                 raise ConfigError(
                     f"TETHER_DRAIN_TIMEOUT={env['TETHER_DRAIN_TIMEOUT']!r} is not a number"
                 ) from None
+        limits = _limits_from_env(env)
+        if limits is not None:
+            values["limits"] = limits
         values.update({k: v for k, v in overrides.items() if v is not None})
         if "data_dir" in values and not isinstance(values["data_dir"], Path):
             values["data_dir"] = Path(str(values["data_dir"]))
