@@ -7,6 +7,7 @@
     ├── InvalidInput             a caller's input is malformed (HTTP 400)
     │   └── InvalidSessionId     a session id outside 1-128 of [A-Za-z0-9._:-]
     ├── TooLarge                 a size bound was exceeded (HTTP 413)
+    │   └── StorageQuotaExceeded  a user's memory and knowledge would outgrow their quota
     ├── NotFound                 unknown *or foreign*: callers cannot tell which (HTTP 404)
     │   ├── SessionNotFound
     │   ├── TurnNotFound
@@ -65,6 +66,10 @@ class InvalidSessionId(InvalidInput):
 
 class TooLarge(TetherError):
     """A message, metadata or body is over its size bound."""
+
+
+class StorageQuotaExceeded(TooLarge):
+    """Storing this would take a user past the memory and knowledge they may keep."""
 
 
 class NotFound(TetherError):

@@ -684,14 +684,15 @@ def test_bad_patches_and_uploads_are_4xx_problems(env: Env) -> None:
     with env.client("badger") as c:
         item = remember(c, "badger's original")
         path = f"/v1/memory/{item['id']}"
-        assert_problem(c.patch(path, json={"content": "new"}), 400, "invalid-input")
+        assert_problem(c.patch(path, json={"content": "new"}), 428, "precondition-required")
         assert_problem(c.patch(path, json={"content": "new", "expected_revision": 0}), 422)
         assert_problem(c.patch(path, json={"content": "", "expected_revision": 1}), 422)
         assert_problem(c.patch(path, json={"content": "new"}, headers={"If-Match": "*"}), 400)
         r = c.patch(
             path, json={"content": "new", "expected_revision": 1}, headers={"If-Match": "2"}
         )
-        assert_problem(r, 400, "invalid-input")
+        assert_problem(r, 409, "conflict")  # two preconditions: at most one holds
+        assert r.json()["current_revision"] == 1
         r = c.patch(path, content=b'{"content": ', headers={"content-type": "application/json"})
         assert_problem(r, 400, "malformed-json")
         assert c.get(path).json() == item

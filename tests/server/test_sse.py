@@ -203,9 +203,15 @@ def test_resume_with_after_query(server: Server) -> None:
             assert read_all(c, sid, tid, params={"after": n}) == full[n:]
             if n:
                 assert read_all(c, sid, tid, headers={"Last-Event-ID": full[n - 1].id}) == full[n:]
-        # Past the end: nothing more is owed but the terminal event (so the client stops).
-        tail = read_all(c, sid, tid, params={"after": len(full)})
+        # From the terminal event itself: nothing more, and 204 stops an EventSource (another
+        # turn.ended would have it reconnect for ever).
+        assert c.get(events_url(sid, tid), params={"after": len(full)}).status_code == 204
+        # Past every stored event (ids of a process that died before persisting them): the
+        # terminal event is still owed, once; resuming from it then ends the stream.
+        tail = read_all(c, sid, tid, params={"after": len(full) + 5})
         assert [f.event for f in tail] == ["turn.ended"]
+        r = c.get(events_url(sid, tid), headers={"Last-Event-ID": tail[0].id})
+        assert r.status_code == 204
 
 
 def test_finished_turn_replays_everything(server: Server) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from tether.errors import ConfigError
+from tether.memory.budget import Budget
 from tether.memory.parse import HTML, MARKDOWN, PDF, ParsedDocument
 
 
@@ -46,14 +47,17 @@ _SPLITTERS = (
 _WORD_START = re.compile(r"(?:\s|[。！？；，、])(?=\S)")
 
 
-def chunk_document(doc: ParsedDocument, *, size: int = 800, overlap: int = 120) -> list[Chunk]:
+def chunk_document(
+    doc: ParsedDocument, *, size: int = 800, overlap: int = 120, budget: Budget | None = None
+) -> list[Chunk]:
     """Split a document into chunks of at most ``size`` characters.
 
     Splits fall on paragraph breaks, else sentence ends, else line breaks, else spaces; a word is
     cut only when it alone is longer than ``size``. Each chunk but the first of a section starts
     with up to ``overlap`` characters of the previous chunk's tail, cut at a word start. Chunks
     never span a PDF page nor a heading: each page, and each Markdown/HTML section, is chunked on
-    its own. Deterministic.
+    its own. Deterministic. With a ``budget``, each chunk is counted against it, and the
+    document refused (:class:`~tether.errors.TooLarge`) at the first chunk over it.
     """
     if size < 1 or not 0 <= overlap < size:
         raise ConfigError(f"need size >= 1 and 0 <= overlap < size, got {size=} {overlap=}")
@@ -68,6 +72,8 @@ def chunk_document(doc: ParsedDocument, *, size: int = 800, overlap: int = 120) 
             for paragraph in _paragraphs(body):
                 _split(paragraph, "\n\n", 0, size - overlap, size, pieces)
             for text in _pack(pieces, size, overlap):
+                if budget is not None:
+                    budget.add_chunk()
                 chunks.append(Chunk(text, len(chunks), number if paged else None, heading))
     return chunks
 

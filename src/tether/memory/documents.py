@@ -9,11 +9,13 @@ The two steps live in :mod:`tether.memory.parse` and :mod:`tether.memory.chunks`
 where callers take them from, so that either can change inside without moving an import. Both are
 synchronous and CPU-bound: async callers run :func:`parse_and_chunk` in a worker thread. Malformed
 input of any kind raises :class:`~tether.errors.InvalidInput`, input over
-:data:`MAX_DOCUMENT_BYTES` :class:`~tether.errors.TooLarge`.
+:data:`MAX_DOCUMENT_BYTES`, or whose text is over the ingestion's
+:class:`~tether.memory.budget.Budget`, :class:`~tether.errors.TooLarge`.
 """
 
 from __future__ import annotations
 
+from tether.memory.budget import UNBOUNDED, Budget, IngestLimits
 from tether.memory.chunks import Chunk, chunk_document
 from tether.memory.parse import (
     MAX_DOCUMENT_BYTES,
@@ -25,7 +27,9 @@ from tether.memory.parse import (
 
 __all__ = [
     "MAX_DOCUMENT_BYTES",
+    "Budget",
     "Chunk",
+    "IngestLimits",
     "ParsedDocument",
     "chunk_document",
     "detect_media_type",
@@ -36,8 +40,10 @@ __all__ = [
 
 
 def parse_and_chunk(
-    name: str, data: bytes, media_type: str | None
+    name: str, data: bytes, media_type: str | None, budget: Budget | None = None
 ) -> tuple[ParsedDocument, list[Chunk]]:
-    """Parse a document and chunk it: both steps in one call, for one worker thread."""
-    parsed = parse_document(name, data, media_type)
-    return parsed, chunk_document(parsed)
+    """Parse a document and chunk it: both steps in one call, for one worker thread, within one
+    ``budget`` (default: none, :data:`~tether.memory.budget.UNBOUNDED`)."""
+    budget = budget or Budget(name, UNBOUNDED)
+    parsed = parse_document(name, data, media_type, budget=budget)
+    return parsed, chunk_document(parsed, budget=budget)

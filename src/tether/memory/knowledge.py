@@ -11,9 +11,11 @@ import asyncio
 import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 from tether.errors import DocumentNotFound, InvalidInput
+from tether.memory.budget import Budget, IngestLimits
 from tether.memory.documents import parse_and_chunk
 from tether.memory.embed import Vectors, to_blob
 from tether.records import (
@@ -40,6 +42,14 @@ def check_collection(name: str) -> str:
 
 Embed = Callable[[Sequence[str]], Awaitable[Vectors]]
 """Texts to vectors: the service's embedder, resolved on first use."""
+Reserve = Callable[[int], AbstractAsyncContextManager[None]]
+"""Room for this many bytes of records, held while they are written (or an error refusing it)."""
+
+
+def record_bytes(record: MemoryRecord, embedding: bytes) -> int:
+    """What a record takes in a store, as :meth:`RecallStore.storage_used` counts it: its text
+    (UTF-8) and its embedding."""
+    return len(record.content.encode()) + len(embedding)
 
 
 class Search(Protocol):
@@ -72,15 +82,25 @@ class KnowledgeService:
         media_type: str | None,
         author: str,
         progress: Callable[[int, int], None] | None = None,
+        limits: IngestLimits | None = None,
+        reserve: Reserve | None = None,
     ) -> Document:
-        """Parse, chunk, embed and store one document (text, Markdown, HTML or PDF) in ``ns``."""
+        """Parse, chunk, embed and store one document (text, Markdown, HTML or PDF) in ``ns``.
+
+        Within ``limits`` (default: :class:`IngestLimits`'s; :class:`TooLarge` past any of them,
+        before anything is stored);
+        ``reserve``, if given, is entered with the bytes the document's records take around the
+        one transaction that stores them, and may refuse them (a storage quota).
+        """
+        budget = Budget(name, limits)
         # Parsing a large PDF takes a while: off the event loop, so other requests go on.
-        parsed, chunks = await asyncio.to_thread(parse_and_chunk, name, data, media_type)
+        parsed, chunks = await asyncio.to_thread(parse_and_chunk, name, data, media_type, budget)
         if not chunks:
             raise InvalidInput(f"{name}: no text to index")
         doc_id, now = new_document_id(), time.time()
         vectors: list[Vectors] = []
         for start in range(0, len(chunks), EMBED_BATCH):
+            budget.check_time()
             batch = chunks[start : start + EMBED_BATCH]
             vectors.extend(await self._embed([c.text for c in batch]))
             if progress is not None:
@@ -114,7 +134,12 @@ class KnowledgeService:
             chars=sum(len(p) for p in parsed.pages),
             created_at=now,
         )
-        stored = await self.store.add_document(document, records)
+        budget.check_time()
+        if reserve is None:
+            stored = await self.store.add_document(document, records)
+        else:
+            async with reserve(sum(record_bytes(r, blob) for r, blob in records)):
+                stored = await self.store.add_document(document, records)
         # Adding a document again (same name, same collection and scope) replaces it: re-running
         # an ingestion must not double every passage. The new one is in before the old goes,
         # so a search in between finds one or the other, never neither.

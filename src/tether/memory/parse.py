@@ -2,8 +2,10 @@
 
 Everything here is synchronous and CPU-bound (PDF text extraction especially): async callers run it
 in a worker thread. Malformed input of any kind raises :class:`~tether.errors.InvalidInput`, never
-a parser's own exception; input over :data:`MAX_DOCUMENT_BYTES` raises
-:class:`~tether.errors.TooLarge`.
+a parser's own exception; input over :data:`MAX_DOCUMENT_BYTES`, or whose text is over its
+:class:`~tether.memory.budget.Budget` (characters, seconds), raises
+:class:`~tether.errors.TooLarge` as soon as that is known: a PDF stops at the page, indeed the
+text operation, where it went over.
 
 HTML headings come out of :func:`parse_document` as Markdown ``#`` lines, so that one heading rule
 serves both formats when chunking (:mod:`tether.memory.chunks`).
@@ -19,8 +21,13 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 from io import BytesIO
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tether.errors import InvalidInput, TooLarge
+from tether.memory.budget import UNBOUNDED, Budget
+
+if TYPE_CHECKING:
+    from pypdf import PageObject
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +120,7 @@ def detect_media_type(name: str, data: bytes, declared: str | None = None) -> st
 # ── parsing ──────────────────────────────────────────────────────────────────────────────────────
 
 
-def load_path(path: str | os.PathLike[str]) -> ParsedDocument:
+def load_path(path: str | os.PathLike[str], *, budget: Budget | None = None) -> ParsedDocument:
     """Read and parse a file; the document's name is the file name.
 
     An unreadable file raises :class:`InvalidInput`, a file over :data:`MAX_DOCUMENT_BYTES`
@@ -125,23 +132,32 @@ def load_path(path: str | os.PathLike[str]) -> ParsedDocument:
             data = fh.read(MAX_DOCUMENT_BYTES + 1)
     except OSError as exc:
         raise InvalidInput(f"cannot read {file}: {exc.strerror or exc}") from exc
-    return parse_document(file.name, data)
+    return parse_document(file.name, data, budget=budget)
 
 
-def parse_document(name: str, data: bytes, media_type: str | None = None) -> ParsedDocument:
+def parse_document(
+    name: str, data: bytes, media_type: str | None = None, *, budget: Budget | None = None
+) -> ParsedDocument:
     """Extract the text of a document; ``media_type`` may carry a ``charset`` (default UTF-8).
 
-    Raises :class:`TooLarge` over :data:`MAX_DOCUMENT_BYTES`, and :class:`InvalidInput` for text
-    that does not decode, a broken or encrypted PDF, or a PDF with no extractable text.
+    Raises :class:`TooLarge` over :data:`MAX_DOCUMENT_BYTES` or over ``budget`` (if given), and
+    :class:`InvalidInput` for text that does not decode or holds a NUL, a broken or encrypted
+    PDF, or a PDF with no extractable text.
     """
     if len(data) > MAX_DOCUMENT_BYTES:
         raise TooLarge(f"{name}: document is over {MAX_DOCUMENT_BYTES} bytes")
+    budget = budget or Budget(name, UNBOUNDED)
     kind = detect_media_type(name, data, media_type)
     if kind == PDF:
-        return ParsedDocument(name, kind, _pdf_pages(name, data))
+        return ParsedDocument(name, kind, _pdf_pages(name, data, budget))
     text = _decode(name, data, _split_content_type(media_type or "")[1])
+    if "\x00" in text:
+        # Refused whatever the declared type: no store may be handed a NUL (PostgreSQL text
+        # cannot hold one), and text with one is more likely binary than prose.
+        raise InvalidInput(f"{name}: the text holds a NUL character")
     if kind == HTML:
-        text = _html_text(text)
+        text = _html_text(text, budget)
+    budget.add_chars(len(text))
     return ParsedDocument(name, kind, [text])
 
 
@@ -163,17 +179,28 @@ def _decode(name: str, data: bytes, charset: str | None) -> str:
     return text.replace("\r\n", "\n")
 
 
-def _pdf_pages(name: str, data: bytes) -> list[str]:
-    from pypdf import PdfReader  # imported here: pypdf is only needed for PDFs
+def _pdf_pages(name: str, data: bytes, budget: Budget) -> list[str]:
+    # Imported here: pypdf is only needed for PDFs.
+    from pypdf import PdfReader
+    from pypdf.errors import LimitReachedError
 
     try:
         reader = PdfReader(BytesIO(data))
         # PdfReader already tried the empty user password; this tells whether that worked.
         if reader.is_encrypted and not reader.decrypt(""):
             raise InvalidInput(f"{name}: the PDF is encrypted with a password")
-        pages = [page.extract_text() or "" for page in reader.pages]
-    except InvalidInput:
+        # What the pages draw, counted before any of it is parsed: pages sharing one stream
+        # (a few kilobytes of file, millions of characters of text) are refused here.
+        content = 0
+        for page in reader.pages:
+            content += _content_size(page)
+            budget.check_pdf_content(content)
+            budget.check_time()
+        pages = [_page_text(page, budget) for page in reader.pages]
+    except (InvalidInput, TooLarge):
         raise
+    except LimitReachedError as exc:  # pypdf's own bounds: a stream decoding to over 75 MB…
+        raise TooLarge(f"{name}: the PDF expands past what can be read") from exc
     # A damaged file can fail anywhere inside pypdf, with any exception type (KeyError,
     # RecursionError, zlib.error…): all of them mean "this is not a PDF we can read".
     except Exception as exc:
@@ -183,6 +210,35 @@ def _pdf_pages(name: str, data: bytes) -> list[str]:
     if not any(page.strip() for page in pages):
         raise InvalidInput(f"{name}: the PDF has no extractable text (scanned images?)")
     return pages
+
+
+def _content_size(page: PageObject) -> int:
+    """Bytes of content a page draws, decoded (pypdf keeps a decoded stream: a stream shared
+    by many pages is decoded once)."""
+    contents = page.get("/Contents")
+    if contents is None:
+        return 0
+    contents = contents.get_object()
+    streams = contents if isinstance(contents, list) else [contents]
+    return sum(len(stream.get_object().get_data()) for stream in streams)
+
+
+def _page_text(page: PageObject, budget: Budget) -> str:
+    """A page's text, spending from ``budget`` as pypdf goes: it calls back for every operator
+    and every piece of text, so one page cannot run past the bounds either."""
+    seen = 0
+
+    def on_text(text: str, *_: object) -> None:
+        nonlocal seen
+        seen += len(text)
+        budget.check_chars(seen)
+
+    def on_operator(*_: object) -> None:
+        budget.check_time()
+
+    text = page.extract_text(visitor_text=on_text, visitor_operand_before=on_operator) or ""
+    budget.add_chars(len(text))
+    return text
 
 
 _SKIPPED = frozenset({"script", "style", "noscript", "template", "title", "head"})
@@ -210,6 +266,8 @@ class _TextExtractor(HTMLParser):
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)  # entities arrive decoded in handle_data
         self.parts: list[str] = []
+        self.chars = 0
+        """Characters of text so far (what the budget is checked against as the page is fed)."""
         self._skip: list[str] = []
         self._pre = 0
         self._in_heading = False
@@ -248,6 +306,7 @@ class _TextExtractor(HTMLParser):
             data = data.replace(_HEADING_MARK, "")
             keep_lines = self._pre and not self._in_heading
             self.parts.append(data if keep_lines else re.sub(r"\s+", " ", data))
+            self.chars += len(self.parts[-1])
 
     def _break(self, tag: str, *, start: bool) -> None:
         if tag in _BLOCK_TAGS:
@@ -259,9 +318,16 @@ class _TextExtractor(HTMLParser):
             self.parts.append(" ")
 
 
-def _html_text(markup: str) -> str:
+_FEED = 65_536
+"""Characters of markup parsed between two checks of the budget."""
+
+
+def _html_text(markup: str, budget: Budget) -> str:
     parser = _TextExtractor()
-    parser.feed(markup)
+    for start in range(0, len(markup), _FEED):
+        parser.feed(markup[start : start + _FEED])
+        budget.check_chars(parser.chars)
+        budget.check_time()
     parser.close()
     lines = []
     for raw in "".join(parser.parts).split("\n"):

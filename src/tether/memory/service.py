@@ -22,6 +22,7 @@ from tether.errors import (
     SessionNotFound,
     TooLarge,
 )
+from tether.memory.budget import IngestLimits
 from tether.memory.embed import (
     Embedder,
     Vectors,
@@ -29,7 +30,7 @@ from tether.memory.embed import (
     resolve_embedder,
     to_blob,
 )
-from tether.memory.knowledge import KnowledgeService, check_collection
+from tether.memory.knowledge import KnowledgeService, Reserve, check_collection
 from tether.memory.search import VectorIndex, fuse, query_terms
 from tether.records import (
     MEMORY_KINDS,
@@ -331,6 +332,10 @@ class MemoryService:
         namespaces = self.readable(principal, scopes, session_id=session_id, agent=agent)
         return await self.search(namespaces, query, limit=limit)
 
+    async def storage_used(self, principal: Principal) -> int:
+        """Bytes of memory and knowledge ``principal`` keeps (what a storage quota counts)."""
+        return await self.store.storage_used(principal.tenant, principal.user)
+
     async def forget_user(self, tenant: str, user: str) -> ForgetReport:
         """Everything of one user, gone: sessions, history, memory, knowledge, embeddings."""
         report = await self.store.forget_user(tenant, user)
@@ -352,8 +357,11 @@ class MemoryService:
         session_id: str | None = None,
         agent: str | None = None,
         progress: Callable[[int, int], None] | None = None,
+        limits: IngestLimits | None = None,
+        reserve: Reserve | None = None,
     ) -> Document:
-        """Parse, chunk, embed and store one document (text, Markdown, HTML or PDF)."""
+        """Parse, chunk, embed and store one document (text, Markdown, HTML or PDF), within
+        ``limits`` and the room ``reserve`` grants (:meth:`KnowledgeService.add_document`)."""
         collection = check_collection(collection)
         ns = await self.namespace(principal, scope, session_id=session_id, agent=agent, write=True)
         return await self._knowledge.add_document(
@@ -364,6 +372,8 @@ class MemoryService:
             media_type=media_type,
             author=principal.user,
             progress=progress,
+            limits=limits,
+            reserve=reserve,
         )
 
     async def list_documents(

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Path, Request
 
-from tether.errors import TooLarge
+from tether.errors import InvalidInput, TooLarge
 from tether.records import Principal, SessionKey, SessionRecord
 from tether.server.schemas import SESSION_ID
 from tether.server.state import ServerState, state_of
@@ -51,3 +51,6 @@ def check_message(st: ServerState, text: str) -> None:
     limit = st.settings.limits.max_message_chars
     if len(text) > limit:
         raise TooLarge(f"the message is {len(text)} characters; the limit is {limit}")
+    if "\x00" in text:
+        # Refused on every backend alike: PostgreSQL text cannot hold a NUL, SQLite's can.
+        raise InvalidInput("the message must not contain NUL characters")

@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
-from starlette.routing import BaseRoute
+from starlette.routing import BaseRoute, Match
 
 from tether.errors import (
     AgentNotFound,
@@ -31,13 +31,15 @@ from tether.errors import (
     RevisionConflict,
     SessionBusy,
     ShuttingDown,
+    StorageQuotaExceeded,
     StoreError,
     TetherError,
     TooLarge,
     Unauthorized,
 )
 from tether.events import EVENT_TYPES, TURN_ENDED
-from tether.server.schemas import ProblemOut
+from tether.server.memory_schemas import merge_scope_parameters
+from tether.server.schemas import ProblemOut, without_null
 
 log = logging.getLogger("tether.server")
 
@@ -48,12 +50,21 @@ BASE = "https://tether.dev/problems/"
 class Problem(Exception):
     """An HTTP problem raised from a route (for the few not mapped from TetherError)."""
 
-    def __init__(self, status: int, kind: str, title: str, detail: str, **extra: Any) -> None:
+    def __init__(
+        self,
+        status: int,
+        kind: str,
+        title: str,
+        detail: str,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> None:
         super().__init__(detail)
         self.status = status
         self.kind = kind
         self.title = title
         self.detail = detail
+        self.headers = headers
         self.extra = extra
 
 
@@ -78,6 +89,7 @@ _MAP: list[tuple[type[TetherError], int, str, str]] = [
     (LimitExceeded, 429, "limit-exceeded", "Over a per-principal limit"),
     (SessionBusy, 409, "session-busy", "Session busy"),
     (Conflict, 409, "conflict", "Conflict"),
+    (StorageQuotaExceeded, 413, "storage-quota", "Storage quota exceeded"),
     (TooLarge, 413, "too-large", "Payload too large"),
     (InvalidInput, 400, "invalid-input", "Invalid input"),
     (StoreError, 503, "store-unavailable", "Store unavailable"),
@@ -121,7 +133,9 @@ def install(app: FastAPI) -> None:
 
     async def problem(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, Problem)
-        return problem_response(exc.status, exc.kind, exc.title, exc.detail, **exc.extra)
+        return problem_response(
+            exc.status, exc.kind, exc.title, exc.detail, headers=exc.headers, **exc.extra
+        )
 
     async def validation(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
@@ -142,9 +156,11 @@ def install(app: FastAPI) -> None:
             errors=errors,
         )
 
-    async def http_error(_: Request, exc: Exception) -> JSONResponse:
+    async def http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         headers = dict(exc.headers) if exc.headers else None
+        if exc.status_code == 405:
+            headers = {**(headers or {}), "Allow": allowed_methods(request)}
         if exc.status_code == 400:
             # FastAPI's only 400: a JSON body its parser gave up on (too deeply nested, say).
             return problem_response(
@@ -166,6 +182,22 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, validation)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(Exception, unexpected)
+
+
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
+def allowed_methods(request: Request) -> str:
+    """Every method some route serves at the request's path, for a 405's ``Allow`` (Starlette
+    names those of the first route that matched the path only: GET of ``/v1/sessions/{sid}``
+    hides its PATCH and DELETE)."""
+    routes = request.app.router.routes
+    found = [
+        method
+        for method in _METHODS
+        if any(r.matches({**request.scope, "method": method})[0] is Match.FULL for r in routes)
+    ]
+    return ", ".join(found)
 
 
 # -- OpenAPI ------------------------------------------------------------------------------------
@@ -207,6 +239,7 @@ DESCRIPTIONS: dict[int, str] = {
     409: "conflict",
     413: "the body, message or metadata is over its size bound",
     422: "the body, query or headers do not match the schema",
+    428: "the request must say which revision it expects",
     429: "the session's queue of turns is full",
     502: "the model provider failed",
     503: "the store is unreachable",
@@ -279,6 +312,9 @@ def document(app: FastAPI, api_routes: Iterable[BaseRoute]) -> None:
         }
         for path, item in schema.get("paths", {}).items():
             for method, op in item.items():
+                for parameter in op.get("parameters", []):
+                    parameter["schema"] = without_null(parameter["schema"])
+                merge_scope_parameters(op)
                 route = routes.get((method, path))
                 documented = op.setdefault("responses", {})
                 implied = _implied(route) if route else set()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -9,6 +10,32 @@ from pydantic import BaseModel, ConfigDict, Field
 from tether.records import Item, Policy, SessionRecord, Turn
 
 SESSION_ID = r"^[A-Za-z0-9._:-]{1,128}$"
+MAX_INT64 = 2**63 - 1
+"""Revisions and cursors are stored as 64-bit integers: beyond this no stored one exists."""
+NO_NUL = r"^[^\x00]*$"
+"""Text the stores keep as text: PostgreSQL cannot hold a NUL, so no backend is given one."""
+_MINTED_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def without_null(schema: dict[str, Any]) -> dict[str, Any]:
+    """A parameter's schema without FastAPI's ``null`` alternative (of an optional parameter):
+    a query string, header or path holds text, and a fuzzer that sends ``null`` sends the text
+    ``null`` (``If-Match: null``). An optional parameter is one that is not ``required``."""
+    alternatives = schema.get("anyOf")
+    if not alternatives or not any(a.get("type") == "null" for a in alternatives):
+        return schema
+    rest = [a for a in alternatives if a.get("type") != "null"]
+    out = {k: v for k, v in schema.items() if k != "anyOf"}
+    if "default" in out and out["default"] is None:
+        del out["default"]
+    return {**rest[0], **out} if len(rest) == 1 else {**out, "anyOf": rest}
+
+
+def minted(value: str) -> bool:
+    """Whether ``value`` could be an id tether minted (``t_…``, ``mem_…``, ``doc_…``): anything
+    else is answered 404 without asking the store, which might refuse it otherwise (a NUL)."""
+    return _MINTED_ID.fullmatch(value) is not None
+
 
 # Session ids are documented with their pattern but checked by the route, so that a bad id
 # answers 400 ``invalid-input`` wherever it appears (path, body), never a 422 in one place and
@@ -46,7 +73,7 @@ class SessionPatch(Wire):
     metadata: dict[str, Any] | None = None
     state: dict[str, Any] | None = None
     ttl_seconds: float | None = Field(None, gt=0, le=10 * 365 * 86400)
-    expected_revision: int | None = Field(None, ge=0)
+    expected_revision: int | None = Field(None, ge=0, le=MAX_INT64)
 
 
 class SessionOut(BaseModel):
@@ -115,8 +142,17 @@ class ItemPage(BaseModel):
     next_cursor: str | None
 
 
+# NUL is documented here and refused by ``check_message`` (400 ``invalid-input``, as elsewhere).
+_MESSAGE_DOC: dict[str, Any] = {"pattern": NO_NUL}
+
+
 class TurnCreate(Wire):
-    input: str = Field(..., min_length=1, description="The user's message (user role only).")
+    input: str = Field(
+        ...,
+        min_length=1,
+        description="The user's message (user role only; no NUL characters).",
+        json_schema_extra=_MESSAGE_DOC,
+    )
     agent: str | None = Field(
         None, min_length=1, description="The agent to answer; default: the session's own."
     )
@@ -193,7 +229,12 @@ class ChatRequest(Wire):
     """PraisonAI AgentOS's ``/api/chat`` request."""
 
     model_config = ConfigDict(extra="ignore")
-    message: str = Field(..., min_length=1, description="The user's message (user role only).")
+    message: str = Field(
+        ...,
+        min_length=1,
+        description="The user's message (user role only; no NUL characters).",
+        json_schema_extra=_MESSAGE_DOC,
+    )
     session_id: str | None = Field(
         None,
         description="Continue (or start) this session of yours; omit (or empty) for a fresh one.",

@@ -6,11 +6,12 @@ import ipaddress
 import math
 import os
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tether.errors import ConfigError
+from tether.memory.budget import IngestLimits
 from tether.records import PrincipalLimits
 
 # One key drove 672 concurrent model calls across 1,500 sessions before these existed: a caller
@@ -50,6 +51,61 @@ class Limits:
     max_queue: int = 16
     max_header_bytes: int = 65_536
     """The request line and headers of one request, together (``tether serve``: 431 beyond)."""
+    # Knowledge and memory, per document and per user (``TETHER_<NAME>`` for each).
+    max_document_chars: int = 2_000_000
+    """Characters of text one document may give; extraction stops past it (413)."""
+    max_document_chunks: int = 5_000
+    max_ingest_seconds: float = 60.0
+    """Wall time to parse, chunk and embed one document (413 past it)."""
+    max_ingestions: int = 2
+    """Documents one user may have read in at once (429 with Retry-After beyond)."""
+    max_storage_bytes: int = 100_000_000
+    """Memory and knowledge one user may keep: text and embeddings (413 past it)."""
+
+    @property
+    def ingest(self) -> IngestLimits:
+        return IngestLimits(
+            max_chars=self.max_document_chars,
+            max_chunks=self.max_document_chunks,
+            max_seconds=self.max_ingest_seconds,
+        )
+
+
+_ENV_LIMITS: dict[str, type[int] | type[float]] = {
+    "max_document_chars": int,
+    "max_document_chunks": int,
+    "max_ingest_seconds": float,
+    "max_ingestions": int,
+    "max_storage_bytes": int,
+}
+"""Limits read from ``TETHER_<NAME>`` (``TETHER_MAX_STORAGE_BYTES``…)."""
+
+
+def _limits_from_env(env: Mapping[str, str]) -> Limits | None:
+    values: dict[str, int | float] = {}
+    for name, kind in _ENV_LIMITS.items():
+        variable = "TETHER_" + name.upper()
+        if env.get(variable):
+            try:
+                values[name] = kind(env[variable])
+            except ValueError:
+                raise ConfigError(f"{variable}={env[variable]!r} is not a number") from None
+            if not values[name] > 0:
+                raise ConfigError(f"{variable} must be positive, got {env[variable]!r}")
+    return Limits(**values) if values else None  # type: ignore[arg-type]
+
+
+_ENV_VALUES: dict[str, tuple[str, Callable[[str], object]]] = {
+    "host": ("TETHER_HOST", str),
+    "port": ("TETHER_PORT", int),
+    "data_dir": ("TETHER_DATA_DIR", Path),
+    "store": ("TETHER_STORE", str),
+    "model": ("TETHER_MODEL", str),
+    "node": ("TETHER_NODE", str),
+    "lease_ttl": ("TETHER_LEASE_TTL", float),
+    "drain_timeout": ("TETHER_DRAIN_TIMEOUT", float),
+}
+"""Settings read as they are from ``TETHER_*`` (checked by ``_check_runtime_values``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,39 +138,22 @@ class Settings:
         """Defaults, then ``TETHER_*`` variables, then explicit (non-None) overrides."""
         env = os.environ
         values: dict[str, object] = {}
-        if env.get("TETHER_HOST"):
-            values["host"] = env["TETHER_HOST"]
-        if env.get("TETHER_PORT"):
+        for name, (variable, kind) in _ENV_VALUES.items():
+            raw = env.get(variable)
+            if not raw:
+                continue
             try:
-                values["port"] = int(env["TETHER_PORT"])
+                values[name] = kind(raw)
             except ValueError:
-                raise ConfigError(f"TETHER_PORT={env['TETHER_PORT']!r} is not a port") from None
-        if env.get("TETHER_DATA_DIR"):
-            values["data_dir"] = Path(env["TETHER_DATA_DIR"])
-        if env.get("TETHER_STORE"):
-            values["store"] = env["TETHER_STORE"]
-        if env.get("TETHER_MODEL"):
-            values["model"] = env["TETHER_MODEL"]
-        if env.get("TETHER_NODE"):
-            values["node"] = env["TETHER_NODE"]
-        if env.get("TETHER_LEASE_TTL"):
-            try:
-                values["lease_ttl"] = float(env["TETHER_LEASE_TTL"])
-            except ValueError:
-                raise ConfigError(
-                    f"TETHER_LEASE_TTL={env['TETHER_LEASE_TTL']!r} is not a number"
-                ) from None
-        if env.get("TETHER_DRAIN_TIMEOUT"):
-            try:
-                values["drain_timeout"] = float(env["TETHER_DRAIN_TIMEOUT"])
-            except ValueError:
-                raise ConfigError(
-                    f"TETHER_DRAIN_TIMEOUT={env['TETHER_DRAIN_TIMEOUT']!r} is not a number"
-                ) from None
+                what = "a port" if name == "port" else "a number"
+                raise ConfigError(f"{variable}={raw!r} is not {what}") from None
         for name in ("allowed_hosts", "allowed_origins"):
             raw = env.get(f"TETHER_{name.upper()}")
             if raw:
                 values[name] = tuple(part.strip() for part in raw.split(",") if part.strip())
+        limits = _limits_from_env(env)
+        if limits is not None:
+            values["limits"] = limits
         values["principal"] = _principal_limits(env)
         given = {k: v for k, v in overrides.items() if v is not None}
         _check_runtime_values({**values, **given}, given.keys())

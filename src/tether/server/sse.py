@@ -17,6 +17,10 @@ from tether.records import Event
 PING_SECONDS = 15.0
 MAX_SEQ = 2**63 - 1
 """The largest seq a cursor may name: beyond it no stored integer exists (SQLite, PostgreSQL)."""
+LAST_EVENT_ID = r"^([ \t]*[A-Za-z0-9_-]{1,64}:[0-9]{1,18}[ \t]*)?$"
+"""What ``Last-Event-ID`` looks like, as documented (empty: none; 18 digits: always within
+:data:`MAX_SEQ`, though :func:`resume_point` takes 19 up to it). That its turn is the path's,
+no schema can say."""
 
 
 def frame(event: Event) -> bytes:

@@ -13,6 +13,7 @@ from tether.agent import Agent
 from tether.runtime import Runtime
 from tether.server.approvals import Approvals
 from tether.server.auth import Authenticator
+from tether.server.quotas import Quotas
 from tether.server.settings import Settings
 
 
@@ -24,6 +25,11 @@ class ServerState:
     approvals: Approvals
     agents: list[Agent]
     background: set[asyncio.Task[Any]] = field(default_factory=set)
+    quotas: Quotas = field(init=False)
+    """Per-user storage and ingestion bounds, from ``settings.limits``."""
+
+    def __post_init__(self) -> None:
+        self.quotas = Quotas(self.runtime.memory, self.settings.limits)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run ``coro`` detached from the request (kept referenced until it finishes)."""

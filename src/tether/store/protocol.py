@@ -430,6 +430,14 @@ class RecallStore(Protocol):
         """Delete a document and its chunks."""
         ...
 
+    # -- quotas ----------------------------------------------------------------------------------
+    async def storage_used(self, tenant: str, user: str) -> int:
+        """Bytes of records one user keeps: memory items and knowledge chunks (text as UTF-8,
+        and embedding) in their session and user namespaces, and those they wrote into their
+        tenant's shared ones (agent, tenant: ``author`` is the user). What a per-user storage
+        quota is checked against; indexes and document rows are not counted."""
+        ...
+
     # -- forget ----------------------------------------------------------------------------------
     async def forget_user(self, tenant: str, user: str) -> ForgetReport:
         """Delete everything of one user: sessions (items, turns, events, summaries), session

@@ -21,10 +21,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from tether.errors import DocumentNotFound, InvalidInput, TooLarge
 from tether.memory.documents import MAX_DOCUMENT_BYTES
 from tether.memory.knowledge import check_collection
+from tether.memory.parse import HTML, MARKDOWN, PDF, TEXT
 from tether.memory.service import MemoryService
 from tether.records import SCOPES
 from tether.server.deps import Caller, State
 from tether.server.memory_schemas import (
+    AGENT_DOC,
     SESSION_ID_DOC,
     DocumentForm,
     DocumentList,
@@ -34,16 +36,17 @@ from tether.server.memory_schemas import (
     KnowledgeHits,
     KnowledgeSearch,
     ScopeName,
+    scope_rule,
 )
 from tether.server.problems import Problem, responses
 from tether.server.routes.memory import (
     FORBIDDEN,
-    MAX_ID_CHARS,
     NOT_FOUND_TARGET,
     AgentQuery,
     SessionIdQuery,
     check_target,
 )
+from tether.server.schemas import minted
 
 router = APIRouter(prefix="/v1/knowledge", tags=["knowledge"])
 
@@ -154,17 +157,27 @@ async def _from_form(request: Request) -> _Upload:
     )
 
 
+FILE_TYPES = ", ".join((TEXT, MARKDOWN, HTML, PDF))
+"""The part types the schema names (other ``text/*`` parts and unlabelled ones are read too)."""
+
+
 def _upload_body() -> dict[str, Any]:
     form = {
         "type": "object",
         "required": ["file"],
         "properties": {
-            "file": {"type": "string", "format": "binary", "description": "The document."},
+            "file": {
+                "type": "string",
+                "format": "binary",
+                "description": "The document: UTF-8 text, Markdown, HTML or a PDF, with some "
+                "text to index (the part's content type says which).",
+            },
             "scope": {"type": "string", "enum": list(SCOPES), "default": "user"},
             "session_id": {"type": "string", **SESSION_ID_DOC},
-            "agent": {"type": "string", "minLength": 1, "maxLength": 128},
+            "agent": {"type": "string", "maxLength": 128, **AGENT_DOC},
         },
         "additionalProperties": False,
+        **scope_rule(),
     }
     json_schema = DocumentText.model_json_schema()
     json_schema.pop("title", None)
@@ -172,7 +185,10 @@ def _upload_body() -> dict[str, Any]:
         "requestBody": {
             "required": True,
             "content": {
-                "multipart/form-data": {"schema": form},
+                "multipart/form-data": {
+                    "schema": form,
+                    "encoding": {"file": {"contentType": FILE_TYPES}},
+                },
                 "application/json": {"schema": json_schema},
             },
         }
@@ -188,8 +204,11 @@ def _upload_body() -> dict[str, Any]:
         422,
         e403=FORBIDDEN,
         e404=NOT_FOUND_TARGET,
-        e413=f"the body or the document is too large (documents: {MAX_DOCUMENT_BYTES} bytes)",
+        e413=f"the body or the document is too large (documents: {MAX_DOCUMENT_BYTES} bytes;"
+        " their text, chunks and reading time are bounded too), or it would take you past your"
+        " storage quota (type storage-quota)",
         e415=UNSUPPORTED,
+        e429="too many of your documents are being read in at once (see Retry-After)",
     ),
 )
 async def add_document(
@@ -203,30 +222,34 @@ async def add_document(
     """
     check_collection(collection)  # before reading a body of up to 20 MB
     kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
-    if kind == "multipart/form-data":
-        upload = await _from_form(request)
-    elif kind == "application/json":
-        upload = await _from_json(request)
-    else:
+    if kind not in ("multipart/form-data", "application/json"):
         raise Problem(415, "unsupported-media-type", "Unsupported media type", UNSUPPORTED)
-    await check_target(
-        st,
-        caller,
-        session_id=upload.session_id,
-        agent=upload.agent,
-        scope=upload.scope,
-        write=True,
-    )
-    document = await st.runtime.memory.add_document(
-        caller,
-        collection,
-        upload.data,
-        name=upload.name,
-        media_type=upload.media_type,
-        scope=upload.scope,
-        session_id=upload.session_id,
-        agent=upload.agent,
-    )
+    # Both bounds before the body is read: a user past either costs us no parsing.
+    async with st.quotas.ingestion(caller):
+        await st.quotas.ensure_room(caller)
+        upload = await (
+            _from_form(request) if kind == "multipart/form-data" else _from_json(request)
+        )
+        await check_target(
+            st,
+            caller,
+            session_id=upload.session_id,
+            agent=upload.agent,
+            scope=upload.scope,
+            write=True,
+        )
+        document = await st.runtime.memory.add_document(
+            caller,
+            collection,
+            upload.data,
+            name=upload.name,
+            media_type=upload.media_type,
+            scope=upload.scope,
+            session_id=upload.session_id,
+            agent=upload.agent,
+            limits=st.settings.limits.ingest,
+            reserve=lambda size: st.quotas.reserve(caller, size),
+        )
     return DocumentOut.of(document)
 
 
@@ -265,7 +288,7 @@ async def delete_document(
     """Delete a document and its chunks."""
     check_collection(collection)
     await check_target(st, caller, session_id=session_id, agent=agent)
-    if len(doc_id) > MAX_ID_CHARS:
+    if not minted(doc_id):
         raise DocumentNotFound("document not found")
     await st.runtime.memory.delete_document(
         caller, collection, doc_id, scope=scope, session_id=session_id, agent=agent

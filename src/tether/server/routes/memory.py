@@ -8,14 +8,17 @@ names a session of the caller's own, and an item id of someone else's memory ans
 
 from __future__ import annotations
 
+import contextlib
+import re
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Path, Query, Response
 
-from tether.errors import InvalidInput, MemoryNotFound
+from tether.errors import InvalidInput, MemoryNotFound, RevisionConflict
 from tether.records import SCOPES, MemoryRecord, Principal, SessionKey
 from tether.server.deps import Caller, State
 from tether.server.memory_schemas import (
+    AGENT_DOC,
     SESSION_ID_DOC,
     Cleared,
     MemoryCreate,
@@ -26,15 +29,14 @@ from tether.server.memory_schemas import (
     MemorySearch,
     ScopeName,
 )
-from tether.server.problems import responses
+from tether.server.problems import Problem, responses
+from tether.server.schemas import minted
 from tether.server.state import ServerState
 
 router = APIRouter(prefix="/v1/memory", tags=["memory"])
 
 MAX_SEQ = 2**63 - 1
 """Cursors are sequence numbers, stored as 64-bit integers."""
-MAX_ID_CHARS = 64
-"""Longer ids are never ours: answered 404 without asking the store."""
 
 SessionIdQuery = Annotated[
     str | None,
@@ -44,7 +46,12 @@ SessionIdQuery = Annotated[
     ),
 ]
 AgentQuery = Annotated[
-    str | None, Query(max_length=128, description="An agent name: required for agent scope.")
+    str | None,
+    Query(
+        max_length=128,
+        description="An agent name: required for agent scope.",
+        json_schema_extra=AGENT_DOC,
+    ),
 ]
 MemoryIdPath = Annotated[str, Path(description="A memory item id (``mem_…``).")]
 
@@ -87,12 +94,16 @@ def _etag(response: Response, revision: int) -> None:
     response.headers["ETag"] = f'"{revision}"'
 
 
+IF_MATCH = r'^[ \t]*(W/)?("[0-9]{1,18}"|[0-9]{1,18})[ \t]*$'
+"""``3``, ``"3"`` or ``W/"3"``: the item's revision is its entity tag."""
+
+
 def _if_match(value: str) -> int:
-    """``If-Match: 3``, ``"3"`` or ``W/"3"`` → 3 (the revision is the item's entity tag)."""
-    tag = value.strip().removeprefix("W/").strip('"')
-    if not tag.isdigit() or len(tag) > 18:
+    """``If-Match: 3``, ``"3"`` or ``W/"3"`` → 3 (ASCII digits: ``"²".isdigit()`` is true)."""
+    match = re.fullmatch(IF_MATCH, value)
+    if match is None:
         raise InvalidInput('If-Match must carry the item\'s revision, e.g. If-Match: "3"')
-    return int(tag)
+    return int(match[2].strip('"'))
 
 
 @router.get("", responses=responses(400, 404))
@@ -120,7 +131,11 @@ async def list_memory(
 @router.post(
     "",
     status_code=201,
-    responses=responses(e403=FORBIDDEN, e404=NOT_FOUND_TARGET),
+    responses=responses(
+        e403=FORBIDDEN,
+        e404=NOT_FOUND_TARGET,
+        e413="the content is over 8,000 characters, or past your storage quota (storage-quota)",
+    ),
 )
 async def create_memory(
     body: MemoryCreate, st: State, caller: Caller, response: Response
@@ -130,14 +145,16 @@ async def create_memory(
     await check_target(
         st, caller, session_id=body.session_id, agent=body.agent, scope=body.scope, write=True
     )
-    record = await st.runtime.memory.add(
-        caller,
-        body.content,
-        scope=body.scope,
-        kind=body.kind,
-        session_id=body.session_id,
-        agent=body.agent,
-    )
+    # Admitted by its text: the embedding (a fixed size per item) is counted once stored.
+    async with st.quotas.reserve(caller, len(body.content.encode())):
+        record = await st.runtime.memory.add(
+            caller,
+            body.content,
+            scope=body.scope,
+            kind=body.kind,
+            session_id=body.session_id,
+            agent=body.agent,
+        )
     response.headers["Location"] = f"/v1/memory/{record.id}"
     _etag(response, record.revision)
     return MemoryOut.of(record)
@@ -173,7 +190,7 @@ async def search_memory(body: MemorySearch, st: State, caller: Caller) -> Memory
 
 
 async def _get(st: ServerState, caller: Principal, item_id: str) -> MemoryRecord:
-    if len(item_id) > MAX_ID_CHARS:
+    if not minted(item_id):
         raise MemoryNotFound("memory item not found")
     return await st.runtime.memory.get(caller, item_id)
 
@@ -194,7 +211,9 @@ async def get_memory(
         400,
         404,
         e403=FORBIDDEN,
-        e409="the item's revision is not the expected one (current_revision says what it is)",
+        e409="the item's revision is not the expected one, or expected_revision and If-Match"
+        " disagree (current_revision says what it is)",
+        e428="neither expected_revision nor If-Match says which revision you read",
     ),
 )
 async def patch_memory(
@@ -205,24 +224,45 @@ async def patch_memory(
     response: Response,
     if_match: Annotated[
         str | None,
-        Header(max_length=64, description="The expected revision, instead of the body's."),
+        Header(
+            max_length=64,
+            description="The expected revision, instead of the body's.",
+            json_schema_extra={"pattern": IF_MATCH},
+        ),
     ] = None,
 ) -> MemoryOut:
     """Rewrite an item if nobody changed it since you read it: ``expected_revision`` (or
     ``If-Match``) must be its current revision, else 409 with ``current_revision``."""
-    expected = body.expected_revision
+    expected: set[int] = set()
+    if body.expected_revision is not None:
+        expected.add(body.expected_revision)
     if if_match is not None:
-        from_header = _if_match(if_match)
-        if expected is not None and expected != from_header:
-            raise InvalidInput("expected_revision and If-Match disagree")
-        expected = from_header
-    if expected is None:
-        raise InvalidInput("expected_revision (or an If-Match header) is required")
-    if len(item_id) > MAX_ID_CHARS:
+        expected.add(_if_match(if_match))
+    if not expected:
+        # A rule across body and header, which no schema states: HTTP's own status for it.
+        raise Problem(
+            428,
+            "precondition-required",
+            "Precondition required",
+            "expected_revision (or an If-Match header) is required",
+        )
+    if not minted(item_id):
         raise MemoryNotFound("memory item not found")
-    record = await st.runtime.memory.update(
-        caller, item_id, content=body.content, expected_revision=expected, kind=body.kind
-    )
+    current = await st.runtime.memory.get(caller, item_id)
+    if len(expected) > 1:
+        # Two preconditions that disagree: at most one is the current revision, so the write
+        # fails as any stale one does.
+        raise RevisionConflict(
+            f"expected_revision and If-Match disagree; the revision is {current.revision}",
+            current_revision=current.revision,
+        )
+    growth = len(body.content.encode()) - len(current.content.encode())
+    # A rewrite that does not grow the item always fits, even for a user past the bound.
+    room = st.quotas.reserve(caller, growth) if growth > 0 else contextlib.nullcontext()
+    async with room:
+        record = await st.runtime.memory.update(
+            caller, item_id, content=body.content, expected_revision=expected.pop(), kind=body.kind
+        )
     _etag(response, record.revision)
     return MemoryOut.of(record)
 
@@ -230,7 +270,7 @@ async def patch_memory(
 @router.delete("/{item_id}", status_code=204, responses=responses(404, e403=FORBIDDEN))
 async def delete_memory(item_id: MemoryIdPath, st: State, caller: Caller) -> Response:
     """Forget one item."""
-    if len(item_id) > MAX_ID_CHARS:
+    if not minted(item_id):
         raise MemoryNotFound("memory item not found")
     await st.runtime.memory.delete(caller, item_id)
     return Response(status_code=204)

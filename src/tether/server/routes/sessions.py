@@ -46,17 +46,20 @@ def _depth(value: object) -> int:
 
 
 def _check_metadata(st: ServerState, what: str, value: dict[str, Any] | None) -> None:
-    """Plain JSON (Python's parser lets NaN and Infinity through), not too deep, within the
-    size bound."""
+    """Plain JSON (Python's parser lets NaN, Infinity and lone surrogates through), not too
+    deep, within the size bound."""
     if value is None:
         return
     if _depth(value) > MAX_DEPTH:
         raise InvalidInput(f"{what} nests deeper than {MAX_DEPTH} levels")
     try:
         text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+        # A "\ud800" escape parses to a lone surrogate: text no store can encode (UTF-8).
+        size = len(text.encode())
+    except UnicodeEncodeError:
+        raise InvalidInput(f"{what} must be valid Unicode (no lone surrogates)") from None
     except ValueError:
         raise InvalidInput(f"{what} must be plain JSON (no NaN or Infinity)") from None
-    size = len(text.encode())
     limit = st.settings.limits.max_metadata_bytes
     if size > limit:
         raise TooLarge(f"{what} is {size} bytes; the limit is {limit}")

@@ -16,7 +16,14 @@ from tether.records import Event, SessionKey, Turn
 from tether.server import sse
 from tether.server.deps import Caller, Key, OwnSession, State, check_message
 from tether.server.routes.outcomes import turn_response
-from tether.server.schemas import Decision, DecisionOut, TurnCreate, TurnOut, TurnPage
+from tether.server.schemas import (
+    Decision,
+    DecisionOut,
+    TurnCreate,
+    TurnOut,
+    TurnPage,
+    minted,
+)
 from tether.server.state import ServerState
 
 router = APIRouter(prefix="/v1/sessions/{sid}/turns", tags=["turns"])
@@ -151,7 +158,7 @@ async def list_turns(
 
 
 async def _own_turn(st: ServerState, key: SessionKey, tid: str) -> Turn:
-    if len(tid) > 64:
+    if not minted(tid):
         raise TurnNotFound("turn not found")
     turn = await st.runtime.sessions.turn(key, tid)
     if turn is None:
@@ -167,7 +174,11 @@ async def get_turn(tid: str, st: State, key: Key, _: OwnSession) -> TurnOut:
 
 @router.get(
     "/{tid}/events",
-    responses={200: {"content": SSE}, **NOT_FOUND},
+    responses={
+        200: {"content": SSE},
+        204: {"description": "Last-Event-ID names the turn's turn.ended: the stream is over"},
+        **NOT_FOUND,
+    },
     response_class=StreamingResponse,
 )
 async def turn_events(
@@ -175,14 +186,42 @@ async def turn_events(
     st: State,
     key: Key,
     _: OwnSession,
-    last_event_id: Annotated[str | None, Header(max_length=200)] = None,
+    last_event_id: Annotated[
+        str | None,
+        Header(
+            max_length=200,
+            description="``<turn id>:<seq>`` of this turn's last event you got.",
+            json_schema_extra={"pattern": sse.LAST_EVENT_ID},
+        ),
+    ] = None,
     after: Annotated[
         int | None, Query(ge=0, le=sse.MAX_SEQ, description="resume after this seq")
     ] = None,
-) -> StreamingResponse:
-    """SSE: replays a finished turn, tails a running one; resumes after ``Last-Event-ID``."""
-    await _own_turn(st, key, tid)
-    return event_stream(st, key, tid, sse.resume_point(tid, last_event_id, after), "continue")
+) -> Response:
+    """SSE: replays a finished turn, tails a running one; resumes after ``Last-Event-ID``.
+
+    Resuming from the turn's ``turn.ended`` itself answers 204: the stream is over, and 204 is
+    what tells an ``EventSource`` to stop reconnecting (a replayed ``turn.ended`` would make it
+    reconnect for ever)."""
+    turn = await _own_turn(st, key, tid)
+    resume = sse.resume_point(tid, last_event_id, after)
+    if turn.ended and resume and await _ended_at(st, key, tid, resume):
+        return Response(status_code=204)
+    return event_stream(st, key, tid, resume, "continue")
+
+
+async def _ended_at(st: ServerState, key: SessionKey, tid: str, seq: int) -> bool:
+    """Whether the turn's event ``seq`` is its ``turn.ended``.
+
+    Only that one: a resume id past every stored event comes from a process that died before
+    persisting them, and that client is still owed the terminal event the recovery wrote (the
+    replay yields it, with a smaller seq)."""
+    events = st.runtime.scheduler.events(key, tid, after_seq=seq - 1)
+    try:
+        first = await anext(events, None)
+    finally:
+        await events.aclose()
+    return first is not None and first.seq == seq and first.type == TURN_ENDED
 
 
 @router.post("/{tid}/cancel", responses=NOT_FOUND)

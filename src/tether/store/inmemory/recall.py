@@ -179,6 +179,17 @@ class Recall(State):
             [self._rows[s].embedding for s in seqs],
         )
 
+    # -- quotas ----------------------------------------------------------------------------------
+    async def storage_used(self, tenant: str, user: str) -> int:
+        used = 0
+        for row in self._rows.values():
+            ns = row.record.namespace
+            if ns.tenant != tenant:
+                continue
+            if ns.owner == user or (not ns.owner and provenance(row.record)[1] == user):
+                used += len(row.record.content.encode()) + len(row.embedding)
+        return used
+
     # -- knowledge documents ---------------------------------------------------------------------
     async def add_document(
         self, document: Document, chunks: Sequence[tuple[MemoryRecord, bytes]]

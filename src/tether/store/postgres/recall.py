@@ -185,6 +185,11 @@ class Recall(Connection):
             [bytes(r[1]) for r in rows],
         )
 
+    # -- quotas ----------------------------------------------------------------------------------
+    async def storage_used(self, tenant: str, user: str) -> int:
+        async with self._conn() as conn:
+            return int(await conn.fetchval(q.STORAGE_USED, tenant, user))
+
     # -- knowledge documents ---------------------------------------------------------------------
     async def add_document(
         self, document: Document, chunks: Sequence[tuple[MemoryRecord, bytes]]

@@ -21,6 +21,12 @@ BUMP = (
     " ON CONFLICT (ns, collection) DO UPDATE SET version = excluded.version"
 )
 VERSION = "SELECT version FROM memory_versions WHERE ns = $1 AND collection = $2"
+# ``owner IN ($2, '')`` walks memory_by_owner for both halves: the user's own namespaces, and the
+# shared ones (no owner), where only the rows they wrote count.
+STORAGE_USED = (
+    "SELECT COALESCE(SUM(octet_length(content) + octet_length(embedding)), 0) FROM memory"
+    " WHERE tenant = $1 AND owner IN ($2, '') AND (owner = $2 OR author = $2)"
+)
 RECORD_IN = f"SELECT {RECORD_COLS} FROM memory WHERE id = $1 AND ns = ANY($2::text[])"
 LOCATE = "SELECT ns FROM memory WHERE id = $1"
 LIST_RECORDS = (

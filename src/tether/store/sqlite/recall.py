@@ -189,6 +189,14 @@ class Recall(Connection):
 
         return await self._run(lambda c: read_snapshot(c, read))
 
+    # -- quotas ----------------------------------------------------------------------------------
+    async def storage_used(self, tenant: str, user: str) -> int:
+        def read(c: sqlite3.Connection) -> int:
+            (used,) = c.execute(q.STORAGE_USED, (tenant, user, user, user)).fetchone()
+            return int(used)
+
+        return await self._run(read)
+
     # -- knowledge documents ---------------------------------------------------------------------
     async def add_document(
         self, document: Document, chunks: Sequence[tuple[MemoryRecord, bytes]]

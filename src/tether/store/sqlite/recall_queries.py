@@ -22,6 +22,12 @@ SET_VERSION = (
     " ON CONFLICT (ns, collection) DO UPDATE SET version = excluded.version"
 )
 VERSION = "SELECT version FROM memory_versions WHERE ns = ? AND collection = ?"
+# ``owner IN (?, '')`` walks memory_by_owner for both halves: the user's own namespaces, and the
+# shared ones (no owner), where only the rows they wrote count.
+STORAGE_USED = (
+    "SELECT COALESCE(SUM(length(CAST(content AS BLOB)) + length(embedding)), 0) FROM memory"
+    " WHERE tenant = ? AND owner IN (?, '') AND (owner = ? OR author = ?)"
+)
 VERSIONS = "SELECT ns, version FROM memory_versions WHERE collection = ? AND ns IN ({ns})"
 
 INSERT_RECORD = f"INSERT INTO memory ({INSERT_COLS}) VALUES ({in_list(16)}) RETURNING seq"

@@ -14,7 +14,7 @@ The suite is cut by capability, one class each, so a failure names what broke:
 * :class:`EventsConformance`: a turn's events, resuming them, cancel requests;
 * :class:`RecallConformance`: memory records: round trips, compare-and-set, isolation;
 * :class:`SearchConformance`: vector versions and snapshots, lexical search;
-* :class:`DocumentsConformance`: knowledge documents and their chunks;
+* :class:`DocumentsConformance`: knowledge documents and their chunks; storage used per user;
 * :class:`ForgetConformance`: forgetting a user;
 * :class:`LimitsConformance`: per-principal bounds on turns and sessions;
 * :class:`LifecyclesConformance`: session memory dies with its session; a turn's memory

@@ -12,9 +12,12 @@ from tether.errors import Conflict, InvalidInput
 from tether.records import CHUNK
 from tether.store.protocol import Store
 from tether.testing.conformance._support import (
+    AGENT,
     ALICE,
+    ALICE_ELSEWHERE,
     ALICE_S1,
     BOB,
+    TENANT,
     add_doc,
     document,
     ids,
@@ -92,3 +95,26 @@ class DocumentsConformance:
             await store.add_document(document(ALICE, "d4", "", 0), [])
         assert await store.list_documents(ALICE) == [doc]
         assert await store.list_memory([BOB], collection="docs") == []
+
+    async def test_storage_used_is_what_a_user_keeps(self, store: Store) -> None:
+        """Text (UTF-8 bytes) and embedding of the user's own records, and of the shared ones
+        they wrote; nobody else's, and nothing once deleted."""
+        assert await store.storage_used("acme", "alice") == 0
+        emb = len(vec(1.0, 0.0))
+        await put(store, ALICE, "m1", "héllo")  # six bytes of text
+        await put(store, ALICE_S1, "m2", "abc")
+        await put(store, TENANT, "t1", "shared", meta={"author": "alice"})
+        await put(store, AGENT, "a1", "by bob", meta={"author": "bob"})
+        await put(store, BOB, "b1", "bob's")
+        await put(store, ALICE_ELSEWHERE, "x1", "same name, other tenant")
+        _, chunks = await add_doc(store, ALICE, "d1", chunks=2)
+        doc_bytes = sum(len(c.content.encode()) + len(vec(0.0, 1.0)) for c in chunks)
+        mine = (6 + emb) + (3 + emb) + (6 + emb) + doc_bytes
+        assert await store.storage_used("acme", "alice") == mine
+        assert await store.storage_used("acme", "bob") == (6 + emb) + (5 + emb)
+        assert await store.storage_used("globex", "alice") == len("same name, other tenant") + emb
+        assert await store.storage_used("acme", "carol") == 0
+
+        assert await store.delete_document(ALICE, "docs", "d1") is True
+        assert await store.delete_memory(ALICE_S1, "m2") is True
+        assert await store.storage_used("acme", "alice") == mine - doc_bytes - (3 + emb)
