@@ -143,7 +143,7 @@ class Runtime:
         """The agent served under ``name``; AgentNotFound names the ones that are."""
         agent = self.agents.get(name)
         if agent is None:
-            known = sorted(self.agents)
+            known = list(self.agents)  # in the order they were registered, as GET /v1/agents
             raise AgentNotFound(
                 f"no agent named {name!r}; this server runs: {', '.join(known) or 'no agents'}",
                 known=known,

@@ -16,6 +16,7 @@ import pexpect
 import pytest
 from rich.console import Console
 
+from tests.server import apps
 from tests.server.conftest import PYTHONPATH, ROOT, Server
 from tether.cli._chat_view import show_event
 from tether.testing.fake_openai import FakeOpenAIServer
@@ -239,7 +240,8 @@ def test_local_chat_with_an_unknown_agent_fails_cleanly(
     data = str(tmp_path / "data")
     child = spawn("tests.server.apps:app", "--agent", "nobody", "--data-dir", data)
     children.append(child)
-    child.expect_exact("no agent named 'nobody' (the agents here: echo, slow, approver, steady)")
+    known = ", ".join(a.name for a in apps.agents)
+    child.expect_exact(f"no agent named 'nobody' (the agents here: {known})")
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 2

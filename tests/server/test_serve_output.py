@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.server import apps
 from tests.server.conftest import PYTHONPATH, ROOT, ServerFactory
 from tether.testing.fake_openai import FakeOpenAIServer
 
@@ -31,7 +32,8 @@ def test_the_server_log_says_what_a_newcomer_needs_and_nothing_else(
     log = srv.output()
 
     # The banner comes once the socket listens and the app has started, with the real URL.
-    banner = f"tether: serving echo, slow, approver, steady, upstream on {srv.url} (store "
+    served = ", ".join([*(a.name for a in apps.agents), "upstream"])  # the fake upstream's too
+    banner = f"tether: serving {served} on {srv.url} (store "
     assert banner in log, log
     assert log.index("Application startup complete") < log.index(banner)
     # One line per request, with its status.
