@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -30,17 +28,10 @@ from pathlib import Path
 
 import httpx
 
+from _serve import serve as run_server
+
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 60.0
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @contextlib.contextmanager
@@ -58,31 +49,11 @@ def tmpfs(size_mb: int) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def serve(data_dir: Path) -> Iterator[str]:
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
-    cmd = [sys.executable, "-m", "tether", "serve", "tests.server.apps:app", "--port", str(port)]
-    cmd += ["--data-dir", str(data_dir), "--log-level", "warning"]
-    log = Path(tempfile.gettempdir()) / f"tether-disk-full-{port}.log"
-    with log.open("wb") as sink:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    log = Path(tempfile.gettempdir()) / f"tether-disk-full-{os.getpid()}.log"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(url + "/readyz", timeout=1).status_code == 200:
-                    break
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise SystemExit(f"server did not start:\n{log.read_text(errors='replace')}")
-            time.sleep(0.1)
-        yield url
+        with run_server(data_dir, log) as url:
+            yield url
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
         print(f"(server log: {log})")
 
 

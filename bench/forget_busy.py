@@ -18,21 +18,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 
+from _serve import serve as run_server
 from tether.keys import mint_key
 from tether.store import SQLiteStore
 
@@ -56,35 +51,8 @@ def make_keys(path: Path) -> dict[str, str]:
     return asyncio.run(make())
 
 
-@contextlib.contextmanager
-def serve(data_dir: Path) -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
-    cmd = [sys.executable, "-m", "tether", "serve", "tests.server.apps:app", "--port", str(port)]
-    cmd += ["--data-dir", str(data_dir), "--log-level", "warning"]
-    log = data_dir / "server.log"
-    with log.open("wb") as sink:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(url + "/readyz", timeout=1).status_code == 200:
-                    break
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise SystemExit(f"server did not start:\n{log.read_text(errors='replace')}")
-            time.sleep(0.1)
-        yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def serve(data_dir: Path) -> contextlib.AbstractContextManager[str]:
+    return run_server(data_dir, data_dir / "server.log")
 
 
 def bob(url: str, key: str, n: int, stop: threading.Event, got: Counter[int]) -> None:

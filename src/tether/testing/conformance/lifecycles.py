@@ -16,7 +16,7 @@ import pytest
 
 from tether.errors import StaleLease
 from tether.events import TURN_ENDED
-from tether.records import MemoryWrites, Namespace, TurnEnding
+from tether.records import EndStatus, MemoryWrites, Namespace, Reason, TurnEnding
 from tether.store.protocol import Store
 from tether.testing.conformance._support import (
     acquire,
@@ -41,6 +41,19 @@ def _writes(ns: Namespace, *record_ids: str, delete: tuple[str, ...] = ()) -> Me
         ),
         delete=tuple((ns, r) for r in delete),
     )
+
+
+async def _end_with_writes(store: Store, ending: TurnEnding) -> tuple[Namespace, str, int]:
+    """End a running turn that noted ``m-new`` in place of the older ``m-old``: the session's
+    namespace, the old record's id and the namespace's version before the ending."""
+    k = await new_session(store)
+    ns = Namespace.session(k)
+    old = await put(store, ns, "m-old", "My name is Alice", meta={"author": "auto"})
+    lease = await running_turn(store, k, "t1")
+    before = await version(store, ns)
+    writes = _writes(ns, "m-new", delete=(old.id,))
+    await store.end_turn(lease, "t1", ending, [], [ev(3, TURN_ENDED)], memory=writes)
+    return ns, old.id, before
 
 
 class LifecyclesConformance:
@@ -104,47 +117,30 @@ class LifecyclesConformance:
         assert await store.get_memory(user_note.namespace, user_note.id) == user_note
         assert await ids(store, [ns], collection="docs") == [c.id for c in chunks]
 
-    @pytest.mark.parametrize("status", ["completed", "cancelled", "interrupted", "limit_reached"])
+    @pytest.mark.parametrize(
+        ("status", "reason"),
+        [
+            ("completed", "answered"),
+            ("cancelled", "cancelled"),
+            ("interrupted", "interrupt"),
+            ("limit_reached", "max_iterations"),
+        ],
+    )
     async def test_an_ending_that_keeps_items_commits_the_turns_memory(
-        self, store: Store, status: str
+        self, store: Store, status: EndStatus, reason: Reason
     ) -> None:
-        k = await new_session(store)
-        ns = Namespace.session(k)
-        old = await put(store, ns, "m-old", "My name is Alice", meta={"author": "auto"})
-        lease = await running_turn(store, k, "t1")
-        before = await version(store, ns)
-        ending = TurnEnding(status, "answered" if status == "completed" else "cancelled")  # type: ignore[arg-type]
-        await store.end_turn(
-            lease,
-            "t1",
-            ending,
-            [],
-            [ev(3, TURN_ENDED)],
-            memory=_writes(ns, "m-new", delete=(old.id,)),
-        )
+        ns, _, before = await _end_with_writes(store, TurnEnding(status, reason))
         assert await ids(store, [ns]) == ["m-new"]
         assert await version(store, ns) > before
 
-    @pytest.mark.parametrize("status", ["failed", "rolled_back"])
+    @pytest.mark.parametrize(
+        ("status", "reason"), [("failed", "model_error"), ("rolled_back", "rollback")]
+    )
     async def test_an_ending_that_drops_items_drops_the_turns_memory(
-        self, store: Store, status: str
+        self, store: Store, status: EndStatus, reason: Reason
     ) -> None:
-        k = await new_session(store)
-        ns = Namespace.session(k)
-        old = await put(store, ns, "m-old", "My name is Alice", meta={"author": "auto"})
-        lease = await running_turn(store, k, "t1")
-        before = await version(store, ns)
-        reason = "model_error" if status == "failed" else "rollback"
-        ending = TurnEnding(status, reason)  # type: ignore[arg-type]
-        await store.end_turn(
-            lease,
-            "t1",
-            ending,
-            [],
-            [ev(3, TURN_ENDED)],
-            memory=_writes(ns, "m-new", delete=(old.id,)),
-        )
-        assert await ids(store, [ns]) == [old.id]
+        ns, old_id, before = await _end_with_writes(store, TurnEnding(status, reason))
+        assert await ids(store, [ns]) == [old_id]
         assert await version(store, ns) == before
 
     async def test_a_stale_ending_writes_no_memory(self, store: Store) -> None:

@@ -1,0 +1,53 @@
+"""A ``tether serve`` of the test apps for the benchmarks that need a real server process."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def serve(data_dir: Path, log: Path, *args: str) -> Iterator[str]:
+    """Serve ``tests.server.apps:app`` on ``data_dir`` until the block ends; yields its URL
+    once ``/readyz`` answers 200. The checkout's own src comes first on the path."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    cmd = [sys.executable, "-m", "tether", "serve", "tests.server.apps:app", "--port", str(port)]
+    cmd += ["--data-dir", str(data_dir), "--log-level", "warning", *args]
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(url + "/readyz", timeout=1).status_code == 200:
+                    break
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise SystemExit(f"server did not start:\n{log.read_text(errors='replace')}")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
