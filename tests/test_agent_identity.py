@@ -13,7 +13,7 @@ import pytest
 
 import tether.embedded
 from tests.helpers import key, running
-from tether import Agent, ConfigError, Session, TurnFailed
+from tether import Agent, ConfigError, Session, TurnFailed, tool
 from tether.models.base import ModelRequest
 from tether.records import AgentRef
 from tether.store.protocol import Store
@@ -126,3 +126,24 @@ def test_two_embedded_agents_of_one_name_cannot_swap_templates(data_dir: Path) -
     with pytest.raises(TurnFailed):
         # A failed turn still raises as before: identity checks did not swallow errors.
         Agent(name="broken", model=ScriptedModel()).chat("x")
+
+
+def test_a_notebook_cell_run_again_defines_the_same_agent() -> None:
+    # Running the cell again makes new function objects of the same tools: the same template.
+    def cell() -> Agent:
+        @tool
+        def lookup(word: str) -> str:
+            """Look a word up."""
+            return word.upper()
+
+        return Agent(name="nb", instructions="You look things up.", model="local", tools=[lookup])
+
+    assert cell().same_definition(cell())
+
+    @tool
+    def lookup(word: str) -> str:
+        """Look a word up."""
+        return word.lower()  # same name and schema, other code: another template
+
+    other = Agent(name="nb", instructions="You look things up.", model="local", tools=[lookup])
+    assert not cell().same_definition(other)

@@ -148,6 +148,18 @@ def _callable_name(fn: object) -> str:
     return f"{module}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
 
 
+def _same_code(a: object, b: object) -> bool:
+    if a is b:
+        return True
+    code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)
+    if code_a is None or code_b is None:
+        return False
+    # Equal code objects compare bytecode, constants, names and location: the same source.
+    return bool(code_a == code_b) and getattr(a, "__defaults__", None) == getattr(
+        b, "__defaults__", None
+    )
+
+
 def _fingerprint(agent: Agent) -> str:
     memory = asdict(agent.memory)
     for conversation_field in ("session_id", "user_id", "session_ttl"):
@@ -282,15 +294,19 @@ class Agent:
         return AgentRef(self.name, self.fingerprint)
 
     def same_definition(self, other: Agent) -> bool:
-        """True when ``other`` is this template: same fingerprint, and the very same model and
-        tool objects (two objects of one class may behave differently in one process)."""
+        """True when ``other`` is this template: same fingerprint, the very same model object
+        (two of one class may behave differently in one process: another script, another
+        endpoint), and tools whose functions have the same code (a notebook cell run again
+        defines new function objects of the same tools)."""
         if other is self:
             return True
         if other.fingerprint != self.fingerprint:
             return False
         if not isinstance(self.model, str | None) and other.model is not self.model:
             return False
-        return all(a.function is b.function for a, b in zip(self.tools, other.tools, strict=True))
+        return all(
+            _same_code(a.function, b.function) for a, b in zip(self.tools, other.tools, strict=True)
+        )
 
     def tool_named(self, name: str) -> Tool | None:
         for t in self.tools:

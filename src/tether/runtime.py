@@ -136,7 +136,8 @@ class Runtime:
         elif not known.same_definition(agent):
             raise ConfigError(
                 f"an agent named {agent.name!r} is already served with another definition; "
-                "give this one its own name"
+                "give this one its own name (a model given as an object counts as the same "
+                "only when it is the very same object: pass it again, or use a spec string)"
             )
 
     def served(self, name: str) -> Agent:
