@@ -203,11 +203,6 @@ def servers(latency_ms: float, *, stock_fake: bool = False) -> Iterator[Servers]
                 "OPENAI_BASE_URL": fake_url,
                 "OPENAI_API_KEY": "x",
                 "NO_PROXY": "127.0.0.1,localhost",
-                # One caller drives every session here: measure capacity, not the per-principal
-                # bounds (their defaults would admit these 64 sessions anyway).
-                "TETHER_MAX_RUNNING_TURNS": "off",
-                "TETHER_MAX_QUEUED_TURNS": "off",
-                "TETHER_MAX_SESSIONS": "off",
             }
             tether = subprocess.Popen(
                 [

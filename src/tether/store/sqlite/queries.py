@@ -28,11 +28,12 @@ TURNS_FROM = "FROM turns t JOIN sessions s ON s.pk = t.session_pk"
 # -- sessions --------------------------------------------------------------------------------------
 SESSION_PK = f"SELECT pk FROM sessions WHERE {KEY_WHERE}"
 SESSION_FOR_ENQUEUE = f"SELECT pk, expires_at FROM sessions WHERE {KEY_WHERE}"
-# The owner's active turns, through the partial index of active turns (few, whatever the
-# number of sessions): sessions with one under way, and the active turns in all.
+# The owner's active turns: sessions with one under way, and the active turns in all. CROSS
+# JOIN keeps the partial index of active turns (few, however many sessions there are) as the
+# outer loop; left to itself the planner walks every session of the owner instead.
 OWNER_ACTIVE = (
     "SELECT COUNT(DISTINCT t.session_pk), COUNT(*)"
-    " FROM turns t JOIN sessions s ON s.pk = t.session_pk"
+    " FROM turns t INDEXED BY turns_active CROSS JOIN sessions s ON s.pk = t.session_pk"
     " WHERE t.status IN ('queued', 'running') AND s.tenant = ? AND s.owner = ?"
 )
 OWNER_SESSIONS = "SELECT COUNT(*) FROM sessions WHERE tenant = ? AND owner = ?"
