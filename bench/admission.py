@@ -1,0 +1,75 @@
+"""What the per-principal bounds cost a turn's admission (issue 10, item 8).
+
+Reproduce (from the repository root)::
+
+    .venv/bin/python bench/admission.py                  # SQLite, an owner with 1,000 sessions
+    .venv/bin/python bench/admission.py --sessions 10000
+    .venv/bin/python bench/admission.py --store postgresql://postgres@127.0.0.1:5432/bench
+
+An owner keeps ``--sessions`` sessions; turns are admitted (``enqueue_turn``) and cancelled in
+the queue on 500 of them, alternately without bounds (in-process callers) and with the server's
+defaults, four rounds each, interleaved so the machine's noise falls on both alike. Printed: CPU
+microseconds per admit-and-cancel (this process's CPU: SQLite's work runs on its thread here),
+and the ratio with/without.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from tether.records import PrincipalLimits, SessionKey
+from tether.server.settings import DEFAULT_PRINCIPAL_LIMITS
+from tether.store import open_store_url
+from tether.store.protocol import Store
+
+ROUNDS = 4
+TURNS = 500
+
+
+async def measure(store: Store, sessions: int) -> dict[str, list[float]]:
+    keys = [SessionKey("bench", "owner", f"s{i}") for i in range(sessions)]
+    for k in keys:
+        await store.create_session(k, "a", exist_ok=True)
+    ids = itertools.count()
+    out: dict[str, list[float]] = {"without": [], "with": []}
+    for _ in range(ROUNDS):
+        for label, limits in (("without", None), ("with", DEFAULT_PRINCIPAL_LIMITS)):
+            bounds: PrincipalLimits | None = limits
+            start = time.process_time()
+            for k in keys[:TURNS]:
+                turn_id = f"t-{next(ids)}"
+                await store.enqueue_turn(
+                    k, turn_id=turn_id, input="x", policy="enqueue", limits=bounds
+                )
+                await store.cancel_queued_turn(k, turn_id, "cancelled")
+            out[label].append((time.process_time() - start) / TURNS * 1e6)
+    return out
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=1000)
+    parser.add_argument("--store", help="a postgresql:// URL (default: a fresh SQLite file)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = open_store_url(args.store or str(Path(tmp) / "bench.db"))
+        await store.open()
+        try:
+            got = await measure(store, args.sessions)
+        finally:
+            await store.close()
+    without, with_ = statistics.median(got["without"]), statistics.median(got["with"])
+    print(f"owner with {args.sessions} sessions, {TURNS} admissions x {ROUNDS} rounds each:")
+    print(f"  without bounds: {without:.0f} us CPU per admit + cancel (median of rounds)")
+    print(f"  with bounds:    {with_:.0f} us CPU per admit + cancel")
+    print(f"  ratio:          {with_ / without:.2f}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
