@@ -242,6 +242,8 @@ def test_session_memory_dies_with_its_session(server: Server) -> None:
         fresh("mem-clear")
         ask("mem-clear", "My name is Quentin.")
         assert c.delete("/v1/sessions/mem-clear/items").status_code in (200, 204)
+        # The turns' records and events held the same words: they go with the history.
+        assert c.get("/v1/sessions/mem-clear/turns").json()["data"] == []
         assert "Quentin" not in ask("mem-clear", "What is my name?")
 
         # An expired session's id, taken again, starts empty too.

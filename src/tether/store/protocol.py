@@ -116,7 +116,9 @@ class SessionStore(SessionReader, Protocol):
         ...
 
     async def clear_items(self, key: SessionKey) -> int:
-        """Delete the session's history (summaries included); SessionBusy while a turn is active."""
+        """Delete the session's history: items (summaries included), its ended turns with their
+        events, and the session-scope memory its turns wrote; SessionBusy while a turn is
+        active. Turn seqs go on from where they were. Returns the items deleted."""
         ...
 
 

@@ -129,6 +129,12 @@ class Sessions(State):
         rules.refuse_if_busy(s.first_active())
         n = len(s.items)
         s.items.clear()
+        # Refused while a turn is active (above): every turn has ended; they go, events too.
+        for turn_id in s.turn_order:
+            self._cancels.pop(turn_id, None)
+        s.turns.clear()
+        s.turn_order.clear()
+        s.events.clear()
         self._drop_conversation_memory(key)
         return n
 

@@ -72,6 +72,8 @@ RECENT_ITEMS = (
     " ORDER BY seq DESC LIMIT $3"
 )
 CLEAR_ITEMS = "DELETE FROM items WHERE session_pk = $1"
+# Clearing is refused while a turn is active, so these are all of its turns (events cascade).
+CLEAR_TURNS = "DELETE FROM turns WHERE session_pk = $1 AND status NOT IN ('queued', 'running')"
 NEXT_ITEM_SEQS = (
     "UPDATE sessions SET next_item_seq = next_item_seq + $2, updated_at = $3 WHERE pk = $1"
     " RETURNING next_item_seq - $2"

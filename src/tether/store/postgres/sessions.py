@@ -140,6 +140,7 @@ class Sessions(Connection):
             pk = int((await lock_session(conn, key))[0])
             rules.refuse_if_busy(await conn.fetchval(q.FIRST_ACTIVE_TURN, pk))
             cleared = count(await conn.execute(q.CLEAR_ITEMS, pk))
+            await conn.execute(q.CLEAR_TURNS, pk)
             await drop_conversation_memory(conn, key)
             return cleared
 

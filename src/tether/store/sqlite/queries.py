@@ -85,6 +85,8 @@ LATEST_SUMMARY = (
     " AND excluded = 0 ORDER BY seq DESC LIMIT 1"
 )
 CLEAR_ITEMS = "DELETE FROM items WHERE session_pk = ?"
+# Clearing is refused while a turn is active, so these are all of its turns (events cascade).
+CLEAR_TURNS = "DELETE FROM turns WHERE session_pk = ? AND status NOT IN ('queued', 'running')"
 NEXT_ITEM_SEQS = (
     "UPDATE sessions SET next_item_seq = next_item_seq + ?, updated_at = ?"
     " WHERE pk = ? RETURNING next_item_seq - ?"

@@ -163,6 +163,7 @@ class Sessions(Connection):
             pk = session_pk(c, key)
             rules.refuse_if_busy(first_active(c, pk))
             cleared = int(c.execute(q.CLEAR_ITEMS, (pk,)).rowcount)
+            c.execute(q.CLEAR_TURNS, (pk,))
             drop_conversation_memory(c, key)
             return cleared
 

@@ -102,11 +102,14 @@ class HistoryConformance:
         assert await store.clear_items(k) == 2
         assert await store.list_items(k) == []
         assert await store.recent_items(k) == []
-        assert [t.id for t in await store.list_turns(k)] == ["t1", "t2"]  # turns are kept
+        # The ended turns (their input and output are history too) and their events go with it.
+        assert await store.list_turns(k) == []
+        assert await store.list_events(k, "t1") == []
         assert await store.clear_items(k) == 0
-        # Seqs are not reused, so a reader's cursor never points at a different item.
+        # Seqs are not reused, so a reader's cursor never points at a different item or turn.
         await running_turn(store, k, "t3", lease=lease)
         assert [i.seq for i in await store.list_items(k)] == [3]
+        assert [t.seq for t in await store.list_turns(k)] == [3]
 
     async def test_latest_summary_skips_failed_and_rolled_back_turns(self, store: Store) -> None:
         k = await new_session(store)

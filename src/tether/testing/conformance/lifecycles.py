@@ -112,7 +112,15 @@ class LifecyclesConformance:
             store, Namespace.user("acme", "alice"), "m-user", "user scope", meta={"author": "auto"}
         )
         _, chunks = await add_doc(store, ns, "d1", collection="docs")
+        lease = await running_turn(store, k, "t1", text="My name is Alice")
+        await store.end_turn(
+            lease, "t1", TurnEnding("completed", "answered"), [], [ev(3, TURN_ENDED)]
+        )
         await store.clear_items(k)
+        # The turns' own words go too: their records and events held the cleared text.
+        assert await store.list_turns(k) == []
+        assert await store.list_events(k, "t1") == []
+        assert await store.list_items(k) == []
         assert await ids(store, [ns]) == [by_hand.id]
         assert await store.get_memory(user_note.namespace, user_note.id) == user_note
         assert await ids(store, [ns], collection="docs") == [c.id for c in chunks]
