@@ -160,6 +160,13 @@ SECRET_WORDS = [
     "My mother's maiden name is Smith",
     "My 2FA backup codes are 1111 and 2222",
     "My name is Ann. The wifi password is below.\nI set it to hunter2.",
+    # Found by a review after the first lists: logins, short or disguised words, codes.
+    "My login is hunter2",
+    "My username is ada and my pass is hunter2",
+    "My p@ssword is hunter2",
+    "I like cats. hunter2 is what I use to log in.",
+    "The code to my door is 4455. I like dogs.",
+    "My alarm code is 9911",
 ]
 
 

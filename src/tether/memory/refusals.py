@@ -78,6 +78,9 @@ _SECRET_WORDS = _WordList.of(
     "otp", "totp", "2fa", "mfa code", "two factor", "one time code", "backup code", "recovery code",
     "verification code", "security code", "auth code", "authentication code",
     "security question", "security answer", "maiden name",
+    "pass", "login*", "log in", "sign in", "username*", "user name",
+    "door code", "alarm code", "gate code", "entry code", "lock code", "safe code",
+    "access code", "combination*",
     # keys and tokens
     "private key", "secret key", "access key", "api key", "ssh key", "gpg key", "pgp key",
     "encryption key", "signing key", "master key", "recovery key", "wallet key", "license key",
@@ -153,9 +156,17 @@ def _looks_random(token: str) -> bool:
     return wordlike * 2 < letters
 
 
+# "p@ssword", "pa$$word": the word lists are read with these letters put back.
+_LEET = str.maketrans({"@": "a", "$": "s"})
+# "The code to my door is 4455": a code or combination followed closely by a number.
+_CODE_AND_NUMBER = re.compile(r"\b(?:code|combo)s?\b[^.!?\n]{0,40}?\d{3,}", re.I)
+
+
 def has_secret(text: str) -> bool:
-    if "-----BEGIN " in text or _SECRET_WORDS.found_in(text) or _has_card_number(text):
+    if "-----BEGIN " in text or _SECRET_WORDS.found_in(text.translate(_LEET)):
         return True  # (a PEM block: a key or certificate)
+    if _has_card_number(text) or _CODE_AND_NUMBER.search(text):
+        return True
     for token in _TOKEN.findall(text):
         if _KEY_FORMATS.match(token.lstrip(".")):
             return True
