@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+import pytest
 
 from tests.server.conftest import Server
 
@@ -67,6 +68,13 @@ def test_a_huge_api_key_is_431(server: Server) -> None:
     assert "65536 bytes" in body["detail"]
     with server.client() as c:
         assert c.get("/healthz").status_code == 200
+
+
+@pytest.mark.parametrize("size", [66_000, 100_000, 130_000])
+def test_a_head_just_over_the_bound_is_431_too(server: Server, size: int) -> None:
+    # Heads that arrive within one or two reads: counted by the parser's callbacks, not reads.
+    status, body = huge_key(server, size)
+    assert status == 431 and body["type"].endswith("/headers-too-large")
 
 
 def test_a_huge_request_line_is_431(server: Server) -> None:

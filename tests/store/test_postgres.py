@@ -285,9 +285,9 @@ async def test_text_postgresql_cannot_hold_is_invalid_input(postgres_url: str) -
         assert await store.get_session(KEY) == rec
         # What the HTTP schema refuses first still gets words of ours, not the driver's, from
         # the store itself (the Python API reaches it directly).
-        with pytest.raises(InvalidInput, match="^text must not contain NUL characters$"):
+        with pytest.raises(InvalidInput, match=r"^text must not contain NUL characters$"):
             await store.enqueue_turn(KEY, turn_id="t-nul", input="a\x00b", policy="enqueue")
-        with pytest.raises(InvalidInput, match="^a number is out of range"):
+        with pytest.raises(InvalidInput, match=r"^a number is out of range"):
             await store.update_session(KEY, metadata={}, expected_revision=2**63 + 5)
         assert await store.list_turns(KEY) == []
 

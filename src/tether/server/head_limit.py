@@ -53,6 +53,10 @@ def too_large_response(limit: int, default_headers: list[tuple[bytes, bytes]]) -
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
+class _HeadTooLarge(Exception):
+    """Raised from a parser callback: httptools stops parsing, uvicorn calls send_400_response."""
+
+
 class _HeadLimited(HttpToolsProtocol):
     max_head_bytes = 65_536
 
@@ -64,6 +68,34 @@ class _HeadLimited(HttpToolsProtocol):
         # A message ended inside the chunk being fed: the next head started somewhere in it.
         self._head_restarted = False
         self._refused = False
+        # The head as the parser hands it over (URL and header fields): exact, for a head that
+        # arrives within one read, where the count of reads above sees nothing.
+        self._parsed = 0
+        self._over = False
+
+    def on_message_begin(self) -> None:
+        self._parsed = 0
+        super().on_message_begin()
+
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value) + 4)  # ": " and CRLF
+        super().on_header(name, value)
+
+    def _count(self, size: int) -> None:
+        self._parsed += size
+        if self._parsed > self.max_head_bytes:
+            self._over = True
+            raise _HeadTooLarge
+
+    def send_400_response(self, msg: str) -> None:
+        if self._over:  # the parser stopped because a callback above refused the head
+            self._refuse()
+            return
+        super().send_400_response(msg)
 
     def on_headers_complete(self) -> None:
         self._head = None
