@@ -261,7 +261,7 @@ async def test_connection_refused_is_transient(caplog: pytest.LogCaptureFixture)
     assert caught.value.transient and caught.value.status is None
     assert str(caught.value) == "openai:fake-model: the model provider could not be reached"
     # The log says where (the password masked) and why.
-    assert f"http://someone:***@127.0.0.1:{port}/v1" in caplog.text
+    assert f"http://***@127.0.0.1:{port}/v1" in caplog.text
     assert "ConnectError" in caplog.text
     assert "pa55word" not in caplog.text
 

@@ -24,7 +24,7 @@ def test_an_error_event_mid_stream_keeps_its_words_in_the_log(
     assert str(caught.value) == "openai:m: the model provider failed mid-answer"
     assert caught.value.transient
     assert "shard 3 failed; you sent Bearer ***" in caplog.text
-    assert "http://bob:***@10.0.0.7:8080/v1" in caplog.text
+    assert "http://***@10.0.0.7:8080/v1" in caplog.text
     assert KEY not in caplog.text and "s3cret" not in caplog.text
 
 

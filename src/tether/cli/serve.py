@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Literal
 
 import typer
 
 from tether.cli._options import DataDirOpt, HostOpt, ModelOpt, PortOpt, StoreOpt, settings
 from tether.cli._output import err, errors
+from tether.redact import redact_url
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
-
-
-def _redacted(url: str) -> str:
-    """A store URL fit for logs: any password replaced."""
-    return re.sub(r"(//[^:/@]+):[^@/]*@", r"\1:***@", url)
 
 
 def serve(
@@ -83,7 +78,7 @@ def serve(
         )
         agents = load_agents(target) if target else [default_agent(config)]
         names = ", ".join(a.name for a in agents)
-        store_shown = _redacted(config.store_url)
+        store_shown = redact_url(config.store_url)
 
         def announce(url: str) -> None:  # once the socket listens: never before a bind fails
             err.print(f"tether: serving {names} on {url} (store {store_shown})", markup=False)

@@ -16,7 +16,6 @@ import asyncio
 import json
 import logging
 import os
-import re
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, cast
 
@@ -36,6 +35,7 @@ from tether.models.base import (
     Usage,
 )
 from tether.models.guard import ensure_requests_allowed
+from tether.redact import redact_url
 
 __all__ = ["OPENAI_BASE_URL", "OpenAIModel"]
 
@@ -245,7 +245,7 @@ class OpenAIModel:
             "%s: %s (%s): %s",
             self._name,
             what,
-            _redact_url(self.base_url),
+            redact_url(self.base_url),
             self._scrub(detail) if detail else "no detail",
         )
         return ModelError(f"{self._name}: {what}", transient=transient, status=status)
@@ -254,7 +254,7 @@ class OpenAIModel:
         # Upstreams (and proxies) may quote the request back: never log the key itself.
         if len(self._api_key) >= 8:
             text = text.replace(self._api_key, "***")
-        return _clip(_redact_url(text))
+        return _clip(redact_url(text))
 
     def _error(self, exc: openai.OpenAIError) -> ModelError:
         """A short, retry-classified ModelError for an SDK exception; never a traceback."""
@@ -318,11 +318,6 @@ def _server_message(exc: openai.APIStatusError) -> str:
     if isinstance(body, str) and body:
         return body
     return exc.response.reason_phrase or exc.message
-
-
-def _redact_url(text: str) -> str:
-    """``scheme://user:password@host`` with the password masked, wherever it appears."""
-    return re.sub(r"(//[^:/@\s]+):[^@/\s]*@", r"\1:***@", text)
 
 
 def _clip(text: str) -> str:
