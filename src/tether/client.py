@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from tether.errors import NotFound, RemoteError, SessionBusy
+from tether.errors import AgentNotFound, NotFound, RemoteError, SessionBusy
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +35,8 @@ def _raise_for(response: httpx.Response) -> None:
         body = {"detail": str(body)[:200]}
     detail = str(body.get("detail", response.reason_phrase))
     if response.status_code == 404:
+        if isinstance(body.get("agents"), list):  # only an unknown agent's 404 lists them
+            raise AgentNotFound(detail, known=[str(a) for a in body["agents"]])
         raise NotFound(detail)
     if response.status_code == 409 and body.get("busy_turn_id"):
         raise SessionBusy(detail, busy_turn_id=str(body["busy_turn_id"]))

@@ -13,7 +13,7 @@ import pytest
 from tests.server.cli_keys import create_key
 from tests.server.conftest import Server, ServerFactory, free_port, start_server
 from tether import Session
-from tether.errors import RemoteError
+from tether.errors import AgentNotFound, RemoteError
 
 
 @pytest.mark.slow
@@ -31,6 +31,11 @@ def test_remote_session_continues_and_maps_transport_errors(make_server: ServerF
     with pytest.raises(ConnectionError):
         gone.chat("anyone?")
     gone.close()
+    # A name the server does not serve is the exported AgentNotFound, with the known names.
+    unknown = Session(agent_url=srv.url, agent_name="nope")
+    with closing(unknown), pytest.raises(AgentNotFound) as refused:
+        unknown.chat("hi")
+    assert "echo" in refused.value.known
 
 
 @pytest.mark.slow

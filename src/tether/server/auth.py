@@ -62,7 +62,7 @@ def _credential(request: Request) -> str | None:
     api_keys = request.headers.getlist("x-api-key")
     if len(authorization) > 1:
         raise _ambiguous("send one Authorization header, not several")
-    if len({k.strip() for k in api_keys}) > 1:
+    if len(api_keys) > 1:  # the same rule as Authorization: one header, whatever it holds
         raise _ambiguous("send one X-API-Key header, not several")
     bearer: str | None = None
     if authorization and authorization[0]:
