@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tether import Agent
+from tether import Agent, Principal
 from tether.app import load_agents
 from tether.cli import app
 from tether.errors import ConfigError
@@ -49,6 +49,28 @@ def test_sessions_list_show_delete_on_the_local_store(tmp_path: Path) -> None:
     assert "doomed" not in again.output and "kept" in again.output
     missing = runner.invoke(app, ["sessions", "show", "nope", "--data-dir", str(tmp_path)])
     assert missing.exit_code != 0 and "nope" in missing.output
+
+
+def test_sessions_of_another_user_on_the_local_store(tmp_path: Path) -> None:
+    # What a script's Session(user_id="ada") made: listed, shown and deleted with --user.
+    agent = Agent(name="echo", model=EchoModel())
+
+    async def go() -> None:
+        async with Runtime(SQLiteStore(tmp_path / "tether.db"), agents=[agent]) as rt:
+            await rt.chat(
+                agent, "ada was here", session_id="hers", principal=Principal("local", "ada")
+            )
+
+    asyncio.run(go())
+    base = ["--data-dir", str(tmp_path)]
+    assert "hers" not in runner.invoke(app, ["sessions", "list", *base]).output
+    listed = runner.invoke(app, ["sessions", "list", "--user", "ada", *base])
+    assert listed.exit_code == 0 and "hers" in listed.output
+    shown = runner.invoke(app, ["sessions", "show", "hers", "--user", "ada", *base])
+    assert "ada was here" in shown.output
+    deleted = runner.invoke(app, ["sessions", "delete", "hers", "--user", "ada", *base])
+    assert deleted.exit_code == 0, deleted.output
+    assert "hers" not in runner.invoke(app, ["sessions", "list", "--user", "ada", *base]).output
 
 
 def test_db_upgrade_creates_the_schema(tmp_path: Path) -> None:

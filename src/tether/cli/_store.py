@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tether.cli._options import settings
 from tether.cli._output import fail
 from tether.errors import ConfigError, TetherError
-from tether.records import LOCAL_PRINCIPAL, ForgetReport, SessionKey
+from tether.records import LOCAL_PRINCIPAL, ForgetReport, Principal, SessionKey
 from tether.scheduler.sessions import SessionService, StoreCanceller
 
 if TYPE_CHECKING:
@@ -55,8 +55,8 @@ def _run(coro_fn: Callable[[], Awaitable[T]]) -> T:
         raise fail(str(exc)) from None
 
 
-def _local_key(session_id: str) -> SessionKey:
-    return SessionKey.of(LOCAL_PRINCIPAL, session_id)
+def _local_key(session_id: str, owner: Principal = LOCAL_PRINCIPAL) -> SessionKey:
+    return SessionKey.of(owner, session_id)
 
 
 # -- the services over the local store ---------------------------------------------------------
@@ -66,11 +66,11 @@ def sessions_of(s: Store) -> SessionService:
     return SessionService(s, StoreCanceller(s))
 
 
-async def list_sessions(s: Store, limit: int) -> list[dict[str, Any]]:
-    """The embedded user's sessions, as the rows ``tether sessions list`` prints."""
-    page = await sessions_of(s).page(
-        LOCAL_PRINCIPAL.tenant, LOCAL_PRINCIPAL.user, limit=limit, include_expired=True
-    )
+async def list_sessions(
+    s: Store, limit: int, owner: Principal = LOCAL_PRINCIPAL
+) -> list[dict[str, Any]]:
+    """``owner``'s sessions (the embedded user's by default), as ``tether sessions list`` prints."""
+    page = await sessions_of(s).page(owner.tenant, owner.user, limit=limit, include_expired=True)
     return [
         {
             "session_id": r.key.session_id,
@@ -81,9 +81,11 @@ async def list_sessions(s: Store, limit: int) -> list[dict[str, Any]]:
     ]
 
 
-async def session_history(s: Store, session_id: str) -> list[dict[str, Any]]:
+async def session_history(
+    s: Store, session_id: str, owner: Principal = LOCAL_PRINCIPAL
+) -> list[dict[str, Any]]:
     """A local session's items, as ``tether sessions show`` prints them."""
-    k = _local_key(session_id)
+    k = _local_key(session_id, owner)
     sessions = sessions_of(s)
     if await sessions.get(k) is None:
         raise ConfigError(f"no session {session_id!r}")
@@ -100,9 +102,9 @@ async def session_history(s: Store, session_id: str) -> list[dict[str, Any]]:
     ]
 
 
-async def delete_session(s: Store, session_id: str) -> bool:
+async def delete_session(s: Store, session_id: str, owner: Principal = LOCAL_PRINCIPAL) -> bool:
     """Delete a local session; its queued or running turns are cancelled first."""
-    return await sessions_of(s).delete(_local_key(session_id))
+    return await sessions_of(s).delete(_local_key(session_id, owner))
 
 
 async def forget_user(s: Store, tenants: Sequence[str], user: str) -> list[ForgetReport]:

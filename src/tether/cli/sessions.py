@@ -11,6 +11,16 @@ from rich.table import Table
 from tether.cli._options import DataDirOpt, KeyOpt, StoreOpt, UrlOpt
 from tether.cli._output import errors, fail, out
 from tether.cli._store import delete_session, list_sessions, on_store, session_history
+from tether.records import LOCAL_PRINCIPAL, Principal
+
+OwnerOpt = Annotated[
+    str,
+    typer.Option(
+        "--user",
+        help="Whose sessions, on the local store (a script's Session(user_id=...), a key's user).",
+    ),
+]
+TenantOpt = Annotated[str, typer.Option("--tenant", help="Their tenant, on the local store.")]
 
 app = typer.Typer(
     help="List, show and delete sessions (local store or a server).", no_args_is_help=True
@@ -32,6 +42,8 @@ def sessions_list(
     data_dir: DataDirOpt = None,
     store: StoreOpt = None,
     limit: Annotated[int, typer.Option(help="At most this many.")] = 50,
+    user: OwnerOpt = LOCAL_PRINCIPAL.user,
+    tenant: TenantOpt = LOCAL_PRINCIPAL.tenant,
 ) -> None:
     """List your sessions."""
     with errors():
@@ -41,7 +53,8 @@ def sessions_list(
             with Client(url, api_key=key) as client:
                 rows = client.request("GET", "/v1/sessions", params={"limit": limit})["data"]
         else:
-            rows = on_store(data_dir, store, lambda s: list_sessions(s, limit))
+            owner = Principal(tenant, user)
+            rows = on_store(data_dir, store, lambda s: list_sessions(s, limit, owner))
     table = Table("session", "agent", "updated")
     for r in rows:
         table.add_row(
@@ -59,6 +72,8 @@ def sessions_show(
     key: KeyOpt = None,
     data_dir: DataDirOpt = None,
     store: StoreOpt = None,
+    user: OwnerOpt = LOCAL_PRINCIPAL.user,
+    tenant: TenantOpt = LOCAL_PRINCIPAL.tenant,
 ) -> None:
     """Show a session's history."""
     with errors():
@@ -70,7 +85,8 @@ def sessions_show(
                     "GET", f"/v1/sessions/{session_id}/items", params={"limit": 1000}
                 )["data"]
         else:
-            items = on_store(data_dir, store, lambda s: session_history(s, session_id))
+            owner = Principal(tenant, user)
+            items = on_store(data_dir, store, lambda s: session_history(s, session_id, owner))
     for i in items:
         label = _LABELS.get(i["kind"], i["kind"])
         text = i["content"] if i["kind"] != "tool_call" else f"{i['tool_name']}({i['arguments']})"
@@ -92,6 +108,8 @@ def sessions_delete(
     key: KeyOpt = None,
     data_dir: DataDirOpt = None,
     store: StoreOpt = None,
+    user: OwnerOpt = LOCAL_PRINCIPAL.user,
+    tenant: TenantOpt = LOCAL_PRINCIPAL.tenant,
 ) -> None:
     """Delete a session and its history."""
     with errors():
@@ -100,6 +118,8 @@ def sessions_delete(
 
             with Client(url, api_key=key) as client:
                 client.request("DELETE", f"/v1/sessions/{session_id}")
-        elif not on_store(data_dir, store, lambda s: delete_session(s, session_id)):
+        elif not on_store(
+            data_dir, store, lambda s: delete_session(s, session_id, Principal(tenant, user))
+        ):
             raise fail(f"no session {session_id!r}")
     out.print(f"deleted {session_id}")
