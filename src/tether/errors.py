@@ -21,6 +21,7 @@
     ├── SessionBusy              policy=reject and a turn is queued or running (HTTP 409)
     │   └── QueueFull            policy=enqueue and the session's queue is at its bound (HTTP 429)
     ├── LimitExceeded            a per-principal bound: turns, sessions, storage (HTTP 429)
+    ├── IdempotencyKeyReused     one idempotency key, two different requests (HTTP 422)
     ├── StaleLease               a write carried a fencing token that is no longer current
     ├── StoreError               the store failed or is unreachable (HTTP 503)
     ├── ShuttingDown             the server is draining and takes no new turns (HTTP 503)
@@ -134,6 +135,10 @@ class SessionBusy(TetherError):
 
 class QueueFull(SessionBusy):
     """The session's queue of turns is at its bound."""
+
+
+class IdempotencyKeyReused(TetherError):
+    """An idempotency key already named a different request on this session (HTTP 422)."""
 
 
 class LimitExceeded(TetherError):

@@ -188,6 +188,7 @@ class Runtime:
         session_id: str | None = None,
         policy: Policy = "enqueue",
         principal: Principal = LOCAL_PRINCIPAL,
+        idempotency_key: str | None = None,
     ) -> Turn:
         await self.start()
         self.register(agent)
@@ -199,7 +200,13 @@ class Runtime:
             # Most turns land on a session that exists: try that first, and create the
             # session only when the store says it is not there (saves a write per turn).
             return await self.scheduler.submit(
-                key, message, policy=policy, principal=principal, wait_for_slot=wait, agent=ref
+                key,
+                message,
+                policy=policy,
+                principal=principal,
+                wait_for_slot=wait,
+                agent=ref,
+                idempotency_key=idempotency_key,
             )
         except SessionNotFound:
             record, created = await self.sessions.create(
@@ -208,7 +215,13 @@ class Runtime:
             if not created and record.expired():
                 raise
         return await self.scheduler.submit(
-            key, message, policy=policy, principal=principal, wait_for_slot=wait, agent=ref
+            key,
+            message,
+            policy=policy,
+            principal=principal,
+            wait_for_slot=wait,
+            agent=ref,
+            idempotency_key=idempotency_key,
         )
 
     async def chat(
@@ -219,9 +232,15 @@ class Runtime:
         session_id: str | None = None,
         policy: Policy = "enqueue",
         principal: Principal = LOCAL_PRINCIPAL,
+        idempotency_key: str | None = None,
     ) -> str:
         turn = await self.submit(
-            agent, message, session_id=session_id, policy=policy, principal=principal
+            agent,
+            message,
+            session_id=session_id,
+            policy=policy,
+            principal=principal,
+            idempotency_key=idempotency_key,
         )
         done = await self.wait_or_cancel(turn)
         if done.status != "completed":

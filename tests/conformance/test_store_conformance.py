@@ -20,6 +20,7 @@ from tether.testing.conformance import (
     FencingConformance,
     ForgetConformance,
     HistoryConformance,
+    IdempotencyConformance,
     LeasesConformance,
     LifecyclesConformance,
     LimitsConformance,
@@ -100,4 +101,8 @@ class TestLifecycles(LifecyclesConformance):
 
 
 class TestLimits(LimitsConformance):
+    pass
+
+
+class TestIdempotency(IdempotencyConformance):
     pass

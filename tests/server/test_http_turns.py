@@ -254,3 +254,46 @@ def test_session_memory_dies_with_its_session(server: Server) -> None:
             time.sleep(0.2)
         fresh("mem-ttl")
         assert "Ottoline" not in ask("mem-ttl", "What is my name?")
+
+
+def test_retries_with_one_idempotency_key_make_one_turn(server: Server) -> None:
+    sid = "idem-1"
+    with server.client() as c:
+        assert c.post("/v1/sessions", json={"agent": "echo", "session_id": sid}).status_code == 201
+
+    async def post() -> httpx.Response:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30, trust_env=False) as ac:
+            return await ac.post(
+                f"/v1/sessions/{sid}/turns",
+                json={"input": "only once"},
+                headers={"Idempotency-Key": "order-42"},
+            )
+
+    async def ten() -> list[httpx.Response]:
+        return await asyncio.gather(*(post() for _ in range(10)))
+
+    answers = asyncio.run(ten())
+    assert {r.status_code for r in answers} == {200}
+    assert len({r.json()["id"] for r in answers}) == 1
+    assert len({json.dumps(r.json(), sort_keys=True) for r in answers}) == 1
+    with server.client() as c:
+        turns = c.get(f"/v1/sessions/{sid}/turns").json()["data"]
+        assert [t["input"] for t in turns] == ["only once"]
+        # After it ended, a retry still gets it, in the body's field as in the header.
+        late = c.post(
+            f"/v1/sessions/{sid}/turns", json={"input": "only once", "idempotency_key": "order-42"}
+        )
+        assert late.json()["id"] == answers[0].json()["id"]
+        other = c.post(
+            f"/v1/sessions/{sid}/turns",
+            json={"input": "something else"},
+            headers={"Idempotency-Key": "order-42"},
+        )
+        assert other.status_code == 422 and other.json()["type"].endswith("idempotency-key-reused")
+        both = c.post(
+            f"/v1/sessions/{sid}/turns",
+            json={"input": "x", "idempotency_key": "a"},
+            headers={"Idempotency-Key": "b"},
+        )
+        assert both.status_code == 400
+        assert len(c.get(f"/v1/sessions/{sid}/turns").json()["data"]) == 1

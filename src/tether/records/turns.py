@@ -65,6 +65,15 @@ POLICIES: Final[tuple[Policy, ...]] = ("enqueue", "reject", "interrupt", "rollba
 
 
 @dataclass(frozen=True, slots=True)
+class Idempotency:
+    """A submission's idempotency key and a digest of what it asked (DESIGN §4): the same key
+    again on the session within a day is answered with the turn it made, never a second."""
+
+    key: str
+    digest: str
+
+
+@dataclass(frozen=True, slots=True)
 class PrincipalLimits:
     """What one principal (tenant, user) may hold at once (DESIGN §11); None: unbounded.
 

@@ -29,6 +29,7 @@ from tether.records import (
     AgentRef,
     CancelStatus,
     Event,
+    Idempotency,
     Lease,
     Policy,
     Principal,
@@ -45,7 +46,7 @@ from tether.scheduler.owners import new_owner_id
 from tether.scheduler.runner import AgentResolver, AutoNotes, TurnRunner, TurnStore
 from tether.scheduler.worker import Workers, WorkerStore
 from tether.store.protocol import Maintenance, TurnLog
-from tether.store.rules import DEFAULT_MAX_QUEUE
+from tether.store.rules import DEFAULT_MAX_QUEUE, request_digest
 from tether.tools.approval import Approver
 
 CANCEL_POLL = 0.025
@@ -185,6 +186,7 @@ class Scheduler:
         principal: Principal | None = None,
         wait_for_slot: float = 0.0,
         agent: AgentRef | None = None,
+        idempotency_key: str | None = None,
     ) -> Turn:
         """Queue a turn for ``agent`` (None: the session's own agent, as served here).
 
@@ -193,12 +195,23 @@ class Scheduler:
         QueueFull at once. Callers with a finite wait (requests) are bounded too, at
         ``max_queue`` per session, so a flood of requests cannot pile up without limit; an
         infinite wait is for in-process callers, each of which is already a blocked caller.
+
+        With ``idempotency_key``, a retry of a submission (same key, same request, within a
+        day) returns the turn the first one made, whatever became of it, and starts nothing.
         """
         if self.closing:
             raise ShuttingDown("the server is shutting down; retry on another node")
         if principal is not None:
             self.local.principals[key] = principal
-        turn = await self._enqueue(key, input, policy, wait_for_slot, agent)
+        asked = (
+            Idempotency(idempotency_key, request_digest(input, policy, agent))
+            if idempotency_key is not None
+            else None
+        )
+        turn_id = new_turn_id()
+        turn = await self._enqueue(key, input, policy, wait_for_slot, agent, turn_id, asked)
+        if turn.id != turn_id:
+            return turn  # a retry of a submission: the turn its key made, as it stands
         self.local.waiters.setdefault(turn.id, (key, []))
         if policy == "interrupt" or policy == "rollback":
             await self._preempt(key, policy)
@@ -206,7 +219,14 @@ class Scheduler:
         return turn
 
     async def _enqueue(
-        self, key: SessionKey, input: str, policy: Policy, wait: float, agent: AgentRef | None
+        self,
+        key: SessionKey,
+        input: str,
+        policy: Policy,
+        wait: float,
+        agent: AgentRef | None,
+        turn_id: str,
+        idempotency: Idempotency | None,
     ) -> Turn:
         local = self.local
         deadline = time.monotonic() + wait
@@ -214,7 +234,6 @@ class Scheduler:
         try:
             while True:
                 try:
-                    turn_id = new_turn_id()
                     return await self.store.enqueue_turn(
                         key,
                         turn_id=turn_id,
@@ -223,6 +242,7 @@ class Scheduler:
                         max_queue=self.max_queue,
                         agent=agent,
                         limits=self.limits,
+                        idempotency=idempotency,
                     )
                 except QueueFull:
                     remaining = deadline - time.monotonic()

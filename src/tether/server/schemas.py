@@ -146,6 +146,10 @@ class ItemPage(BaseModel):
 _MESSAGE_DOC: dict[str, Any] = {"pattern": NO_NUL}
 
 
+IDEMPOTENCY_KEY = r"^[\x21-\x7e]+$"
+"""Visible ASCII, no spaces: what fits a header and a log line alike."""
+
+
 class TurnCreate(Wire):
     input: str = Field(
         ...,
@@ -155,6 +159,13 @@ class TurnCreate(Wire):
     )
     agent: str | None = Field(
         None, min_length=1, description="The agent to answer; default: the session's own."
+    )
+    idempotency_key: str | None = Field(
+        None,
+        min_length=1,
+        max_length=255,
+        pattern=IDEMPOTENCY_KEY,
+        description="As the Idempotency-Key header: a retry gets the turn the first one made.",
     )
     policy: Policy = "enqueue"
     stream: bool = Field(False, description="Answer with an SSE stream of the turn's events.")

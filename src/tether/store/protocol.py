@@ -28,6 +28,7 @@ from tether.records import (
     Document,
     Event,
     ForgetReport,
+    Idempotency,
     Item,
     Lease,
     MemoryRecord,
@@ -171,6 +172,7 @@ class TurnLog(TurnReader, Protocol):
         max_queue: int = DEFAULT_MAX_QUEUE,
         agent: AgentRef | None = None,
         limits: PrincipalLimits | None = None,
+        idempotency: Idempotency | None = None,
     ) -> Turn:
         """Queue a turn at the next ``seq`` and write its ``turn.queued`` event, atomically.
 
@@ -179,7 +181,11 @@ class TurnLog(TurnReader, Protocol):
         ``max_queue`` turns are already queued; SessionNotFound for an unknown session and for
         one past its ``expires_at``. ``agent`` is stored with the turn: the template it
         must run (None: the session's agent). ``limits`` are the owner's bounds, applied by
-        :func:`tether.store.rules.admit_for_principal` in the same transaction.
+        :func:`tether.store.rules.admit_for_principal` in the same transaction. With
+        ``idempotency``, a turn the key already made on this session is returned instead
+        (before any admission check: it is the answer to this very request), unless
+        :func:`tether.store.rules.replays` says the request differs (IdempotencyKeyReused) or
+        the key is older than a day (it then names the new turn).
         """
         ...
 

@@ -12,6 +12,8 @@ conformance suite.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -20,6 +22,7 @@ from typing import Any, Final, Literal, cast, get_args
 from tether import events
 from tether.errors import (
     Conflict,
+    IdempotencyKeyReused,
     InvalidInput,
     LimitExceeded,
     QueueFull,
@@ -33,6 +36,7 @@ from tether.records import (
     CancelStatus,
     Document,
     EndStatus,
+    Idempotency,
     Item,
     MemoryRecord,
     NewEvent,
@@ -119,6 +123,34 @@ def refuse_if_busy(first_active: str | None) -> None:
     """Raise SessionBusy when a turn is queued or running (clearing history waits for idle)."""
     if first_active is not None:
         raise SessionBusy("a turn is queued or running", busy_turn_id=first_active)
+
+
+IDEMPOTENCY_WINDOW: Final = 24 * 3600.0
+"""Seconds an idempotency key keeps answering with its turn."""
+
+
+def request_digest(input: str, policy: Policy, agent: AgentRef | None) -> str:
+    """What a submission asked, to tell a retry (same digest) from a different request."""
+    what = json.dumps([input, policy, agent.name if agent else None], ensure_ascii=True)
+    return hashlib.sha256(what.encode()).hexdigest()
+
+
+def replays(stored_digest: str | None, created_at: float, asked: Idempotency, now: float) -> bool:
+    """Whether a submission with a known key is answered with the stored turn: yes within the
+    window when it asks the same; IdempotencyKeyReused when it asks something else; no once
+    the window is over (the key may then name a new turn)."""
+    if now - created_at > IDEMPOTENCY_WINDOW:
+        return False
+    if stored_digest != asked.digest:
+        raise IdempotencyKeyReused(
+            f"idempotency key {asked.key!r} was used for another request on this session"
+        )
+    return True
+
+
+def idempotency_args(asked: Idempotency | None) -> tuple[str | None, str | None]:
+    """The ``idempotency_key`` and ``request_digest`` columns of a turn row."""
+    return (asked.key, asked.digest) if asked is not None else (None, None)
 
 
 def admit_for_principal(

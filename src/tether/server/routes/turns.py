@@ -10,13 +10,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from tether.errors import TurnNotFound
+from tether.errors import InvalidInput, TurnNotFound
 from tether.events import TURN_ENDED
 from tether.records import Event, SessionKey, Turn
 from tether.server import sse
 from tether.server.deps import Caller, Key, OwnSession, State, check_message
 from tether.server.routes.outcomes import turn_response
 from tether.server.schemas import (
+    IDEMPOTENCY_KEY,
     Decision,
     DecisionOut,
     TurnCreate,
@@ -92,6 +93,19 @@ async def _until_end(
         yield event
 
 
+IdempotencyHeader = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        description="Retries with this key (same session, same request, within a day) get the "
+        "turn the first one made; the key with another request is a 422.",
+        min_length=1,
+        max_length=255,
+        pattern=IDEMPOTENCY_KEY,
+    ),
+]
+
+
 @router.post(
     "",
     responses={
@@ -99,7 +113,7 @@ async def _until_end(
         202: {"description": "queued (wait=false)", "model": TurnOut},
         409: {"description": "policy=reject and the session is busy; or the turn was cancelled"},
         413: {"description": "message too large"},
-        422: {"description": "invalid body, or the turn hit a limit"},
+        422: {"description": "invalid body, an idempotency key reused, or the turn hit a limit"},
         429: {"description": "the session's queue is full"},
         502: {"description": "the model provider failed"},
         **NOT_FOUND,
@@ -107,11 +121,20 @@ async def _until_end(
     response_model=TurnOut,
 )
 async def create_turn(
-    body: TurnCreate, request: Request, st: State, caller: Caller, key: Key, record: OwnSession
+    body: TurnCreate,
+    request: Request,
+    st: State,
+    caller: Caller,
+    key: Key,
+    record: OwnSession,
+    idempotency_key: IdempotencyHeader = None,
 ) -> Response:
     """Run a turn. ``wait`` (default) answers with the ended turn; ``stream`` with its SSE
-    events; ``wait=false`` with 202 and the queued turn."""
+    events; ``wait=false`` with 202 and the queued turn. A retry with the same idempotency key
+    gets the turn the first request made, in the same form."""
     check_message(st, body.input)
+    if idempotency_key and body.idempotency_key and idempotency_key != body.idempotency_key:
+        raise InvalidInput("the Idempotency-Key header and idempotency_key differ; send one")
     # A session made by the Python API before any agent names none: the app's first answers.
     first = st.agents[0].name if st.agents else ""
     agent = st.runtime.served(body.agent or record.agent or first)
@@ -124,6 +147,7 @@ async def create_turn(
         principal=caller,
         wait_for_slot=st.settings.admission_wait if body.wait or body.stream else 0.0,
         agent=agent.ref,
+        idempotency_key=idempotency_key or body.idempotency_key,
     )
     if body.stream:
         return event_stream(st, key, turn.id, 0, body.on_disconnect)

@@ -135,6 +135,7 @@ class Sessions(State):
         s.turns.clear()
         s.turn_order.clear()
         s.events.clear()
+        s.idempotency.clear()
         self._drop_conversation_memory(key)
         return n
 

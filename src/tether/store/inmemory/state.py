@@ -48,6 +48,8 @@ class SessionState:
     active: list[str] = field(default_factory=list)
     """Ids of queued and running turns in seq order (kept so no lookup scans all turns)."""
     events: dict[str, list[Event]] = field(default_factory=dict)
+    idempotency: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """Idempotency key → (turn id, request digest)."""
     next_turn_seq: int = 1
     next_item_seq: int = 1
     lease_owner: str | None = None

@@ -16,6 +16,7 @@ from tether.records import (
     AgentRef,
     CancelStatus,
     Event,
+    Idempotency,
     Item,
     Lease,
     MemoryWrites,
@@ -46,9 +47,16 @@ class Turns(State):
         max_queue: int = DEFAULT_MAX_QUEUE,
         agent: AgentRef | None = None,
         limits: PrincipalLimits | None = None,
+        idempotency: Idempotency | None = None,
     ) -> Turn:
         s = self._get(key)
         now = time.time()
+        if idempotency is not None and idempotency.key in s.idempotency:
+            known_id, digest = s.idempotency[idempotency.key]
+            known = s.turns.get(known_id)
+            if known is not None and rules.replays(digest, known.created_at, idempotency, now):
+                return known
+            del s.idempotency[idempotency.key]
         rules.admit(
             policy,
             expires_at=s.record.expires_at,
@@ -72,6 +80,8 @@ class Turns(State):
             raise rules.duplicate_turn(turn_id)
         turn = rules.queued_turn(turn_id, key, s.next_turn_seq, input, policy, now, agent)
         s.next_turn_seq += 1
+        if idempotency is not None:
+            s.idempotency[idempotency.key] = (turn_id, idempotency.digest)
         s.turns[turn_id] = turn
         s.turn_order.append(turn_id)
         s.active.append(turn_id)

@@ -191,6 +191,16 @@ MIGRATIONS: list[tuple[int, str]] = [
         ALTER TABLE turns ADD COLUMN agent text, ADD COLUMN agent_fingerprint text;
         """,
     ),
+    (
+        6,
+        """
+        -- A submission's idempotency key (unique per session) and a digest of what it asked:
+        -- a retry with the key is answered with its turn; the key with another request is 422.
+        ALTER TABLE turns ADD COLUMN idempotency_key text, ADD COLUMN request_digest text;
+        CREATE UNIQUE INDEX turns_idempotency ON turns (session_pk, idempotency_key)
+            WHERE idempotency_key IS NOT NULL;
+        """,
+    ),
 ]
 
 

@@ -116,11 +116,19 @@ NEXT_TURN_SEQ = (
     " RETURNING next_turn_seq - 1"
 )
 INSERT_TURN = (
-    "INSERT INTO turns"
-    " (id, session_pk, seq, input, policy, status, created_at, agent, agent_fingerprint)"
-    " VALUES ($1, $2, $3, $4, $5, 'queued', $6, $7, $8) ON CONFLICT (id) DO NOTHING RETURNING id"
+    "INSERT INTO turns (id, session_pk, seq, input, policy, status, created_at, agent,"
+    " agent_fingerprint, idempotency_key, request_digest)"
+    " VALUES ($1, $2, $3, $4, $5, 'queued', $6, $7, $8, $9, $10)"
+    " ON CONFLICT (id) DO NOTHING RETURNING id"
 )
 GET_TURN = f"SELECT {TURN_COLS} {TURNS_FROM} WHERE t.id = $2 AND t.session_pk = $1"
+TURN_BY_IDEMPOTENCY = (
+    f"SELECT {TURN_COLS}, t.request_digest {TURNS_FROM}"
+    " WHERE t.session_pk = $1 AND t.idempotency_key = $2"
+)
+RELEASE_IDEMPOTENCY = (
+    "UPDATE turns SET idempotency_key = NULL WHERE session_pk = $1 AND idempotency_key = $2"
+)
 GET_TURN_BY_KEY = (
     f"SELECT {TURN_COLS} {TURNS_FROM}"
     " WHERE s.tenant = $1 AND s.owner = $2 AND s.session_id = $3 AND t.id = $4"

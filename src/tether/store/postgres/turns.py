@@ -16,6 +16,7 @@ from tether.records import (
     AgentRef,
     CancelStatus,
     Event,
+    Idempotency,
     Item,
     Lease,
     MemoryWrites,
@@ -50,6 +51,7 @@ class Turns(Connection):
         max_queue: int = DEFAULT_MAX_QUEUE,
         agent: AgentRef | None = None,
         limits: PrincipalLimits | None = None,
+        idempotency: Idempotency | None = None,
     ) -> Turn:
         async with self._tx() as conn:
             if limits is not None:
@@ -57,6 +59,12 @@ class Turns(Connection):
             # The session row lock makes the busy and queue-bound checks hold until commit.
             pk, _, expires_at = await lock_session(conn, key)
             now = time.time()
+            if idempotency is not None:
+                known = await conn.fetchrow(q.TURN_BY_IDEMPOTENCY, pk, idempotency.key)
+                if known is not None:
+                    if rules.replays(known[-1], known[13], idempotency, now):
+                        return turn_row(tuple(known))
+                    await conn.execute(q.RELEASE_IDEMPOTENCY, pk, idempotency.key)
             active = [(r[0], r[1]) for r in await conn.fetch(q.ACTIVE_TURN_IDS, pk)]
             rules.admit(policy, expires_at=expires_at, now=now, active=active, max_queue=max_queue)
             if limits is not None:
@@ -71,7 +79,15 @@ class Turns(Connection):
             seq = int(await conn.fetchval(q.NEXT_TURN_SEQ, pk))
             turn = rules.queued_turn(turn_id, key, seq, input, policy, now, agent)
             inserted = await conn.fetchval(
-                q.INSERT_TURN, turn_id, pk, seq, input, policy, now, *rules.agent_args(agent)
+                q.INSERT_TURN,
+                turn_id,
+                pk,
+                seq,
+                input,
+                policy,
+                now,
+                *rules.agent_args(agent),
+                *rules.idempotency_args(idempotency),
             )
             if inserted is None:
                 raise rules.duplicate_turn(turn_id)  # rolls the seq back too

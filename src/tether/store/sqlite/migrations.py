@@ -184,6 +184,17 @@ MIGRATIONS: list[tuple[int, str]] = [
         ALTER TABLE turns ADD COLUMN agent_fingerprint TEXT;
         """,
     ),
+    (
+        6,
+        """
+        -- A submission's idempotency key (unique per session) and a digest of what it asked:
+        -- a retry with the key is answered with its turn; the key with another request is 422.
+        ALTER TABLE turns ADD COLUMN idempotency_key TEXT;
+        ALTER TABLE turns ADD COLUMN request_digest TEXT;
+        CREATE UNIQUE INDEX turns_idempotency ON turns (session_pk, idempotency_key)
+            WHERE idempotency_key IS NOT NULL;
+        """,
+    ),
 ]
 
 

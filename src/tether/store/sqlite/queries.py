@@ -118,11 +118,17 @@ NEXT_TURN_SEQ = (
     "UPDATE sessions SET next_turn_seq = next_turn_seq + 1 WHERE pk = ? RETURNING next_turn_seq - 1"
 )
 INSERT_TURN = (
-    "INSERT INTO turns"
-    " (id, session_pk, seq, input, policy, status, created_at, agent, agent_fingerprint)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "INSERT INTO turns (id, session_pk, seq, input, policy, status, created_at, agent,"
+    " agent_fingerprint, idempotency_key, request_digest) VALUES (?,?,?,?,?,?,?,?,?,?,?)"
 )
 GET_TURN = f"SELECT {TURN_COLS} {TURNS_FROM} WHERE t.id = ? AND t.session_pk = ?"
+TURN_BY_IDEMPOTENCY = (
+    f"SELECT {TURN_COLS}, t.request_digest {TURNS_FROM}"
+    " WHERE t.session_pk = ? AND t.idempotency_key = ?"
+)
+RELEASE_IDEMPOTENCY = (
+    "UPDATE turns SET idempotency_key = NULL WHERE session_pk = ? AND idempotency_key = ?"
+)
 LIST_TURNS = (
     f"SELECT {TURN_COLS} {TURNS_FROM} WHERE t.session_pk = ? AND t.seq > ? ORDER BY t.seq LIMIT ?"
 )

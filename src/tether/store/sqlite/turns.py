@@ -17,6 +17,7 @@ from tether.records import (
     AgentRef,
     CancelStatus,
     Event,
+    Idempotency,
     Item,
     Lease,
     MemoryWrites,
@@ -51,12 +52,19 @@ class Turns(Connection):
         max_queue: int = DEFAULT_MAX_QUEUE,
         agent: AgentRef | None = None,
         limits: PrincipalLimits | None = None,
+        idempotency: Idempotency | None = None,
     ) -> Turn:
         def do(c: sqlite3.Connection) -> Turn:
             row = c.execute(q.SESSION_FOR_ENQUEUE, key_args(key)).fetchone()
             if row is None:
                 raise SessionNotFound("session not found")
             pk, now = int(row[0]), time.time()
+            if idempotency is not None:
+                known = c.execute(q.TURN_BY_IDEMPOTENCY, (pk, idempotency.key)).fetchone()
+                if known is not None:
+                    if rules.replays(known[-1], known[13], idempotency, now):
+                        return turn_row(known)
+                    c.execute(q.RELEASE_IDEMPOTENCY, (pk, idempotency.key))
             active = c.execute(q.ACTIVE_TURN_IDS, (pk,)).fetchall()
             rules.admit(policy, expires_at=row[1], now=now, active=active, max_queue=max_queue)
             if limits is not None:
@@ -69,7 +77,17 @@ class Turns(Connection):
             try:
                 c.execute(
                     q.INSERT_TURN,
-                    (turn_id, pk, seq, input, policy, turn.status, now, *rules.agent_args(agent)),
+                    (
+                        turn_id,
+                        pk,
+                        seq,
+                        input,
+                        policy,
+                        turn.status,
+                        now,
+                        *rules.agent_args(agent),
+                        *rules.idempotency_args(idempotency),
+                    ),
                 )
             except sqlite3.IntegrityError as exc:
                 raise rules.duplicate_turn(turn_id) from exc

@@ -16,6 +16,7 @@ The suite is cut by capability, one class each, so a failure names what broke:
 * :class:`SearchConformance`: vector versions and snapshots, lexical search;
 * :class:`DocumentsConformance`: knowledge documents and their chunks; storage used per user;
 * :class:`ForgetConformance`: forgetting a user;
+* :class:`IdempotencyConformance`: one idempotency key, one turn;
 * :class:`LimitsConformance`: per-principal bounds on turns and sessions;
 * :class:`LifecyclesConformance`: session memory dies with its session; a turn's memory
   commits with its ending.
@@ -62,6 +63,7 @@ from tether.testing.conformance.events import EventsConformance
 from tether.testing.conformance.fencing import FencingConformance
 from tether.testing.conformance.forget import ForgetConformance
 from tether.testing.conformance.history import HistoryConformance
+from tether.testing.conformance.idempotency import IdempotencyConformance
 from tether.testing.conformance.leases import LeasesConformance
 from tether.testing.conformance.lifecycles import LifecyclesConformance
 from tether.testing.conformance.limits import LimitsConformance
@@ -77,6 +79,7 @@ __all__ = [
     "FencingConformance",
     "ForgetConformance",
     "HistoryConformance",
+    "IdempotencyConformance",
     "LeasesConformance",
     "LifecyclesConformance",
     "LimitsConformance",
@@ -102,6 +105,7 @@ class StoreConformance(
     ForgetConformance,
     LifecyclesConformance,
     LimitsConformance,
+    IdempotencyConformance,
 ):
     """Every capability at once: what a complete :class:`~tether.store.protocol.Store` passes.
 
