@@ -13,7 +13,7 @@ import json
 import secrets
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from tether.errors import ConfigError
 from tether.models.base import Model
@@ -182,6 +182,7 @@ def _fingerprint(agent: Agent) -> str:
         ],
         "limits": [
             agent.max_iterations,
+            agent.on_max_iterations,
             agent.token_budget,
             agent.context_budget,
             agent.max_output_tokens,
@@ -209,6 +210,10 @@ class Agent:
     tools: tuple[Tool, ...] = ()
     max_iterations: int = 10
     """Model calls per turn before it ends ``limit_reached``/``max_iterations``."""
+    on_max_iterations: Literal["stop", "finish"] = "stop"
+    """At ``max_iterations``: ``stop`` ends the turn ``limit_reached``; ``finish`` makes one
+    more model call without tools, told to answer with what it has, and the turn ends
+    ``completed`` with reason ``finished_at_limit``."""
     token_budget: int | None = None
     """Tokens (input + output, all model calls) one turn may spend; then ``limit_reached``."""
     context_budget: int | None = None
@@ -236,6 +241,7 @@ class Agent:
         model: str | Model | None = None,
         tools: Iterable[Tool] = (),
         max_iterations: int = 10,
+        on_max_iterations: Literal["stop", "finish"] = "stop",
         token_budget: int | None = None,
         context_budget: int | None = None,
         max_output_tokens: int | None = None,
@@ -257,12 +263,15 @@ class Agent:
             raise ConfigError(f"agent {name}: two tools share a name")
         if max_iterations < 1:
             raise ConfigError("max_iterations must be at least 1")
+        if on_max_iterations not in ("stop", "finish"):
+            raise ConfigError("on_max_iterations must be 'stop' or 'finish'")
         values = {
             "name": name,
             "instructions": instructions,
             "model": model,
             "tools": tools,
             "max_iterations": max_iterations,
+            "on_max_iterations": on_max_iterations,
             "token_budget": token_budget,
             "context_budget": context_budget,
             "max_output_tokens": max_output_tokens,

@@ -10,8 +10,9 @@ import threading
 import pytest
 
 from tests.helpers import all_items, assert_paired, key, running, wait_until
-from tether import Agent, RetryPolicy, SessionBusy, TurnFailed, tool
+from tether import Agent, ConfigError, RetryPolicy, SessionBusy, TurnFailed, tool
 from tether.loop.window import INTERRUPTED_MARK
+from tether.models.base import ModelRequest
 from tether.records import ABORTED_TOOL_RESULT, Turn
 from tether.runtime import Runtime
 from tether.store.protocol import Store
@@ -252,6 +253,48 @@ async def test_max_iterations(store: Store) -> None:
     assert len(model.requests) == 4
     assert_paired(items)
     assert len([i for i in items if i.kind == "tool_call"]) == 4
+
+
+async def test_finish_at_the_limit_answers_without_tools_and_says_so(store: Store) -> None:
+    # Calls a tool whenever it is offered one; answers only when it is not.
+    counter = iter(range(100))
+
+    def script(request: ModelRequest) -> str | ToolCalls:
+        if not request.tools:
+            return "here is what I found"
+        return ToolCalls(Call("lookup", {"q": str(next(counter))}))
+
+    model = ScriptedModel(default=script)
+    agent = Agent(
+        name="a", model=model, tools=[lookup], max_iterations=3, on_max_iterations="finish"
+    )
+    async with running(store, agent) as rt:
+        assert await rt.chat(agent, "go", session_id="s") == "here is what I found"
+        [turn] = await rt.store.list_turns(key("s"))
+        items = await all_items(rt, key("s"))
+    assert (turn.status, turn.reason) == ("completed", "finished_at_limit")
+    assert len(model.requests) == 4 and model.requests[-1].tools == ()
+    assert model.requests[-1].messages[-1].role == "system"  # told to answer with what it has
+    assert_paired(items)
+    assert [i.kind for i in items][-1] == "assistant" and items[-1].complete
+
+
+async def test_finish_with_a_model_that_still_wants_tools_is_limit_reached(store: Store) -> None:
+    model = ScriptedModel(default=lambda _r: ToolCalls(Call("lookup", {"q": "again"})))
+    agent = Agent(
+        name="a", model=model, tools=[lookup], max_iterations=1, on_max_iterations="finish"
+    )
+    async with running(store, agent) as rt:
+        with pytest.raises(TurnFailed) as info:
+            await rt.chat(agent, "go", session_id="s")
+        items = await all_items(rt, key("s"))
+    assert (info.value.turn.status, info.value.turn.reason) == ("limit_reached", "max_iterations")
+    assert_paired(items)  # the unoffered call was never stored, so nothing is left unpaired
+
+
+def test_on_max_iterations_is_checked() -> None:
+    with pytest.raises(ConfigError):
+        Agent(name="a", on_max_iterations="ask")  # type: ignore[arg-type]
 
 
 async def test_token_budget(store: Store) -> None:

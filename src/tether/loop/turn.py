@@ -25,6 +25,10 @@ from tether.records import NewItem, TurnEnding
 log = logging.getLogger("tether.loop")
 
 LOOP_RESULT = "Tool call not executed: the same call was repeated three times in a row."
+FINISH_NOTE = (
+    "You have used every step this turn allows. Do not call tools; answer the user now with"
+    " what you have found so far, and say what is left undone."
+)
 
 
 async def drive(ctx: TurnContext, state: TurnState) -> TurnResult:
@@ -91,7 +95,25 @@ async def drive(ctx: TurnContext, state: TurnState) -> TurnResult:
         used = state.usage.input_tokens + state.usage.output_tokens
         if agent.token_budget is not None and used >= agent.token_budget:
             return TurnResult(TurnEnding("limit_reached", "token_budget", usage=state.usage), [])
+    if agent.on_max_iterations == "finish":
+        return await _finish(ctx, state)
     return TurnResult(TurnEnding("limit_reached", "max_iterations", usage=state.usage), [])
+
+
+async def _finish(ctx: TurnContext, state: TurnState) -> TurnResult:
+    """One last model call, offered no tools, told to answer with what it has: the turn then
+    ends ``completed`` but says how (``finished_at_limit``), so the outcome stays honest."""
+    state.step += 1
+    state.messages.append(Message("system", FINISH_NOTE))
+    out = await model_step(ctx, state, ())
+    if out.calls:
+        # Asked for a tool it was not offered: nothing runs, and no answer came.
+        return TurnResult(TurnEnding("limit_reached", "max_iterations", usage=state.usage), [])
+    state.partial_text = ""
+    ctx.sink.emit(MESSAGE_COMPLETED, {"text": out.text, "complete": True})
+    item = NewItem("assistant", out.text, meta={"step": state.step})
+    ending = TurnEnding("completed", "finished_at_limit", out.text, True, usage=state.usage)
+    return TurnResult(ending, [item])
 
 
 def _result(ctx: TurnContext, state: TurnState, call: ToolCall, text: str, error: bool) -> NewItem:

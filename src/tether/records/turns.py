@@ -35,6 +35,7 @@ EXCLUDED_STATUSES: Final[frozenset[TurnStatus]] = frozenset({"failed", "rolled_b
 Reason = Literal[
     # completed
     "answered",
+    "finished_at_limit",
     # limit_reached
     "loop",
     "max_iterations",
