@@ -295,5 +295,5 @@ def test_retries_with_one_idempotency_key_make_one_turn(server: Server) -> None:
             json={"input": "x", "idempotency_key": "a"},
             headers={"Idempotency-Key": "b"},
         )
-        assert both.status_code == 400
+        assert both.status_code == 409
         assert len(c.get(f"/v1/sessions/{sid}/turns").json()["data"]) == 1

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from tether.errors import InvalidInput, TurnNotFound
+from tether.errors import Conflict, TurnNotFound
 from tether.events import TURN_ENDED
 from tether.records import Event, SessionKey, Turn
 from tether.server import sse
@@ -134,7 +134,8 @@ async def create_turn(
     gets the turn the first request made, in the same form."""
     check_message(st, body.input)
     if idempotency_key and body.idempotency_key and idempotency_key != body.idempotency_key:
-        raise InvalidInput("the Idempotency-Key header and idempotency_key differ; send one")
+        # As with If-Match and a body revision that disagree: the request contradicts itself.
+        raise Conflict("the Idempotency-Key header and idempotency_key differ; send one")
     # A session made by the Python API before any agent names none: the app's first answers.
     first = st.agents[0].name if st.agents else ""
     agent = st.runtime.served(body.agent or record.agent or first)
