@@ -390,12 +390,6 @@ class RecallStore(Protocol):
         """Delete ``ns``'s records of ``collection``; ``None``: every record and document."""
         ...
 
-    async def delete_turn_memory(
-        self, namespaces: Sequence[Namespace], turn_id: str, author: str
-    ) -> int:
-        """Delete records written by ``author`` during ``turn_id`` (a rolled-back turn's notes)."""
-        ...
-
     # -- search ----------------------------------------------------------------------------------
     async def lexical_search(
         self,

@@ -394,8 +394,7 @@ def search_terms(terms: Sequence[str]) -> list[str]:
 
 
 def provenance(record: MemoryRecord) -> tuple[str | None, str | None]:
-    """``(turn_id, author)`` from the record's meta: what ``delete_turn_memory`` finds a
-    rolled-back turn's notes by."""
+    """``(turn_id, author)`` from the record's meta, kept in columns of their own."""
     turn_id, author = record.meta.get("turn_id"), record.meta.get("author")
     return (
         str(turn_id) if turn_id is not None else None,

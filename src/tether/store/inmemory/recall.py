@@ -131,17 +131,6 @@ class Recall(State):
                 del self._documents[doc.id]
         return len(seqs)
 
-    async def delete_turn_memory(
-        self, namespaces: Sequence[Namespace], turn_id: str, author: str
-    ) -> int:
-        seqs = [
-            seq
-            for seq, row in self._rows.items()
-            if row.record.namespace in namespaces and provenance(row.record) == (turn_id, author)
-        ]
-        self._bump(self._drop(seqs))
-        return len(seqs)
-
     # -- search ----------------------------------------------------------------------------------
     async def lexical_search(
         self,

@@ -129,15 +129,6 @@ class Recall(Connection):
             await conn.execute(q.DELETE_COLLECTION_DOCUMENTS, *args)
             return n
 
-    async def delete_turn_memory(
-        self, namespaces: Sequence[Namespace], turn_id: str, author: str
-    ) -> int:
-        if not namespaces:
-            return 0
-        where = q.WHERE_TURN
-        async with self._tx() as conn:
-            return await delete_where(conn, where, [turn_id, author, [n.key for n in namespaces]])
-
     # -- search ----------------------------------------------------------------------------------
     async def lexical_search(
         self,

@@ -136,16 +136,6 @@ class Recall(Connection):
 
         return await self._write(do)
 
-    async def delete_turn_memory(
-        self, namespaces: Sequence[Namespace], turn_id: str, author: str
-    ) -> int:
-        keys = [ns.key for ns in namespaces]
-        if not keys:
-            return 0
-        where = q.WHERE_TURN.format(ns=in_list(len(keys)))
-        args = (turn_id, author, *keys)
-        return await self._write(lambda c: delete_where(c, where, args, versions=True))
-
     # -- search ----------------------------------------------------------------------------------
     async def lexical_search(
         self,

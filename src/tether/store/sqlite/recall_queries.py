@@ -64,7 +64,6 @@ WHERE_RECORD = "id = ? AND ns = ?"
 WHERE_AUTHORS = "ns = ? AND collection = '' AND author IN (?, ?)"
 WHERE_NAMESPACE = "ns = ?"
 WHERE_COLLECTION = "ns = ? AND collection = ?"
-WHERE_TURN = "turn_id = ? AND author = ? AND ns IN ({ns})"
 WHERE_DOCUMENT = "document_id = ? AND ns = ? AND collection = ?"
 WHERE_PERSONAL = (
     "tenant = ? AND owner = ? AND scope IN (" + ", ".join(f"'{s}'" for s in PERSONAL_SCOPES) + ")"

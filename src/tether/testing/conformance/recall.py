@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from typing import Any
 
 import pytest
 
@@ -176,7 +175,7 @@ class RecallConformance:
             assert await store.delete_memory(ns, "a-sess") is False
             assert await store.delete_document(ns, "docs", "d1") is False
             assert await store.clear_memory(ns, collection="docs") == 0
-        assert await store.delete_turn_memory([BOB, BOB_S1], "t1", "model") == 1
+        assert await store.delete_memory(bobs.namespace, bobs.id) is True
         assert await store.clear_memory(BOB, collection=None) == 0
         assert await store.clear_memory(ALICE_ELSEWHERE, collection=None) == 0
         assert [await version(store, ns) for ns in untouched] == versions
@@ -268,24 +267,6 @@ class RecallConformance:
             assert losses[0].current_revision == 2
             assert wins[0].revision == 2
             assert await store.get_memory(ALICE, f"m{n}") == wins[0]
-
-    async def test_delete_turn_memory(self, store: Store) -> None:
-        def by(turn: str, author: str) -> dict[str, Any]:
-            return {"turn_id": turn, "author": author, "session_id": "s1"}
-
-        await put(store, ALICE_S1, "s-t1-model", meta=by("t1", "model"))
-        await put(store, ALICE, "u-t1-model", meta=by("t1", "model"))
-        await put(store, ALICE, "u-t1-alice", meta=by("t1", "alice"))
-        await put(store, ALICE, "u-t2-model", meta=by("t2", "model"))
-        await put(store, ALICE, "u-plain")
-        await put(store, TENANT, "t-t1-model", meta=by("t1", "model"))
-        await put(store, BOB_S1, "bob-t1-model", meta=by("t1", "model"))
-
-        assert await store.delete_turn_memory([ALICE_S1, ALICE], "t1", "model") == 2
-        assert await ids(store, [ALICE_S1, ALICE]) == ["u-t1-alice", "u-t2-model", "u-plain"]
-        assert await ids(store, [TENANT, BOB_S1]) == ["t-t1-model", "bob-t1-model"]
-        assert await store.delete_turn_memory([ALICE_S1, ALICE], "t1", "model") == 0
-        assert await store.delete_turn_memory([], "t1", "model") == 0
 
     async def test_delete_memory(self, store: Store) -> None:
         a = await put(store, ALICE, "a", "keep me")

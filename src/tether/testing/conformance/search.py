@@ -81,7 +81,6 @@ class SearchConformance:
                 ALICE, "m1", content="x", kind="fact", embedding=b"", expected_revision=7, now=1.0
             )
         assert await store.delete_memory(ALICE, "nope") is False
-        assert await store.delete_turn_memory([ALICE], "t-none", "model") == 0
         await still()
 
         # Each kind of change moves it.
@@ -90,10 +89,6 @@ class SearchConformance:
         )
         await moved()
         assert await store.delete_memory(ALICE, "m1") is True
-        await moved()
-        await put(store, ALICE, "m2", meta={"turn_id": "t2", "author": "model"})
-        await moved()
-        assert await store.delete_turn_memory([ALICE], "t2", "model") == 1
         await moved()
         await put(store, ALICE, "m3")
         await moved()
