@@ -25,21 +25,25 @@ _PRINCIPAL_ENV = {
 }
 
 
-def _principal_limits(env: os._Environ[str]) -> PrincipalLimits:
+def _positive(variable: str, raw: str, kind: Callable[[str], float]) -> float:
+    """``raw`` read as a number above 0, or a ConfigError naming ``variable``."""
+    try:
+        value = kind(raw)
+    except ValueError:
+        value = math.nan
+    if not value > 0:  # NaN fails too
+        raise ConfigError(f"{variable}={raw!r}: use a number above 0")
+    return value
+
+
+def _principal_limits(env: Mapping[str, str]) -> PrincipalLimits:
     values: dict[str, int | None] = {}
     for name, var in _PRINCIPAL_ENV.items():
         raw = env.get(var, "").strip().lower()
         if not raw:
             values[name] = getattr(DEFAULT_PRINCIPAL_LIMITS, name)
-        elif raw == "off":
-            values[name] = None
         else:
-            try:
-                values[name] = int(raw)
-            except ValueError:
-                raise ConfigError(f"{var}={raw!r}: use a positive number, or off") from None
-            if values[name] < 1:  # type: ignore[operator]
-                raise ConfigError(f"{var}={raw!r}: use a positive number, or off")
+            values[name] = None if raw == "off" else int(_positive(var, raw, int))
     return PrincipalLimits(**values)
 
 
@@ -86,12 +90,7 @@ def _limits_from_env(env: Mapping[str, str]) -> Limits | None:
     for name, kind in _ENV_LIMITS.items():
         variable = "TETHER_" + name.upper()
         if env.get(variable):
-            try:
-                values[name] = kind(env[variable])
-            except ValueError:
-                raise ConfigError(f"{variable}={env[variable]!r} is not a number") from None
-            if not values[name] > 0:
-                raise ConfigError(f"{variable} must be positive, got {env[variable]!r}")
+            values[name] = _positive(variable, env[variable], kind)
     return Limits(**values) if values else None  # type: ignore[arg-type]
 
 
