@@ -13,9 +13,11 @@
     │   ├── TurnNotFound
     │   ├── AgentNotFound
     │   ├── MemoryNotFound
+    │   ├── DecisionNotFound
     │   └── DocumentNotFound
     ├── Conflict                 a precondition moved: revision, existing id (HTTP 409)
-    │   └── RevisionConflict     an update named a revision that is no longer current
+    │   ├── RevisionConflict     an update named a revision that is no longer current
+    │   └── DecisionMade         a decision that is not pending (carries the one made first)
     ├── Unauthorized             no credentials, or unknown or revoked ones (HTTP 401)
     ├── Forbidden                readable but not writable by this principal (HTTP 403)
     ├── SessionBusy              policy=reject and a turn is queued or running (HTTP 409)
@@ -30,6 +32,7 @@
     │   ├── ModelRequestsForbidden  a real provider was called while tests forbid it
     │   └── ScriptExhausted      a ScriptedModel was asked for more than its script holds
     ├── TurnFailed               a turn ended in a status other than completed (carries the turn)
+    ├── DecisionRequired         a turn waits for a human and nobody was there to ask
     ├── RemoteError              a tether server answered a problem the client has no class for
     └── SyncInAsyncContext       a blocking method was called from inside a running event loop
 
@@ -46,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     # For the annotation only: records import errors at run time, never the other way round.
-    from tether.records import Turn
+    from tether.records import Decision, Turn
 
 
 class TetherError(Exception):
@@ -101,6 +104,10 @@ class MemoryNotFound(NotFound):
     """No such memory item the caller may read."""
 
 
+class DecisionNotFound(NotFound):
+    """No such decision on a turn the caller owns (unknown and foreign look the same)."""
+
+
 class DocumentNotFound(NotFound):
     """No such knowledge document the caller may read."""
 
@@ -115,6 +122,15 @@ class RevisionConflict(Conflict):
     def __init__(self, message: str, *, current_revision: int | None) -> None:
         super().__init__(message)
         self.current_revision = current_revision
+
+
+class DecisionMade(Conflict):
+    """The decision is not pending: decided already, or expired. ``decision`` is the first one
+    (HTTP 409 carries it), so a second decider learns what was decided."""
+
+    def __init__(self, message: str, *, decision: Decision) -> None:
+        super().__init__(message)
+        self.decision = decision
 
 
 class Unauthorized(TetherError):
@@ -201,6 +217,22 @@ class TurnFailed(TetherError):
     def __init__(self, turn: Turn) -> None:
         detail = f": {turn.error}" if turn.error else ""
         super().__init__(f"turn {turn.id} ended {turn.status} ({turn.reason}){detail}")
+        self.turn = turn
+
+
+class DecisionRequired(TetherError):
+    """A turn waits for a human decision and the caller gave no way to ask one
+    (``on_decision``). ``decision`` is what it asks; decide it (``Session.decide``,
+    ``Runtime.decide`` or ``POST …/decisions``) and the turn goes on; its deadline passing
+    refuses it."""
+
+    def __init__(self, decision: Decision, turn: Turn | None = None) -> None:
+        what = decision.payload.get("question") or decision.payload.get("tool") or decision.kind
+        super().__init__(
+            f"turn {decision.turn_id} waits for a decision ({decision.kind}: {what});"
+            " pass on_decision=, or decide it and the turn goes on"
+        )
+        self.decision = decision
         self.turn = turn
 
 

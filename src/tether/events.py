@@ -15,8 +15,12 @@ EventType = Literal[
     "message.delta",
     "message.completed",
     "tool.call",
-    "tool.approval_requested",
+    "tool.started",
     "tool.result",
+    "decision.requested",
+    "decision.made",
+    "turn.awaiting_input",
+    "turn.resumed",
     "memory.recalled",
     "memory.written",
     "context.compacted",
@@ -32,8 +36,18 @@ MESSAGE_DELTA: Final = "message.delta"
 MESSAGE_COMPLETED: Final = "message.completed"
 """A model step's whole text; ``data.complete`` is False for a partial reply."""
 TOOL_CALL: Final = "tool.call"
-TOOL_APPROVAL_REQUESTED: Final = "tool.approval_requested"
+TOOL_STARTED: Final = "tool.started"
+"""An approved tool is about to run (written before it runs: a crash mid-tool then ends the
+call aborted, never runs it twice)."""
 TOOL_RESULT: Final = "tool.result"
+DECISION_REQUESTED: Final = "decision.requested"
+"""The turn asks a human: the Decision (``call_id``, ``kind``, ``payload``, ``deadline``)."""
+DECISION_MADE: Final = "decision.made"
+"""A decision ended: ``status`` (approved, denied, always, answered, expired), ``answer``, who."""
+TURN_AWAITING_INPUT: Final = "turn.awaiting_input"
+"""The turn parked until its decision is made: it holds no lease and no worker meanwhile."""
+TURN_RESUMED: Final = "turn.resumed"
+"""A process took the session again and goes on with the turn after its decision."""
 MEMORY_RECALLED: Final = "memory.recalled"
 """Ids, scopes and provenance of what recall placed in the prompt (never the text)."""
 MEMORY_WRITTEN: Final = "memory.written"
@@ -50,8 +64,12 @@ EVENT_TYPES: Final[tuple[EventType, ...]] = (
     MESSAGE_DELTA,
     MESSAGE_COMPLETED,
     TOOL_CALL,
-    TOOL_APPROVAL_REQUESTED,
+    TOOL_STARTED,
     TOOL_RESULT,
+    DECISION_REQUESTED,
+    DECISION_MADE,
+    TURN_AWAITING_INPUT,
+    TURN_RESUMED,
     MEMORY_RECALLED,
     MEMORY_WRITTEN,
     CONTEXT_COMPACTED,

@@ -14,6 +14,7 @@ import pytest
 from tether.store import InMemoryStore, PostgresStore, SQLiteStore
 from tether.store.protocol import Store
 from tether.testing.conformance import (
+    DecisionsConformance,
     DocumentsConformance,
     EndingsConformance,
     EventsConformance,
@@ -105,4 +106,8 @@ class TestLimits(LimitsConformance):
 
 
 class TestIdempotency(IdempotencyConformance):
+    pass
+
+
+class TestDecisions(DecisionsConformance):
     pass

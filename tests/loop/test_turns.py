@@ -100,7 +100,7 @@ async def test_cancel_mid_stream_keeps_partial_reply_flagged(store: Store) -> No
     assert len(assistant) == 1 and assistant[0].endswith(INTERRUPTED_MARK)
 
 
-async def test_cancel_queued_turn(store: Store) -> None:
+async def test_end_waiting_turn(store: Store) -> None:
     agent = Agent(name="a", model=ScriptedModel(Slow(delay=0.05)))
     async with running(store, agent) as rt:
         first = await rt.submit(agent, "one", session_id="s")

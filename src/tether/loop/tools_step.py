@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 
 from tether.errors import InvalidInput
-from tether.events import TOOL_APPROVAL_REQUESTED
+from tether.events import DECISION_REQUESTED as TOOL_APPROVAL_REQUESTED
 from tether.loop.context import TurnContext
 from tether.models.base import ToolCall
 from tether.tools.approval import REFUSED_RESULT, ApprovalRequest

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Final, Literal
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
 
 from tether.records.sessions import SessionKey
 
 TurnStatus = Literal[
     "queued",
     "running",
+    "awaiting_input",
     "completed",
     "cancelled",
     "interrupted",
@@ -28,7 +29,8 @@ CancelStatus = Literal["cancelled", "interrupted", "rolled_back", "failed"]
 TERMINAL_STATUSES: Final[frozenset[TurnStatus]] = frozenset(
     {"completed", "cancelled", "interrupted", "rolled_back", "limit_reached", "failed"}
 )
-ACTIVE_STATUSES: Final[frozenset[TurnStatus]] = frozenset({"queued", "running"})
+ACTIVE_STATUSES: Final[frozenset[TurnStatus]] = frozenset({"queued", "running", "awaiting_input"})
+"""Not ended: the session's order waits for these (a turn awaiting input holds its place)."""
 # Items of turns that ended like this never reach a model again (DESIGN §3).
 EXCLUDED_STATUSES: Final[frozenset[TurnStatus]] = frozenset({"failed", "rolled_back"})
 
@@ -39,6 +41,7 @@ Reason = Literal[
     # limit_reached
     "loop",
     "max_iterations",
+    "max_total_iterations",
     "token_budget",
     # failed
     "model_error",
@@ -151,3 +154,50 @@ class Lease:
     owner: str
     token: int
     expires_at: float
+
+
+DecisionKind = Literal["approval", "question"]
+DecisionStatus = Literal["pending", "approved", "denied", "always", "answered", "expired"]
+Verdict = Literal["approve", "deny", "always", "answer"]
+"""What a human says to a pending decision (``answer`` carries the text of a question's answer)."""
+VERDICTS: Final[tuple[Verdict, ...]] = ("approve", "deny", "always", "answer")
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A question a turn put to a human and waits for (DESIGN §2, §7): a tool approval, an
+    ``ask_user`` question, or whether to go on past the iteration limit.
+
+    Stored in the turn's fenced transaction with the call it is about; answerable through any
+    process; owned, like everything of a session, by its key.
+    """
+
+    key: SessionKey
+    turn_id: str
+    call_id: str
+    """The tool call it is about (``ask_user`` and approvals), or ``limit-<step>`` for the
+    iteration limit."""
+    kind: DecisionKind
+    payload: dict[str, Any]
+    """``tool`` and ``arguments`` of an approval; ``question`` and ``choices`` of a question;
+    ``steps`` (how many more) of the iteration limit."""
+    status: DecisionStatus
+    created_at: float
+    deadline: float
+    answer: str | None = None
+    decided_by: str | None = None
+    decided_at: float | None = None
+
+    @property
+    def pending(self) -> bool:
+        return self.status == "pending"
+
+
+@dataclass(frozen=True, slots=True)
+class NewDecision:
+    """A decision as the turn loop asks it; the store stamps it pending with its times."""
+
+    call_id: str
+    kind: DecisionKind
+    payload: dict[str, Any] = field(default_factory=dict)
+    timeout: float = 600.0

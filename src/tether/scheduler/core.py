@@ -322,7 +322,7 @@ class Scheduler:
         if turn is None:
             raise TurnNotFound("turn not found")
         if turn.status == "queued":
-            ended = await self.store.cancel_queued_turn(key, turn_id, reason)
+            ended = await self.store.end_waiting_turn(key, turn_id, reason)
             if ended is not None:
                 self.local.resolve(ended)
                 return ended

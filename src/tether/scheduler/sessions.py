@@ -211,7 +211,7 @@ class StoreCanceller:
         if turn is None:
             raise TurnNotFound("turn not found")
         if turn.status == "queued":
-            ended = await self._store.cancel_queued_turn(key, turn_id, reason)
+            ended = await self._store.end_waiting_turn(key, turn_id, reason)
             if ended is not None:
                 return ended
         await self._store.request_cancel(key, turn_id, "cancelled", reason)

@@ -25,6 +25,8 @@ from tether.records import (
     AgentRef,
     ApiKey,
     CancelStatus,
+    Decision,
+    DecisionStatus,
     Document,
     Event,
     ForgetReport,
@@ -44,7 +46,9 @@ from tether.records import (
     SessionStats,
     Turn,
     TurnEnding,
+    Usage,
     VectorSnapshot,
+    Verdict,
 )
 from tether.store.rules import DEFAULT_MAX_QUEUE
 
@@ -151,7 +155,7 @@ class TurnReader(Protocol):
     ) -> list[Turn]: ...
 
     async def active_turns(self, key: SessionKey) -> list[Turn]:
-        """Queued and running turns in ``seq`` order."""
+        """Turns not ended (queued, running, awaiting_input) in ``seq`` order."""
         ...
 
     async def list_events(
@@ -189,10 +193,25 @@ class TurnLog(TurnReader, Protocol):
         """
         ...
 
-    async def cancel_queued_turn(
-        self, key: SessionKey, turn_id: str, reason: Reason
+    async def end_waiting_turn(
+        self,
+        key: SessionKey,
+        turn_id: str,
+        reason: Reason,
+        *,
+        status: CancelStatus = "cancelled",
     ) -> Turn | None:
-        """End a turn that is still queued as ``cancelled``; None when it is no longer queued."""
+        """End a turn nobody is running as ``status`` (cancelled, interrupted, rolled back);
+        None when it is running or ended.
+
+        Such a turn is queued (never started, or decided and waiting to go on) or
+        ``awaiting_input``. Its pending decisions expire (``decided_by`` = the reason, each
+        with ``decision.made``), its unanswered tool calls get an aborted result, the ending's
+        effect on items applies (:func:`tether.store.rules.items_effect`), the memory it holds
+        is applied when :func:`tether.store.rules.keeps_memory` says so, and ``turn.ended`` is
+        written. No lease: while a turn waits, nothing else writes it, and every write that
+        moves it is conditional on its status.
+        """
         ...
 
     async def request_cancel(
@@ -276,12 +295,86 @@ class FencedWrites(Protocol):
         """
         ...
 
+    async def park_turn(
+        self,
+        lease: Lease,
+        turn_id: str,
+        items: Sequence[NewItem],
+        events: Sequence[NewEvent],
+        decision: Decision,
+        *,
+        usage: Usage,
+        memory: MemoryWrites | None = None,
+    ) -> Turn:
+        """Move a running turn to ``awaiting_input`` with the decision it waits for.
+
+        In one fenced transaction: the items (the step's tool calls and the results of the calls
+        before the one asked about), the events (``decision.requested`` among them), the
+        decision row (pending; ``(turn_id, call_id)`` is new), the usage so far and the memory
+        writes the turn holds (kept with it until it ends). The caller then gives up the lease.
+        """
+        ...
+
+    async def resume_turn(
+        self, lease: Lease, turn_id: str, events: Sequence[NewEvent]
+    ) -> tuple[list[Item], MemoryWrites | None]:
+        """Move a decided turn (queued, and started before) back to running, under the lease.
+
+        Returns the turn's items so far, in seq order, and the memory writes it held.
+        """
+        ...
+
     async def recover(self, lease: Lease) -> list[Turn]:
         """Under a freshly acquired lease: end turns left ``running`` as failed/``owner_lost``.
 
         Unanswered tool calls get an aborted result, and each such turn gets its terminal event
         (:data:`tether.store.rules.OWNER_LOST`, :func:`tether.store.rules.aborted_results`).
         """
+        ...
+
+
+class DecisionStore(Protocol):
+    """Decisions a parked turn waits for (DESIGN §7): read, decided and expired from any
+    process, without the session's lease."""
+
+    async def list_decisions(
+        self,
+        key: SessionKey,
+        *,
+        turn_id: str | None = None,
+        status: DecisionStatus | None = None,
+        limit: int = 100,
+    ) -> list[Decision]:
+        """The session's decisions, oldest first (SessionNotFound for an unknown session)."""
+        ...
+
+    async def decide(
+        self,
+        key: SessionKey,
+        turn_id: str,
+        call_id: str,
+        verdict: Verdict,
+        *,
+        answer: str | None = None,
+        by: str,
+    ) -> Decision:
+        """Record a human's decision, in one transaction: :func:`tether.store.rules.settle`
+        says what it becomes (DecisionMade with the first decision when it is not pending,
+        InvalidInput for a verdict its kind does not take); ``decision.made`` is written on the
+        turn; the turn goes from ``awaiting_input`` to ``queued`` so the session's next owner
+        goes on with it; ``always`` adds the tool to the session state
+        (:func:`tether.store.rules.with_always`). DecisionNotFound when the session has no such
+        decision (unknown or another owner's: the same)."""
+        ...
+
+    async def expire_decisions(self, now: float, limit: int = 100) -> list[SessionKey]:
+        """End up to ``limit`` pending decisions whose deadline has passed as ``expired``, as
+        :meth:`decide` would (event, turn queued again); returns their sessions. Safe on every
+        node at once: each decision ends once."""
+        ...
+
+    async def next_decision_deadline(self) -> float | None:
+        """The earliest deadline of a pending decision, if any (when to sweep next)."""
         ...
 
 
@@ -295,7 +388,8 @@ class Maintenance(Protocol):
         ...
 
     async def sessions_needing_work(self, *, unowned_at: float | None = None) -> list[SessionKey]:
-        """Sessions with a queued or running turn (for recovery after a restart).
+        """Sessions with a queued or running turn and none parked on a decision (for recovery
+        after a restart; a parked turn's session has nothing to run until it is decided).
 
         With ``unowned_at``, only those whose lease is free or expired at that time: work
         nobody is doing (its process died, or a store outage made it give up).
@@ -459,6 +553,7 @@ class Store(
     TurnLog,
     LeaseStore,
     FencedWrites,
+    DecisionStore,
     Maintenance,
     KeyStore,
     RecallStore,

@@ -12,6 +12,7 @@ conformance suite.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import time
@@ -22,6 +23,7 @@ from typing import Any, Final, Literal, cast, get_args
 from tether import events
 from tether.errors import (
     Conflict,
+    DecisionMade,
     IdempotencyKeyReused,
     InvalidInput,
     LimitExceeded,
@@ -34,11 +36,16 @@ from tether.records import (
     EXCLUDED_STATUSES,
     AgentRef,
     CancelStatus,
+    Decision,
+    DecisionStatus,
     Document,
     EndStatus,
     Idempotency,
     Item,
     MemoryRecord,
+    MemoryWrites,
+    Namespace,
+    NewDecision,
     NewEvent,
     NewItem,
     Policy,
@@ -49,6 +56,7 @@ from tether.records import (
     TurnEnding,
     TurnStatus,
     Usage,
+    Verdict,
 )
 
 DEFAULT_MAX_QUEUE: Final = 16
@@ -447,3 +455,170 @@ _IMPLIED_REASON: Final[dict[str, Reason]] = {
     "rolled_back": "rollback",
     "failed": "lease_lost",
 }
+
+
+# -- decisions -------------------------------------------------------------------------------------
+DECISION_EXPIRED_BY: Final = "deadline"
+"""``decided_by`` of a decision its deadline refused."""
+ALWAYS_KEY: Final = "always_approve"
+"""The session state key listing the tools a human approved for the rest of the session
+(``always``): visible in the session's state, revocable by writing the state without them."""
+
+
+def new_decision(key: SessionKey, turn_id: str, asked: NewDecision, now: float) -> Decision:
+    """The record of a decision a turn asks for now, pending until its deadline."""
+    return Decision(
+        key=key,
+        turn_id=turn_id,
+        call_id=asked.call_id,
+        kind=asked.kind,
+        payload=dict(asked.payload),
+        status="pending",
+        created_at=now,
+        deadline=now + asked.timeout,
+    )
+
+
+def decision_data(d: Decision) -> dict[str, Any]:
+    """A decision as events and the wire show it (the session key is the caller's own)."""
+    return {
+        "turn_id": d.turn_id,
+        "call_id": d.call_id,
+        "kind": d.kind,
+        "payload": d.payload,
+        "status": d.status,
+        "answer": d.answer,
+        "decided_by": d.decided_by,
+        "created_at": d.created_at,
+        "deadline": d.deadline,
+        "decided_at": d.decided_at,
+    }
+
+
+def decision_made_event(d: Decision, last_seq: int) -> NewEvent:
+    """``decision.made`` after the turn's last event: written by whoever ends the decision
+    (no lease: the turn is parked, so nothing else writes its events meanwhile)."""
+    return NewEvent(last_seq + 1, events.DECISION_MADE, decision_data(d))
+
+
+def settle(d: Decision, verdict: Verdict, answer: str | None, by: str, now: float) -> Decision:
+    """The decision once ``verdict`` is given, or why it cannot be.
+
+    DecisionMade when it is not pending (the first decision stands); InvalidInput for a verdict
+    the kind does not take: an approval takes approve, deny or always (always only for a tool);
+    a question takes an answer (one of its choices, when it has them) or deny (no answer).
+    """
+    if not d.pending:
+        raise DecisionMade(f"the decision on call {d.call_id} is already {d.status}", decision=d)
+    status: DecisionStatus
+    if d.kind == "approval":
+        if verdict == "answer":
+            raise InvalidInput("an approval takes approve, deny or always, not an answer")
+        if verdict == "always" and not d.payload.get("tool"):
+            raise InvalidInput("always approves a tool; this decision is not about one")
+        status = _APPROVAL_STATUS[verdict]
+        answer = None
+    elif verdict == "deny":
+        status, answer = "denied", None
+    elif verdict == "answer":
+        if answer is None or not answer.strip():
+            raise InvalidInput("a question's answer is text; give answer")
+        choices = d.payload.get("choices")
+        if choices and answer not in choices:
+            raise InvalidInput(f"the answer must be one of {list(choices)}")
+        status = "answered"
+    else:
+        raise InvalidInput("a question takes an answer (or deny), not approve or always")
+    return replace(d, status=status, answer=answer, decided_by=by, decided_at=now)
+
+
+_APPROVAL_STATUS: Final[dict[str, DecisionStatus]] = {
+    "approve": "approved",
+    "deny": "denied",
+    "always": "always",
+}
+
+
+def expired(d: Decision, now: float, by: str = DECISION_EXPIRED_BY) -> Decision:
+    """A pending decision refused because nobody decided in time (or its turn ended)."""
+    return replace(d, status="expired", decided_by=by, decided_at=now)
+
+
+def always_approved(state: dict[str, Any]) -> frozenset[str]:
+    """The tools the session approved with ``always``."""
+    names = state.get(ALWAYS_KEY)
+    return (
+        frozenset(n for n in names if isinstance(n, str))
+        if isinstance(names, list)
+        else frozenset()
+    )
+
+
+def with_always(state: dict[str, Any], tool: str) -> dict[str, Any]:
+    """The session state with ``tool`` approved for the rest of the session."""
+    return {**state, ALWAYS_KEY: sorted(always_approved(state) | {tool})}
+
+
+def parked(turn: Turn, usage: Usage) -> Turn:
+    """The turn's record once it waits for a decision."""
+    return replace(turn, status="awaiting_input", usage=usage)
+
+
+def held_memory_json(writes: MemoryWrites | None) -> str | None:
+    """A parked turn's memory writes, kept with the turn until it ends (DESIGN §3: they are
+    committed with the ending, and only if its items are kept)."""
+    if not writes:
+        return None
+    return json.dumps(
+        {
+            "put": [
+                {
+                    "id": r.id,
+                    "ns": r.namespace.key,
+                    "kind": r.kind,
+                    "content": r.content,
+                    "collection": r.collection,
+                    "document_id": r.document_id,
+                    "meta": r.meta,
+                    "revision": r.revision,
+                    "created_at": r.created_at,
+                    "updated_at": r.updated_at,
+                    "embedding": base64.b64encode(e).decode(),
+                }
+                for r, e in writes.put
+            ],
+            "delete": [[ns.key, rid] for ns, rid in writes.delete],
+        }
+    )
+
+
+def held_memory(text: str | None) -> MemoryWrites | None:
+    if not text:
+        return None
+    data = json.loads(text)
+    put = tuple(
+        (
+            MemoryRecord(
+                id=p["id"],
+                namespace=Namespace.from_key(p["ns"]),
+                kind=p["kind"],
+                content=p["content"],
+                collection=p["collection"],
+                document_id=p["document_id"],
+                meta=p["meta"],
+                revision=p["revision"],
+                created_at=p["created_at"],
+                updated_at=p["updated_at"],
+            ),
+            base64.b64decode(p["embedding"]),
+        )
+        for p in data["put"]
+    )
+    delete = tuple((Namespace.from_key(k), rid) for k, rid in data["delete"])
+    return MemoryWrites(put, delete)
+
+
+def waiting_ending(status: CancelStatus, reason: Reason) -> TurnEnding:
+    """How a turn nobody is running (queued, or parked on a decision) ends when it is cancelled,
+    interrupted or rolled back: nothing was streamed, so nothing partial to keep."""
+    return TurnEnding(status=status, reason=reason)

@@ -136,6 +136,7 @@ class Sessions(State):
         s.turn_order.clear()
         s.events.clear()
         s.idempotency.clear()
+        s.decisions.clear()
         self._drop_conversation_memory(key)
         return n
 
@@ -184,5 +185,6 @@ class Sessions(State):
             k
             for k, s in self._sessions.items()
             if s.active
+            and not s.parked()
             and (unowned_at is None or s.lease_owner is None or s.lease_expires_at <= unowned_at)
         ]

@@ -17,6 +17,7 @@ from tether.errors import SessionNotFound, StaleLease
 from tether.records import (
     ApiKey,
     CancelStatus,
+    Decision,
     Document,
     Event,
     Item,
@@ -50,6 +51,10 @@ class SessionState:
     events: dict[str, list[Event]] = field(default_factory=dict)
     idempotency: dict[str, tuple[str, str]] = field(default_factory=dict)
     """Idempotency key → (turn id, request digest)."""
+    decisions: dict[tuple[str, str], Decision] = field(default_factory=dict)
+    """(turn id, call id) → decision, in the order they were asked."""
+    held: dict[str, MemoryWrites] = field(default_factory=dict)
+    """Memory writes of parked turns, applied (or dropped) when the turn ends."""
     next_turn_seq: int = 1
     next_item_seq: int = 1
     lease_owner: str | None = None
@@ -58,6 +63,14 @@ class SessionState:
 
     def first_active(self) -> str | None:
         return self.active[0] if self.active else None
+
+    def parked(self) -> bool:
+        """A turn waits for a decision: nothing of this session runs until it is decided."""
+        return any(self.turns[t].status == "awaiting_input" for t in self.active)
+
+    def under_way(self) -> list[str]:
+        """Active turns that hold or want a worker (a parked turn holds neither)."""
+        return [t for t in self.active if self.turns[t].status != "awaiting_input"]
 
     def last_event_seq(self, turn_id: str) -> int:
         log = self.events.get(turn_id)

@@ -11,10 +11,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-from tether.errors import Conflict
+from tether.errors import Conflict, DecisionNotFound
 from tether.records import (
     AgentRef,
     CancelStatus,
+    Decision,
+    DecisionStatus,
     Event,
     Idempotency,
     Item,
@@ -29,6 +31,8 @@ from tether.records import (
     Turn,
     TurnEnding,
     TurnStatus,
+    Usage,
+    Verdict,
 )
 from tether.store import rules
 from tether.store.inmemory.state import SessionState, State
@@ -70,10 +74,11 @@ class Turns(State):
                 for k, o in self._sessions.items()
                 if (k.tenant, k.owner) == (key.tenant, key.owner)
             ]
+            # A parked turn holds no worker: it counts against nobody's running turns.
             rules.admit_for_principal(
                 limits,
-                busy_sessions=sum(1 for o in mine if o.active),
-                active_turns=sum(len(o.active) for o in mine),
+                busy_sessions=sum(1 for o in mine if o.under_way()),
+                active_turns=sum(len(o.under_way()) for o in mine),
                 session_active=bool(s.active),
             )
         if turn_id in s.turns:
@@ -103,14 +108,32 @@ class Turns(State):
         s = self._get(key)
         return [s.turns[t] for t in s.active]
 
-    async def cancel_queued_turn(
-        self, key: SessionKey, turn_id: str, reason: Reason
+    async def end_waiting_turn(
+        self,
+        key: SessionKey,
+        turn_id: str,
+        reason: Reason,
+        *,
+        status: CancelStatus = "cancelled",
     ) -> Turn | None:
         s = self._get(key)
         turn = s.turns.get(turn_id)
-        if turn is None or turn.status != "queued":
+        if turn is None or turn.status not in ("queued", "awaiting_input"):
             return None
-        return self._finish(s, turn, rules.cancelled_in_queue(reason), terminal=True)
+        now = time.time()
+        for slot, d in list(s.decisions.items()):
+            if slot[0] == turn_id and d.pending:
+                s.decisions[slot] = done = rules.expired(d, now, by=reason)
+                event = rules.decision_made_event(done, s.last_event_seq(turn_id))
+                self._add_events(s, turn_id, [event], now)
+        calls = rules.unanswered_calls(i for i in s.items if i.turn_id == turn_id)
+        self._add_items(s, turn_id, rules.aborted_results(calls), now)
+        ending = rules.waiting_ending(status, reason)
+        held = s.held.pop(turn_id, None)
+        done_turn = self._finish(s, turn, ending, terminal=True)
+        if held and rules.keeps_memory(ending.status):
+            self._apply_memory(held)
+        return done_turn
 
     # -- leases --------------------------------------------------------------------------------
     async def acquire_lease(self, key: SessionKey, owner: str, ttl: float) -> Lease | None:
@@ -211,6 +234,42 @@ class Turns(State):
             self._apply_memory(memory)
         return done
 
+    async def park_turn(
+        self,
+        lease: Lease,
+        turn_id: str,
+        items: Sequence[NewItem],
+        events: Sequence[NewEvent],
+        decision: Decision,
+        *,
+        usage: Usage,
+        memory: MemoryWrites | None = None,
+    ) -> Turn:
+        s = self._in_status(lease, turn_id)
+        rules.check_event_seqs(turn_id, s.last_event_seq(turn_id), [e.seq for e in events])
+        slot = (turn_id, decision.call_id)
+        if slot in s.decisions:
+            raise Conflict(f"turn {turn_id} already has a decision on call {decision.call_id}")
+        now = time.time()
+        self._add_items(s, turn_id, items, now)
+        self._add_events(s, turn_id, events, now)
+        s.decisions[slot] = replace(decision, key=lease.key, turn_id=turn_id)
+        if memory:
+            s.held[turn_id] = memory
+        s.turns[turn_id] = parked = rules.parked(s.turns[turn_id], usage)
+        return parked
+
+    async def resume_turn(
+        self, lease: Lease, turn_id: str, events: Sequence[NewEvent]
+    ) -> tuple[list[Item], MemoryWrites | None]:
+        s = self._in_status(lease, turn_id, "queued")
+        if s.turns[turn_id].started_at is None:
+            raise rules.not_in_status(turn_id, "awaiting_input")
+        rules.check_event_seqs(turn_id, s.last_event_seq(turn_id), [e.seq for e in events])
+        s.turns[turn_id] = replace(s.turns[turn_id], status="running")
+        self._add_events(s, turn_id, events, time.time())
+        return [i for i in s.items if i.turn_id == turn_id], s.held.pop(turn_id, None)
+
     async def recover(self, lease: Lease) -> list[Turn]:
         s = self._fenced(lease)
         out = []
@@ -278,3 +337,72 @@ class Turns(State):
         if s is None or turn_id not in s.turns:
             return []
         return [e for e in s.events.get(turn_id, []) if e.seq > after_seq][:limit]
+
+    # -- decisions -------------------------------------------------------------------------------
+    async def list_decisions(
+        self,
+        key: SessionKey,
+        *,
+        turn_id: str | None = None,
+        status: DecisionStatus | None = None,
+        limit: int = 100,
+    ) -> list[Decision]:
+        s = self._get(key)
+        out = [
+            d
+            for (t, _), d in s.decisions.items()
+            if (turn_id is None or t == turn_id) and (status is None or d.status == status)
+        ]
+        return out[:limit]
+
+    async def decide(
+        self,
+        key: SessionKey,
+        turn_id: str,
+        call_id: str,
+        verdict: Verdict,
+        *,
+        answer: str | None = None,
+        by: str,
+    ) -> Decision:
+        s = self._sessions.get(key)
+        d = s.decisions.get((turn_id, call_id)) if s is not None else None
+        if s is None or d is None:
+            raise DecisionNotFound("decision not found")
+        now = time.time()
+        done = rules.settle(d, verdict, answer, by, now)
+        self._close_decision(s, done, now)
+        if done.status == "always":
+            s.record = replace(
+                s.record,
+                state=rules.with_always(s.record.state, str(d.payload["tool"])),
+                updated_at=now,
+                revision=s.record.revision + 1,
+            )
+        return done
+
+    def _close_decision(self, s: SessionState, done: Decision, now: float) -> None:
+        s.decisions[(done.turn_id, done.call_id)] = done
+        self._add_events(
+            s, done.turn_id, [rules.decision_made_event(done, s.last_event_seq(done.turn_id))], now
+        )
+        turn = s.turns[done.turn_id]
+        if turn.status == "awaiting_input":
+            s.turns[done.turn_id] = replace(turn, status="queued")
+
+    async def expire_decisions(self, now: float, limit: int = 100) -> list[SessionKey]:
+        keys: list[SessionKey] = []
+        for k, s in self._sessions.items():
+            for d in list(s.decisions.values()):
+                if len(keys) >= limit:
+                    return keys
+                if d.pending and d.deadline <= now:
+                    self._close_decision(s, rules.expired(d, now), now)
+                    keys.append(k)
+        return keys
+
+    async def next_decision_deadline(self) -> float | None:
+        deadlines = [
+            d.deadline for s in self._sessions.values() for d in s.decisions.values() if d.pending
+        ]
+        return min(deadlines, default=None)

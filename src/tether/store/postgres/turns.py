@@ -107,9 +107,7 @@ class Turns(Connection):
     async def active_turns(self, key: SessionKey) -> list[Turn]:
         return [turn_row(r) for r in await self._rows_of(key, q.ACTIVE_TURNS)]
 
-    async def cancel_queued_turn(
-        self, key: SessionKey, turn_id: str, reason: Reason
-    ) -> Turn | None:
+    async def end_waiting_turn(self, key: SessionKey, turn_id: str, reason: Reason) -> Turn | None:
         async with self._tx() as conn:
             # Locked like a fenced write, so the turn cannot start between the check and the end.
             pk = int((await lock_session(conn, key))[0])

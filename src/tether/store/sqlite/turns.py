@@ -121,9 +121,7 @@ class Turns(Connection):
 
         return await self._run(do)
 
-    async def cancel_queued_turn(
-        self, key: SessionKey, turn_id: str, reason: Reason
-    ) -> Turn | None:
+    async def end_waiting_turn(self, key: SessionKey, turn_id: str, reason: Reason) -> Turn | None:
         def do(c: sqlite3.Connection) -> Turn | None:
             pk = session_pk(c, key)
             turn = steps.get_turn(c, pk, turn_id)

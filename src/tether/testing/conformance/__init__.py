@@ -19,7 +19,9 @@ The suite is cut by capability, one class each, so a failure names what broke:
 * :class:`IdempotencyConformance`: one idempotency key, one turn;
 * :class:`LimitsConformance`: per-principal bounds on turns and sessions;
 * :class:`LifecyclesConformance`: session memory dies with its session; a turn's memory
-  commits with its ending.
+  commits with its ending;
+* :class:`DecisionsConformance`: turns parked on a decision: decided once, expired, resumed,
+  ended while parked.
 
 :class:`StoreConformance` is all of them together. How a backend author uses it: subclass it
 (or only the capability classes the backend implements) in a test module pytest collects, and
@@ -57,6 +59,7 @@ This package imports only pytest and tether, so it can ship inside tether.
 
 from __future__ import annotations
 
+from tether.testing.conformance.decisions import DecisionsConformance
 from tether.testing.conformance.documents import DocumentsConformance
 from tether.testing.conformance.endings import EndingsConformance
 from tether.testing.conformance.events import EventsConformance
@@ -73,6 +76,7 @@ from tether.testing.conformance.sessions import SessionsConformance
 from tether.testing.conformance.turns import TurnsConformance
 
 __all__ = [
+    "DecisionsConformance",
     "DocumentsConformance",
     "EndingsConformance",
     "EventsConformance",
@@ -106,6 +110,7 @@ class StoreConformance(
     LifecyclesConformance,
     LimitsConformance,
     IdempotencyConformance,
+    DecisionsConformance,
 ):
     """Every capability at once: what a complete :class:`~tether.store.protocol.Store` passes.
 

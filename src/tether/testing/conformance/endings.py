@@ -60,7 +60,7 @@ class EndingsConformance:
             await store.end_turn(lease, "t1", TurnEnding("failed", "caller_cancelled"), [], [ev(4)])
         with pytest.raises(Conflict):
             await store.start_turn(lease, "t1", [], [ev(4)])
-        assert await store.cancel_queued_turn(k, "t1", "internal_error") is None
+        assert await store.end_waiting_turn(k, "t1", "internal_error") is None
         assert await snapshot(store, k) == before
 
     async def test_end_turn_requires_a_running_turn(self, store: Store) -> None:

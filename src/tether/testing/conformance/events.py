@@ -73,7 +73,7 @@ class EventsConformance:
         await new_session(store, other)
         await store.enqueue_turn(k, turn_id="queued-only", input="x", policy="enqueue")
         assert not await store.request_cancel(k, "queued-only", "cancelled", "cancelled")
-        await store.cancel_queued_turn(k, "queued-only", "session_deleted")
+        await store.end_waiting_turn(k, "queued-only", "session_deleted")
         lease = await running_turn(store, k, "t1")
         assert await store.cancel_requests(["t1"]) == {}
         assert not await store.request_cancel(

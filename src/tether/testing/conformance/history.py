@@ -97,7 +97,7 @@ class HistoryConformance:
             await store.clear_items(k)
         assert queued_busy.value.busy_turn_id == "t2"
         assert len(await store.list_items(k)) == 2
-        await store.cancel_queued_turn(k, "t2", "cancelled")
+        await store.end_waiting_turn(k, "t2", "cancelled")
 
         assert await store.clear_items(k) == 2
         assert await store.list_items(k) == []

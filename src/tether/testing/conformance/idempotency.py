@@ -82,7 +82,7 @@ class IdempotencyConformance:
         await store.enqueue_turn(
             k, turn_id="t1", input="hello", policy="enqueue", idempotency=ASKED
         )
-        ended = await store.cancel_queued_turn(k, "t1", "cancelled")
+        ended = await store.end_waiting_turn(k, "t1", "cancelled")
         assert ended is not None
         again = await _submit(store, k, "t2")
         assert again == ended and again.status == "cancelled"
@@ -93,7 +93,7 @@ class IdempotencyConformance:
         monkeypatch.setattr(rules, "IDEMPOTENCY_WINDOW", 0.05)
         k = await new_session(store)
         first = await _submit(store, k, "t1")
-        await store.cancel_queued_turn(k, "t1", "cancelled")
+        await store.end_waiting_turn(k, "t1", "cancelled")
         await asyncio.sleep(0.1)
         fresh = await _submit(store, k, "t2")
         assert fresh.id == "t2" != first.id

@@ -47,7 +47,7 @@ class LimitsConformance:
             key("l3", tenant="globex"), turn_id="g1", input="x", policy="enqueue", limits=LIMITS
         )
         # A turn that ends frees its session's room.
-        assert await store.cancel_queued_turn(key("l1"), "a1", "cancelled") is not None
+        assert await store.end_waiting_turn(key("l1"), "a1", "cancelled") is not None
         await _enqueue(store, "l3", "c1")
 
     async def test_queued_turns_are_bounded_per_owner(self, store: Store) -> None:

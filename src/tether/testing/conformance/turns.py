@@ -120,7 +120,7 @@ class TurnsConformance:
         await running_turn(store, k, "t2", lease=lease)
         for n in (3, 4, 5):
             await store.enqueue_turn(k, turn_id=f"t{n}", input="x", policy="enqueue")
-        await store.cancel_queued_turn(k, "t4", "cancelled")
+        await store.end_waiting_turn(k, "t4", "cancelled")
         active = await store.active_turns(k)
         assert [(t.id, t.status) for t in active] == [
             ("t2", "running"),
@@ -129,11 +129,11 @@ class TurnsConformance:
         ]
         assert [t.seq for t in active] == [2, 3, 5]
 
-    async def test_cancel_queued_turn(self, store: Store) -> None:
+    async def test_end_waiting_turn(self, store: Store) -> None:
         k = await new_session(store)
         await store.enqueue_turn(k, turn_id="t1", input="a", policy="enqueue")
         await store.enqueue_turn(k, turn_id="t2", input="b", policy="enqueue")
-        cancelled = await store.cancel_queued_turn(k, "t2", "cancelled")
+        cancelled = await store.end_waiting_turn(k, "t2", "cancelled")
         assert cancelled is not None
         assert (cancelled.id, cancelled.status, cancelled.reason) == (
             "t2",
@@ -148,15 +148,15 @@ class TurnsConformance:
         assert events[1].data["reason"] == "cancelled"
 
         # Once ended, or once running, it is no longer this call's to cancel.
-        assert await store.cancel_queued_turn(k, "t2", "caller_cancelled") is None
+        assert await store.end_waiting_turn(k, "t2", "caller_cancelled") is None
         assert len(ended_events(await store.list_events(k, "t2"))) == 1
         lease = await acquire(store, k)
         await store.start_turn(lease, "t1", [NewItem("user", "a")], [ev(2)])
-        assert await store.cancel_queued_turn(k, "t1", "cancelled") is None
+        assert await store.end_waiting_turn(k, "t1", "cancelled") is None
         t1 = await store.get_turn(k, "t1")
         assert t1 is not None and t1.status == "running"
         assert ended_events(await store.list_events(k, "t1")) == []
-        assert await store.cancel_queued_turn(k, "nope", "internal_error") is None
+        assert await store.end_waiting_turn(k, "nope", "internal_error") is None
         assert [t.id for t in await store.active_turns(k)] == ["t1"]
 
     async def test_sessions_needing_work(self, store: Store) -> None:
@@ -168,7 +168,7 @@ class TurnsConformance:
         lease = await running_turn(store, ended, "e1")
         await store.end_turn(lease, "e1", TurnEnding("completed", "answered"), [], [ev(3)])
         await store.enqueue_turn(ended, turn_id="e2", input="x", policy="enqueue")
-        await store.cancel_queued_turn(ended, "e2", "internal_error")
+        await store.end_waiting_turn(ended, "e2", "internal_error")
         await store.create_session(key("queued", owner="bob"), "assistant")
         needing = await store.sessions_needing_work()
         assert sorted(needing, key=lambda k: k.session_id) == [queued, running]
