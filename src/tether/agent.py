@@ -11,13 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from tether.errors import ConfigError
 from tether.models.base import Model
-from tether.records import AgentRef, Policy, validate_session_id
+from tether.records import AgentRef, Decision, Policy, validate_session_id
 from tether.tools.tool import Tool
 
 if TYPE_CHECKING:
@@ -189,6 +189,8 @@ def _fingerprint(agent: Agent) -> str:
             agent.temperature,
             agent.tool_timeout,
             agent.approval_timeout,
+            agent.max_total_iterations,
+            agent.ask_user,
         ],
         "retry": asdict(agent.retry),
         "memory": memory,
@@ -210,10 +212,16 @@ class Agent:
     tools: tuple[Tool, ...] = ()
     max_iterations: int = 10
     """Model calls per turn before it ends ``limit_reached``/``max_iterations``."""
-    on_max_iterations: Literal["stop", "finish"] = "stop"
-    """At ``max_iterations``: ``stop`` ends the turn ``limit_reached``; ``finish`` makes one
-    more model call without tools, told to answer with what it has, and the turn ends
-    ``completed`` with reason ``finished_at_limit``."""
+    on_max_iterations: Literal["stop", "ask", "finish"] = "stop"
+    """At ``max_iterations``: ``stop`` ends the turn ``limit_reached``; ``ask`` puts a Decision
+    to a human (go on for up to ``max_iterations`` more steps?), bounded by
+    ``max_total_iterations``; ``finish`` makes one more model call without tools, told to answer
+    with what it has, and the turn ends ``completed`` with reason ``finished_at_limit``."""
+    max_total_iterations: int | None = None
+    """With ``ask``: the steps a turn may never go past, however often a human says go on
+    (None: four times ``max_iterations``); then ``limit_reached``/``max_total_iterations``."""
+    ask_user: bool = False
+    """Offer the built-in ``ask_user(question, choices?)`` tool: the turn waits for the answer."""
     token_budget: int | None = None
     """Tokens (input + output, all model calls) one turn may spend; then ``limit_reached``."""
     context_budget: int | None = None
@@ -223,7 +231,9 @@ class Agent:
     retry: RetryPolicy = RetryPolicy()
     tool_timeout: float = 120.0
     """Default seconds a tool call may take when the tool sets no timeout of its own."""
-    approval_timeout: float = 300.0
+    approval_timeout: float = 600.0
+    """Seconds a human decision (approval, question, going on past the limit) may take; then it
+    expires and the model is told it was refused."""
     memory: MemoryPolicy = field(default_factory=MemoryPolicy)
     description: str = ""
     # A private session for an agent used without a session_id: each Agent object has its own
@@ -241,14 +251,16 @@ class Agent:
         model: str | Model | None = None,
         tools: Iterable[Tool] = (),
         max_iterations: int = 10,
-        on_max_iterations: Literal["stop", "finish"] = "stop",
+        on_max_iterations: Literal["stop", "ask", "finish"] = "stop",
+        max_total_iterations: int | None = None,
+        ask_user: bool = False,
         token_budget: int | None = None,
         context_budget: int | None = None,
         max_output_tokens: int | None = None,
         temperature: float | None = None,
         retry: RetryPolicy | None = None,
         tool_timeout: float = 120.0,
-        approval_timeout: float = 300.0,
+        approval_timeout: float = 600.0,
         memory: MemoryPolicy | Mapping[str, Any] | bool | None = None,
         description: str = "",
     ) -> None:
@@ -263,8 +275,14 @@ class Agent:
             raise ConfigError(f"agent {name}: two tools share a name")
         if max_iterations < 1:
             raise ConfigError("max_iterations must be at least 1")
-        if on_max_iterations not in ("stop", "finish"):
-            raise ConfigError("on_max_iterations must be 'stop' or 'finish'")
+        if on_max_iterations not in ("stop", "ask", "finish"):
+            raise ConfigError("on_max_iterations must be 'stop', 'ask' or 'finish'")
+        if max_total_iterations is not None and max_total_iterations < max_iterations:
+            raise ConfigError("max_total_iterations must be at least max_iterations")
+        if approval_timeout <= 0:
+            raise ConfigError("approval_timeout must be a positive number of seconds")
+        if ask_user and any(t.name == "ask_user" for t in tools):
+            raise ConfigError(f"agent {name}: ask_user=True and a tool named ask_user")
         values = {
             "name": name,
             "instructions": instructions,
@@ -272,6 +290,8 @@ class Agent:
             "tools": tools,
             "max_iterations": max_iterations,
             "on_max_iterations": on_max_iterations,
+            "max_total_iterations": max_total_iterations,
+            "ask_user": bool(ask_user),
             "token_budget": token_budget,
             "context_budget": context_budget,
             "max_output_tokens": max_output_tokens,
@@ -296,6 +316,11 @@ class Agent:
         ids, TTL), which is the caller's, not the template's.
         """
         return self._fingerprint
+
+    @property
+    def total_iterations(self) -> int:
+        """Steps a turn may never go past (``max_total_iterations``, or its default)."""
+        return self.max_total_iterations or 4 * self.max_iterations
 
     @property
     def ref(self) -> AgentRef:
@@ -330,28 +355,46 @@ class Agent:
 
     # -- conversation (delegates to the runtime; the template itself does no I/O) -----------
     def chat(
-        self, message: str, *, session_id: str | None = None, policy: Policy = "enqueue"
+        self,
+        message: str,
+        *,
+        session_id: str | None = None,
+        policy: Policy = "enqueue",
+        on_decision: Callable[[Decision], Any] | None = None,
     ) -> str:
         """Run one turn and return the complete reply (blocking). See :meth:`achat`."""
         from tether.embedded import default_runtime
 
-        return default_runtime().chat_sync(self, message, session_id=session_id, policy=policy)
+        return default_runtime().chat_sync(
+            self, message, session_id=session_id, policy=policy, on_decision=on_decision
+        )
 
     def start(self, message: str, *, session_id: str | None = None) -> str:
         """Same as :meth:`chat` (PraisonAI's name for the first call)."""
         return self.chat(message, session_id=session_id)
 
     async def achat(
-        self, message: str, *, session_id: str | None = None, policy: Policy = "enqueue"
+        self,
+        message: str,
+        *,
+        session_id: str | None = None,
+        policy: Policy = "enqueue",
+        on_decision: Callable[[Decision], Any] | None = None,
     ) -> str:
         """Run one turn and return the complete reply.
 
         Raises :class:`tether.errors.TurnFailed` when the turn ends in any status other than
         ``completed``; the turn record (status, reason, partial output) is on the exception.
+        What the turn asks a human (approval, ``ask_user``, going on past the iteration limit)
+        goes to ``on_decision(decision)`` (sync or async), which returns True/"approve",
+        False/"deny", "always", or a question's answer; without one,
+        :class:`tether.errors.DecisionRequired` carries the decision (see ``Session.decide``).
         """
         from tether.embedded import default_runtime
 
-        return await default_runtime().chat(self, message, session_id=session_id, policy=policy)
+        return await default_runtime().chat(
+            self, message, session_id=session_id, policy=policy, on_decision=on_decision
+        )
 
     def astream(
         self, message: str, *, session_id: str | None = None, policy: Policy = "enqueue"

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from tether.agent import Agent
 from tether.errors import SyncInAsyncContext
 from tether.records import Event, Policy
-from tether.runtime import Runtime, default_data_dir
+from tether.runtime import OnDecision, Runtime, default_data_dir
 
 T = TypeVar("T")
 
@@ -62,15 +62,33 @@ class EmbeddedRuntime:
         return await asyncio.wrap_future(self._submit(coro))
 
     def chat_sync(
-        self, agent: Agent, message: str, *, session_id: str | None, policy: Policy
+        self,
+        agent: Agent,
+        message: str,
+        *,
+        session_id: str | None,
+        policy: Policy,
+        on_decision: OnDecision | None = None,
     ) -> str:
-        return self.call(self.runtime.chat(agent, message, session_id=session_id, policy=policy))
+        return self.call(
+            self.runtime.chat(
+                agent, message, session_id=session_id, policy=policy, on_decision=on_decision
+            )
+        )
 
     async def chat(
-        self, agent: Agent, message: str, *, session_id: str | None, policy: Policy
+        self,
+        agent: Agent,
+        message: str,
+        *,
+        session_id: str | None,
+        policy: Policy,
+        on_decision: OnDecision | None = None,
     ) -> str:
         return await self.acall(
-            self.runtime.chat(agent, message, session_id=session_id, policy=policy)
+            self.runtime.chat(
+                agent, message, session_id=session_id, policy=policy, on_decision=on_decision
+            )
         )
 
     async def stream(

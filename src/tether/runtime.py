@@ -7,19 +7,32 @@ process-wide one on a background thread (see :mod:`tether.embedded`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
+import logging
 import math
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from tether.agent import Agent
-from tether.errors import AgentNotFound, ConfigError, SessionNotFound, TurnFailed
+from tether.errors import (
+    AgentNotFound,
+    ConfigError,
+    DecisionMade,
+    DecisionRequired,
+    SessionNotFound,
+    TetherError,
+    TurnFailed,
+)
 from tether.events import TURN_ENDED
 from tether.keys import ApiKeys
 from tether.memory.embed import Embedder
 from tether.memory.service import MemoryService
 from tether.records import (
     LOCAL_PRINCIPAL,
+    Decision,
+    DecisionStatus,
     Event,
     ForgetReport,
     Policy,
@@ -28,6 +41,7 @@ from tether.records import (
     SessionKey,
     SessionRecord,
     Turn,
+    Verdict,
 )
 from tether.scheduler import Scheduler
 from tether.scheduler.runner import AutoNotes, auto_notes_from_env
@@ -35,7 +49,16 @@ from tether.scheduler.sessions import SessionService
 from tether.store.protocol import Store
 from tether.store.rules import DEFAULT_MAX_QUEUE
 from tether.store.sqlite import SQLiteStore
-from tether.tools.approval import Approver
+from tether.tools.approval import ApprovalRequest, Approver
+
+log = logging.getLogger("tether.runtime")
+
+DecisionAnswer = bool | str | None
+"""What an ``on_decision`` callback returns. For an approval: True or ``"approve"``, False or
+``"deny"``, ``"always"``; for a question: the answer's text, or False to decline. None: this
+callback cannot decide it (the caller then gets :class:`DecisionRequired`)."""
+OnDecision = Callable[[Decision], DecisionAnswer | Awaitable[DecisionAnswer]]
+"""Decides what a turn asks (sync or async). An exception refuses: it fails closed."""
 
 
 def default_data_dir() -> Path:
@@ -53,6 +76,7 @@ class Runtime:
         lease_ttl: float = 30.0,
         node: str | None = None,
         approver: Approver | None = None,
+        on_decision: OnDecision | None = None,
         max_queue: int = DEFAULT_MAX_QUEUE,
         default_model: str | None = None,
         embedder: Embedder | str | None = None,
@@ -73,13 +97,16 @@ class Runtime:
             lease_ttl=lease_ttl,
             node=node,
             workspace_root=self.data_dir / "workspaces",
-            approver=approver,
             max_queue=max_queue,
             default_model=default_model,
             memory=self.memory,
             auto_notes=auto_notes or auto_notes_from_env(),
             limits=limits,
         )
+        self.on_decision: OnDecision | None = on_decision or (
+            _from_approver(approver) if approver is not None else None
+        )
+        """What ``chat`` decides with when the caller passes no ``on_decision`` of its own."""
         self.sessions = SessionService(
             self.store, self.scheduler, max_sessions=limits.sessions if limits else None
         )
@@ -233,7 +260,15 @@ class Runtime:
         policy: Policy = "enqueue",
         principal: Principal = LOCAL_PRINCIPAL,
         idempotency_key: str | None = None,
+        on_decision: OnDecision | None = None,
     ) -> str:
+        """Run one turn and return its complete reply.
+
+        What the turn asks a human (a tool approval, ``ask_user``, going on past the iteration
+        limit) goes to ``on_decision`` (else the runtime's); with neither, the turn stays
+        parked and :class:`DecisionRequired` carries the decision: decide it with
+        :meth:`decide` and :meth:`settle` the turn.
+        """
         turn = await self.submit(
             agent,
             message,
@@ -242,15 +277,80 @@ class Runtime:
             principal=principal,
             idempotency_key=idempotency_key,
         )
-        done = await self.wait_or_cancel(turn)
+        done = await self.settle(turn, on_decision, principal=principal)
         if done.status != "completed":
             raise TurnFailed(done)
         return done.output or ""
 
-    async def wait_or_cancel(self, turn: Turn) -> Turn:
+    async def settle(
+        self,
+        turn: Turn,
+        on_decision: OnDecision | None = None,
+        *,
+        principal: Principal = LOCAL_PRINCIPAL,
+    ) -> Turn:
+        """Wait for the turn to end, deciding on the way what it asks with ``on_decision``
+        (else the runtime's). DecisionRequired when nobody here can decide."""
+        decider = on_decision or self.on_decision
+        while True:
+            done = await self.wait_or_cancel(turn, until_input=True)
+            if done.ended:
+                return done
+            for d in await self.scheduler.decisions(turn.key, turn_id=turn.id, status="pending"):
+                verdict = await _ask(decider, d) if decider is not None else None
+                if verdict is None:
+                    raise DecisionRequired(d, done)
+                try:
+                    await self.scheduler.decide(
+                        turn.key,
+                        turn.id,
+                        d.call_id,
+                        verdict[0],
+                        answer=verdict[1],
+                        by=principal.user,
+                    )
+                except DecisionMade:
+                    pass  # decided elsewhere meanwhile: that decision stands
+                except TetherError:
+                    # The callback's answer does not fit (an answer outside the choices):
+                    # refuse rather than leave the turn waiting on a caller who answered.
+                    log.warning("on_decision gave %r for %s; refusing", verdict, d.call_id)
+                    await self._refuse(d, principal)
+
+    async def _refuse(self, d: Decision, principal: Principal) -> None:
+        with contextlib.suppress(DecisionMade):
+            await self.scheduler.decide(d.key, d.turn_id, d.call_id, "deny", by=principal.user)
+
+    async def decide(
+        self,
+        key: SessionKey,
+        turn_id: str,
+        call_id: str,
+        verdict: Verdict,
+        *,
+        answer: str | None = None,
+        principal: Principal = LOCAL_PRINCIPAL,
+    ) -> Decision:
+        """Decide what a parked turn of ``key`` asks; the turn then goes on (DESIGN §7)."""
+        await self.start()
+        return await self.scheduler.decide(
+            key, turn_id, call_id, verdict, answer=answer, by=principal.user
+        )
+
+    async def decisions(
+        self,
+        key: SessionKey,
+        *,
+        turn_id: str | None = None,
+        status: DecisionStatus | None = None,
+    ) -> list[Decision]:
+        await self.start()
+        return await self.scheduler.decisions(key, turn_id=turn_id, status=status)
+
+    async def wait_or_cancel(self, turn: Turn, *, until_input: bool = False) -> Turn:
         """Wait for the turn; if the caller gives up (is cancelled), cancel the turn too."""
         try:
-            return await self.scheduler.wait(turn.key, turn.id)
+            return await self.scheduler.wait(turn.key, turn.id, until_input=until_input)
         except BaseException:
             await self.scheduler.cancel(turn.key, turn.id, "caller_cancelled")
             raise
@@ -276,3 +376,57 @@ class Runtime:
         finally:
             if not finished:
                 await self.scheduler.cancel(turn.key, turn.id, "caller_cancelled")
+
+
+async def _ask(decider: OnDecision, d: Decision) -> tuple[Verdict, str | None] | None:
+    """What ``decider`` says to ``d``, as a verdict and answer; None when it cannot say.
+
+    It fails closed: a callback that raises refuses.
+    """
+    try:
+        if inspect.iscoroutinefunction(decider):
+            said = await decider(d)
+        else:
+            # A sync callback may block (input(), a GUI): never on the runtime's event loop.
+            said = await asyncio.to_thread(decider, d)
+            if inspect.isawaitable(said):
+                said = await said
+    except Exception:
+        log.warning("on_decision raised for %s; refusing", d.call_id, exc_info=True)
+        return "deny", None
+    return verdict_of(d, said)
+
+
+def verdict_of(d: Decision, said: DecisionAnswer) -> tuple[Verdict, str | None] | None:
+    """A callback's answer as a verdict: see :data:`DecisionAnswer`."""
+    if said is None:
+        return None
+    if said is False:
+        return "deny", None
+    if d.kind == "question":
+        if said is True:
+            return "deny", None  # a yes is no answer to a question
+        return "answer", said
+    if said is True:
+        return "approve", None
+    word = said.strip().lower()
+    if word in ("approve", "approved", "yes", "y"):
+        return "approve", None
+    if word == "always":
+        return "always", None
+    return "deny", None  # anything else refuses: fail closed
+
+
+def _from_approver(approver: Approver) -> OnDecision:
+    """An old-style approver (``ApprovalRequest`` → bool) as an ``on_decision``: it decides
+    approvals; questions are left to the caller."""
+
+    async def decide(d: Decision) -> DecisionAnswer:
+        if d.kind != "approval" or not d.payload.get("tool"):
+            return None
+        request = ApprovalRequest(
+            d.key, d.turn_id, d.call_id, str(d.payload["tool"]), str(d.payload.get("arguments"))
+        )
+        return (await approver(request)) is True
+
+    return decide

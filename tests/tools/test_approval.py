@@ -1,5 +1,8 @@
-"""Approval fails closed (DESIGN §1.4, §7): a timeout, an approver that raises or answers anything
-but ``True`` all refuse, and the tool does not run. Only an explicit ``True`` runs it."""
+"""Approval fails closed (DESIGN §1.4, §7): a deadline passing, an approver that raises or answers
+anything but ``True`` all refuse, and the tool does not run. Only an explicit ``True`` runs it.
+
+The approver here is the old in-process callback (``Runtime(approver=...)``): it now answers the
+Decision the turn parks on, through the runtime's ``settle``."""
 
 from __future__ import annotations
 
@@ -12,10 +15,10 @@ from tether import Agent, tool
 from tether.models.base import ModelRequest
 from tether.records import Item, Turn
 from tether.runtime import Runtime
-from tether.server.approvals import Approvals
+from tether.errors import DecisionMade
 from tether.store.protocol import Store
 from tether.testing import Call, ScriptedModel, ToolCalls
-from tether.tools.approval import REFUSED_RESULT, ApprovalRequest, Approver
+from tether.tools.approval import EXPIRED_RESULT, REFUSED_RESULT, ApprovalRequest, Approver
 
 ran: list[str] = []
 
@@ -35,12 +38,10 @@ def _flow(request: ModelRequest) -> str | ToolCalls:
 
 async def _run(store: Store, approver: Approver) -> tuple[Turn, list[Item]]:
     ran.clear()
-    agent = Agent(
-        name="a", model=ScriptedModel(default=_flow), tools=[launch], approval_timeout=0.05
-    )
+    agent = Agent(name="a", model=ScriptedModel(default=_flow), tools=[launch])
     async with Runtime(store, agents=[agent], approver=approver) as rt:
         turn = await rt.submit(agent, "go", session_id="s")
-        done = await rt.scheduler.wait(turn.key, turn.id)
+        done = await rt.settle(turn)
         items = await all_items(rt, turn.key)
     return done, items
 
@@ -56,23 +57,31 @@ async def _raises(request: ApprovalRequest) -> bool:
     raise RuntimeError("the approval service is down")
 
 
-def _refused(done: Turn, items: list[Item]) -> None:
+def _refused(done: Turn, items: list[Item], text: str = REFUSED_RESULT) -> None:
     assert done.status == "completed"  # a refusal is the model's business, not the turn's
     assert_paired(items)
     result = next(i for i in items if i.kind == "tool_result")
-    assert result.content == REFUSED_RESULT and result.meta["error"] is True
-    assert done.output == f"tool said: {REFUSED_RESULT}"
+    assert result.content == text and result.meta["error"] is True
+    assert done.output == f"tool said: {text}"
     assert ran == []
 
 
 async def test_an_approval_nobody_gives_in_time_refuses(store: Store) -> None:
-    approvals = Approvals()  # the server's: waits for a POST …/decisions that never comes
-    done, items = await _run(store, approvals)
-    _refused(done, items)
-    # The wait is over: a decision arriving now is too late and runs nothing.
-    call_id = next(i.call_id for i in items if i.kind == "tool_call")
-    assert call_id is not None
-    assert approvals.decide(done.id, call_id, True) is False
+    ran.clear()
+    agent = Agent(
+        name="a", model=ScriptedModel(default=_flow), tools=[launch], approval_timeout=0.05
+    )
+    async with Runtime(store, agents=[agent]) as rt:  # nobody here to decide
+        turn = await rt.submit(agent, "go", session_id="s")
+        done = await rt.scheduler.wait(turn.key, turn.id)  # through the wait, to the end
+        items = await all_items(rt, turn.key)
+        _refused(done, items, EXPIRED_RESULT)
+        # The deadline passed: a decision arriving now is too late and runs nothing.
+        call_id = next(i.call_id for i in items if i.kind == "tool_call")
+        assert call_id is not None
+        with pytest.raises(DecisionMade) as late:
+            await rt.decide(turn.key, turn.id, call_id, "approve")
+        assert late.value.decision.status == "expired"
     assert ran == []
 
 

@@ -17,16 +17,18 @@ from tether.events import EventType
 from tether.models.base import Model
 from tether.records import (
     CancelStatus,
+    Decision,
     Hit,
     Item,
     MemoryRecord,
+    NewDecision,
     NewItem,
     Principal,
     Reason,
     SessionKey,
     TurnEnding,
+    Usage,
 )
-from tether.tools.approval import Approver
 from tether.tools.context import ToolMemory
 from tether.tools.tool import Tool
 
@@ -77,6 +79,20 @@ class TurnSink(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    """What a turn that parked on a decision goes on from (DESIGN §3): its own items so far,
+    its decisions, and what the store kept of it while it waited."""
+
+    items: list[Item]
+    """The turn's items in seq order, its user message first."""
+    decisions: dict[str, Decision]
+    """call id → the turn's decisions (the one it waited for is decided or expired)."""
+    started_calls: frozenset[str]
+    """Calls whose ``tool.started`` was written: they ran (or began to) already."""
+    usage: Usage
+
+
 @dataclass
 class TurnContext:
     agent: Agent
@@ -89,7 +105,10 @@ class TurnContext:
     """``seq`` of the stored user item of this turn; history is what came before it."""
     history: HistoryReader
     sink: TurnSink
-    approver: Approver | None = None
+    resumed: Resumed | None = None
+    """Set when the turn goes on after a decision rather than starting."""
+    always: frozenset[str] = frozenset()
+    """Tools the session approved for good (``always``): they run without asking."""
     workspace: Path | None = None
     """The session's own directory, named by a hash of its key
     (:func:`~tether.tools.workspace.workspace_dir`); created by the tool that first uses it."""
@@ -101,7 +120,7 @@ class TurnContext:
     """What a cancellation ends the turn as: ``cancelled``, ``interrupted``, ``rolled_back``, or
     ``failed`` (its process lost the lease)."""
     cancel_reason: Reason = "cancelled"
-    _body: asyncio.Task[TurnResult] | None = field(default=None, repr=False)
+    _body: asyncio.Task[TurnResult | TurnPark] | None = field(default=None, repr=False)
 
     @property
     def tools(self) -> tuple[Tool, ...]:
@@ -134,3 +153,14 @@ class TurnResult:
     ending: TurnEnding
     items: list[NewItem]
     """Last items to commit with the ending (partial reply, results of unanswered calls)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TurnPark:
+    """The turn waits for a human: park it on ``decision`` (DESIGN §3 ``awaiting_input``)."""
+
+    decision: NewDecision
+    items: list[NewItem]
+    """Results of the step's calls made before the one asked about, written with the park."""
+    usage: Usage = field(default_factory=Usage)
+    """What the turn spent so far (it goes on adding to it when resumed)."""

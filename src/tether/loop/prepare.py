@@ -34,16 +34,20 @@ def context_budget(ctx: TurnContext, system: str) -> int:
     return max(0, ctx.model.context_window - reserve - fixed)
 
 
-async def _recall(ctx: TurnContext) -> str:
-    """The recalled-data block for the system prompt; memory trouble never fails the turn."""
+async def _recall(ctx: TurnContext, resumed: bool) -> str:
+    """The recalled-data block for the system prompt; memory trouble never fails the turn.
+
+    A resumed turn recalls again for its prompt, but its notes were kept (and its recall
+    announced) when it started."""
     if ctx.memory is None:
         return ""
     try:
         hits = await ctx.memory.recall(ctx.input)
-        if hits:
+        if hits and not resumed:
             ctx.sink.emit(MEMORY_RECALLED, prompt.event_data(hits))
-        # After recall: this message's own notes are in the prompt as the message itself.
-        await ctx.memory.keep_notes(ctx.input)
+        if not resumed:
+            # After recall: this message's own notes are in the prompt as the message itself.
+            await ctx.memory.keep_notes(ctx.input)
     except (asyncio.CancelledError, StaleLease):
         raise
     except Exception:
@@ -52,9 +56,11 @@ async def _recall(ctx: TurnContext) -> str:
     return prompt.block(hits)
 
 
-async def prepare(ctx: TurnContext, state: TurnState) -> None:
+async def prepare(ctx: TurnContext, state: TurnState, *, resumed: bool = False) -> None:
+    """The prompt up to this turn's input. A resumed turn gets the same one, and makes no new
+    summary (the loop then adds the turn's own steps)."""
     instructions = ctx.agent.instructions
-    recalled = await _recall(ctx)
+    recalled = await _recall(ctx, resumed)
     # Recalled data goes in the system prompt, after the instructions, as a block of its own;
     # a model that attends to the end of its prompt (the embedded one) gets it as a system
     # message right before the newest user message instead, when history stands in between
@@ -71,7 +77,7 @@ async def prepare(ctx: TurnContext, state: TurnState) -> None:
             window = await select_window(
                 ctx.history, ctx.input_seq, budget - summary_tokens(summary)
             )
-        if ctx.agent.memory.summarize:
+        if ctx.agent.memory.summarize and not resumed:
             first_kept = window.items[0].seq if window.items else ctx.input_seq
             fresh = await summarise(ctx, state, summary, first_kept)
             if fresh is not None:

@@ -22,6 +22,8 @@ class TurnState:
     partial_text: str = ""
     """Text streamed in the current model step and not yet committed."""
     step: int = 0
+    limit: int = 0
+    """Steps this turn may take: ``max_iterations``, plus what a human allowed past it."""
     usage: Usage = field(default_factory=Usage)
     recent_calls: list[tuple[str, str]] = field(default_factory=list)
     last_text: str = ""

@@ -13,11 +13,25 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 
 from tether.errors import InvalidInput
-from tether.events import DECISION_REQUESTED as TOOL_APPROVAL_REQUESTED
+from tether.events import TOOL_STARTED
 from tether.loop.context import TurnContext
 from tether.models.base import ToolCall
-from tether.tools.approval import REFUSED_RESULT, ApprovalRequest
+from tether.records import ABORTED_TOOL_RESULT, NewDecision
+from tether.tools.approval import EXPIRED_RESULT, REFUSED_RESULT
+from tether.tools.ask_user import ask_user
 from tether.tools.context import ToolContext
+
+
+class NeedsDecision(Exception):
+    """Raised from a call that waits for a human: the loop parks the turn on ``decision``.
+
+    Not part of the error tree: nothing failed, the turn is only waiting (DESIGN §3).
+    """
+
+    def __init__(self, call: ToolCall, decision: NewDecision) -> None:
+        super().__init__(call.id)
+        self.call = call
+        self.decision = decision
 
 
 async def run_calls(
@@ -46,7 +60,12 @@ def _batches(ctx: TurnContext, calls: Sequence[ToolCall]) -> list[list[ToolCall]
     together = False
     for call in calls:
         tool = ctx.tool_named(call.name)
-        shareable = tool is not None and tool.read_only and not tool.requires_approval
+        shareable = (
+            tool is not None
+            and tool.read_only
+            and not tool.requires_approval
+            and tool is not ask_user
+        )
         if shareable and together:
             batches[-1].append(call)
         else:
@@ -62,11 +81,28 @@ async def run_call(ctx: TurnContext, call: ToolCall) -> tuple[str, bool]:
         names = ", ".join(t.name for t in ctx.tools) or "none"
         return f"Error: there is no tool named {call.name!r} (available: {names}).", True
     try:
-        tool.parse_arguments(call.arguments)
+        args = tool.parse_arguments(call.arguments)
     except InvalidInput as exc:
         return f"Error: {exc}", True
-    if tool.requires_approval and not await _approved(ctx, call):
-        return REFUSED_RESULT, True
+    decision = ctx.resumed.decisions.get(call.id) if ctx.resumed is not None else None
+    if tool is ask_user and decision is None:
+        payload = {"question": args["question"], "choices": args.get("choices")}
+        raise NeedsDecision(call, _asked(ctx, call, "question", payload))
+    if tool.requires_approval and tool.name not in ctx.always:
+        if decision is None:
+            payload = {"tool": call.name, "arguments": call.arguments}
+            raise NeedsDecision(call, _asked(ctx, call, "approval", payload))
+        if decision.status == "expired":
+            return EXPIRED_RESULT, True
+        if decision.status not in ("approved", "always"):
+            return REFUSED_RESULT, True
+    if tool.requires_approval or decision is not None:
+        if ctx.resumed is not None and call.id in ctx.resumed.started_calls:
+            # It began to run before (its process died mid-call): never a second run.
+            return ABORTED_TOOL_RESULT, True
+        # Durable before the tool runs: a crash mid-call then ends it aborted, never twice.
+        ctx.sink.emit(TOOL_STARTED, {"call_id": call.id, "name": call.name})
+        await ctx.sink.commit([])
     # The call's own stop signal, not the turn's: a timeout stops this call, and the turn goes
     # on. A sync tool's thread cannot be interrupted and runs on after its call is abandoned;
     # this flag is what tells it to stop.
@@ -81,6 +117,7 @@ async def run_call(ctx: TurnContext, call: ToolCall) -> tuple[str, bool]:
         cancelled=stop,
         workspace=ctx.workspace,
         memory=ctx.memory,
+        decision=decision,
     )
     timeout = tool.timeout if tool.timeout is not None else ctx.agent.tool_timeout
     deadline = asyncio.timeout(timeout)
@@ -108,18 +145,10 @@ def timed_out(name: str, seconds: float) -> str:
     return f"Error: {name} timed out after {seconds:g} seconds; it was told to stop."
 
 
-async def _approved(ctx: TurnContext, call: ToolCall) -> bool:
-    ctx.sink.emit(
-        TOOL_APPROVAL_REQUESTED,
-        {"call_id": call.id, "name": call.name, "arguments": call.arguments},
+def _asked(ctx: TurnContext, call: ToolCall, kind: str, payload: dict[str, object]) -> NewDecision:
+    return NewDecision(
+        call.id,
+        "question" if kind == "question" else "approval",
+        dict(payload),
+        ctx.agent.approval_timeout,
     )
-    if ctx.approver is None:
-        return False
-    request = ApprovalRequest(ctx.key, ctx.turn_id, call.id, call.name, call.arguments)
-    try:
-        async with asyncio.timeout(ctx.agent.approval_timeout):
-            return (await ctx.approver(request)) is True
-    except asyncio.CancelledError:
-        raise
-    except Exception:  # an approver that errs or times out refuses: fail closed
-        return False

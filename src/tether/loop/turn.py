@@ -13,17 +13,20 @@ import logging
 
 from tether.errors import ModelError, StaleLease
 from tether.events import MESSAGE_COMPLETED, TOOL_CALL, TOOL_RESULT
-from tether.loop.context import TurnContext, TurnResult
+from tether.loop.context import Resumed, TurnContext, TurnPark, TurnResult
 from tether.loop.model_step import model_step
 from tether.loop.prepare import prepare
 from tether.loop.resolve import closed
 from tether.loop.state import TurnState
-from tether.loop.tools_step import run_calls
+from tether.loop.tools_step import NeedsDecision, run_calls
+from tether.loop.window import render
 from tether.models.base import Message, ToolCall
-from tether.records import NewItem, TurnEnding
+from tether.records import NewDecision, NewItem, TurnEnding
 
 log = logging.getLogger("tether.loop")
 
+LIMIT_CALL_PREFIX = "limit-"
+"""Call id of an iteration-limit decision (``limit-<step>``): it is about no tool call."""
 LOOP_RESULT = "Tool call not executed: the same call was repeated three times in a row."
 FINISH_NOTE = (
     "You have used every step this turn allows. Do not call tools; answer the user now with"
@@ -31,73 +34,147 @@ FINISH_NOTE = (
 )
 
 
-async def drive(ctx: TurnContext, state: TurnState) -> TurnResult:
-    await prepare(ctx, state)
+async def drive(ctx: TurnContext, state: TurnState) -> TurnResult | TurnPark:
+    resumed = ctx.resumed
+    await prepare(ctx, state, resumed=resumed is not None)
     agent = ctx.agent
+    state.limit = agent.max_iterations
+    if resumed is not None:
+        outcome = await _go_on(ctx, state, resumed)
+        if outcome is not None:
+            return outcome
     specs = tuple(t.spec for t in ctx.tools)
-    for _ in range(agent.max_iterations):
-        state.step += 1
-        out = await model_step(ctx, state, specs)
-        if not out.calls:
-            state.partial_text = ""
-            ctx.sink.emit(MESSAGE_COMPLETED, {"text": out.text, "complete": True})
-            item = NewItem("assistant", out.text, meta={"step": state.step})
-            return TurnResult(
-                TurnEnding("completed", "answered", out.text, True, usage=state.usage), [item]
-            )
-        # The calls are made durable before any tool runs, so a crash mid-tool leaves a call
-        # that recovery can pair with an "aborted" result.
-        items: list[NewItem] = []
-        if out.text:
-            ctx.sink.emit(MESSAGE_COMPLETED, {"text": out.text, "complete": True})
-            items.append(NewItem("assistant", out.text, meta={"step": state.step}))
-        for call in out.calls:
-            items.append(
-                NewItem(
-                    "tool_call",
-                    "",
-                    call_id=call.id,
-                    tool_name=call.name,
-                    arguments=call.arguments,
-                    meta={"step": state.step},
+    while True:
+        while state.step < state.limit:
+            state.step += 1
+            out = await model_step(ctx, state, specs)
+            if not out.calls:
+                state.partial_text = ""
+                ctx.sink.emit(MESSAGE_COMPLETED, {"text": out.text, "complete": True})
+                item = NewItem("assistant", out.text, meta={"step": state.step})
+                return TurnResult(
+                    TurnEnding("completed", "answered", out.text, True, usage=state.usage), [item]
                 )
-            )
-            ctx.sink.emit(
-                TOOL_CALL, {"call_id": call.id, "name": call.name, "arguments": call.arguments}
-            )
-        state.partial_text = ""
-        await ctx.sink.commit(items)
-        state.messages.append(Message("assistant", out.text, tuple(out.calls)))
+            # The calls are made durable before any tool runs, so a crash mid-tool leaves a
+            # call that recovery can pair with an "aborted" result.
+            items: list[NewItem] = []
+            if out.text:
+                ctx.sink.emit(MESSAGE_COMPLETED, {"text": out.text, "complete": True})
+                items.append(NewItem("assistant", out.text, meta={"step": state.step}))
+            for call in out.calls:
+                items.append(
+                    NewItem(
+                        "tool_call",
+                        "",
+                        call_id=call.id,
+                        tool_name=call.name,
+                        arguments=call.arguments,
+                        meta={"step": state.step},
+                    )
+                )
+                ctx.sink.emit(
+                    TOOL_CALL, {"call_id": call.id, "name": call.name, "arguments": call.arguments}
+                )
+            state.partial_text = ""
+            await ctx.sink.commit(items)
+            state.messages.append(Message("assistant", out.text, tuple(out.calls)))
+            outcome = await _run_step(ctx, state, list(out.calls))
+            if outcome is not None:
+                return outcome
+        outcome = await _at_limit(ctx, state)
+        if outcome is not None:
+            return outcome
 
-        # The calls that run: those before the first one repeated a third time in a row.
-        runnable = list(itertools.takewhile(lambda c: not state.is_loop(c), out.calls))
-        looped = len(runnable) < len(out.calls)
-        results: list[NewItem] = []
+
+async def _run_step(
+    ctx: TurnContext, state: TurnState, calls: list[ToolCall]
+) -> TurnResult | TurnPark | None:
+    """Run a step's calls (or, resumed, those still without a result); None to go on."""
+    # The calls that run: those before the first one repeated a third time in a row.
+    runnable = list(itertools.takewhile(lambda c: not state.is_loop(c), calls))
+    looped = len(runnable) < len(calls)
+    results: list[NewItem] = []
+    try:
         async for call, text, is_error in run_calls(ctx, runnable):
             results.append(_result(ctx, state, call, text, is_error))
-        if looped:
-            results.append(_result(ctx, state, out.calls[len(runnable)], LOOP_RESULT, True))
-            # The remaining calls of this step never ran; each still needs its result.
-            answered = {r.call_id for r in results}
-            for call in out.calls:
-                if call.id not in answered:
-                    results.append(
-                        NewItem(
-                            "tool_result",
-                            LOOP_RESULT,
-                            call_id=call.id,
-                            tool_name=call.name,
-                            meta={"step": state.step},
-                        )
+    except NeedsDecision as asked:
+        # The calls after this one wait with it: they run, in order, once it is decided.
+        return TurnPark(asked.decision, results, state.usage)
+    if looped:
+        results.append(_result(ctx, state, calls[len(runnable)], LOOP_RESULT, True))
+        # The remaining calls of this step never ran; each still needs its result.
+        answered = {r.call_id for r in results}
+        for call in calls:
+            if call.id not in answered:
+                results.append(
+                    NewItem(
+                        "tool_result",
+                        LOOP_RESULT,
+                        call_id=call.id,
+                        tool_name=call.name,
+                        meta={"step": state.step},
                     )
-            return TurnResult(TurnEnding("limit_reached", "loop", usage=state.usage), results)
-        await ctx.sink.commit(results)
-        used = state.usage.input_tokens + state.usage.output_tokens
-        if agent.token_budget is not None and used >= agent.token_budget:
-            return TurnResult(TurnEnding("limit_reached", "token_budget", usage=state.usage), [])
+                )
+        return TurnResult(TurnEnding("limit_reached", "loop", usage=state.usage), results)
+    await ctx.sink.commit(results)
+    used = state.usage.input_tokens + state.usage.output_tokens
+    if ctx.agent.token_budget is not None and used >= ctx.agent.token_budget:
+        return TurnResult(TurnEnding("limit_reached", "token_budget", usage=state.usage), [])
+    return None
+
+
+async def _at_limit(ctx: TurnContext, state: TurnState) -> TurnResult | TurnPark | None:
+    """The agent used its steps: stop, finish with what it has, or ask to go on (None: the
+    limit was raised in-process, go on)."""
+    agent = ctx.agent
     if agent.on_max_iterations == "finish":
         return await _finish(ctx, state)
+    if agent.on_max_iterations == "ask":
+        more = min(agent.max_iterations, agent.total_iterations - state.step)
+        if more <= 0:
+            ending = TurnEnding("limit_reached", "max_total_iterations", usage=state.usage)
+            return TurnResult(ending, [])
+        question = (
+            f"The agent has used {state.step} steps on this turn. Continue for up to {more} more?"
+        )
+        payload = {"question": question, "steps": more, "limit": "max_iterations"}
+        asked = NewDecision(
+            f"{LIMIT_CALL_PREFIX}{state.step}", "approval", payload, agent.approval_timeout
+        )
+        return TurnPark(asked, [], state.usage)
     return TurnResult(TurnEnding("limit_reached", "max_iterations", usage=state.usage), [])
+
+
+async def _go_on(
+    ctx: TurnContext, state: TurnState, resumed: Resumed
+) -> TurnResult | TurnPark | None:
+    """Pick a parked turn up where it stopped: its prompt gets the turn's own steps back, then
+    the calls still without a result run (the decided one first), or the iteration-limit
+    decision is applied. None: go on with the next model step."""
+    own = [i for i in resumed.items if i.kind != "user"]
+    state.messages.extend(render(own))
+    state.usage = resumed.usage
+    state.step = max((int(i.meta.get("step", 0)) for i in own), default=0)
+    # Steps the human allowed past the limit, at each time it was reached.
+    for d in resumed.decisions.values():
+        if d.call_id.startswith(LIMIT_CALL_PREFIX) and d.status == "approved":
+            state.limit += int(d.payload.get("steps", 0))
+    answered = {i.call_id for i in own if i.kind == "tool_result"}
+    calls = [
+        ToolCall(i.call_id or "", i.tool_name or "", i.arguments or "{}")
+        for i in own
+        if i.kind == "tool_call"
+    ]
+    for call in calls:  # the loop check sees the calls in the order they were made
+        if call.id in answered:
+            state.is_loop(call)
+    pending = [c for c in calls if c.id not in answered]
+    if pending:
+        return await _run_step(ctx, state, pending)
+    if state.step >= state.limit:
+        # Parked at the limit, and the human said no (or nobody said anything in time).
+        return TurnResult(TurnEnding("limit_reached", "max_iterations", usage=state.usage), [])
+    return None
 
 
 async def _finish(ctx: TurnContext, state: TurnState) -> TurnResult:
@@ -131,7 +208,7 @@ def _result(ctx: TurnContext, state: TurnState, call: ToolCall, text: str, error
     )
 
 
-async def run_turn(ctx: TurnContext) -> TurnResult:
+async def run_turn(ctx: TurnContext) -> TurnResult | TurnPark:
     """Run the turn to exactly one ending. Raises only StaleLease (the turn is no longer ours).
 
     Cancellation arrives through :meth:`TurnContext.request_cancel`, which cancels the task

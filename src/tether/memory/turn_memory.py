@@ -52,6 +52,11 @@ class TurnMemory:
     _put: list[tuple[MemoryRecord, bytes]] = field(default_factory=list)
     _delete: list[tuple[Namespace, str]] = field(default_factory=list)
 
+    def restore(self, held: MemoryWrites) -> None:
+        """Take back the writes of a turn that parked on a decision and now goes on."""
+        self._put = list(held.put)
+        self._delete = list(held.delete)
+
     def pending(self) -> MemoryWrites:
         """What this turn wrote, for its ending to commit."""
         return MemoryWrites(tuple(self._put), tuple(self._delete))

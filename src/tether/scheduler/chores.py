@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 
 from tether.records import Lease, SessionKey
 from tether.scheduler.local import RunningTurn
-from tether.store.protocol import CancelFeed, LeaseStore, Maintenance, TurnLog
+from tether.store.protocol import CancelFeed, DecisionStore, LeaseStore, Maintenance, TurnLog
 
 log = logging.getLogger("tether.scheduler")
 
@@ -164,3 +164,34 @@ async def adopt_orphans(
         for key in orphans:
             if key not in workers:
                 kick(key)
+
+
+DECISION_SWEEP_MAX = 30.0
+"""Longest sleep of the deadline sweep when no deadline is known (one cheap read: a decision
+asked in another process has its deadline found within this)."""
+
+
+async def expire_decisions(
+    store: DecisionStore,
+    kick: Callable[[SessionKey], None],
+    asked: asyncio.Event,
+) -> None:
+    """End pending decisions whose deadline passed, on whichever process gets there first
+    (each ends once), and wake their sessions so the turns go on with a refusal.
+
+    Sleeps until the earliest deadline it knows of; ``asked`` is set when this process parks a
+    turn, so a shorter deadline than the one it sleeps towards is seen at once.
+    """
+    while True:
+        asked.clear()  # before the read: a park after it is not missed
+        try:
+            for key in await store.expire_decisions(time.time()):
+                kick(key)
+            nearest = await store.next_decision_deadline()
+        except Exception:
+            log.exception("decision deadline sweep failed; retrying")
+            nearest = None
+        wait = DECISION_SWEEP_MAX if nearest is None else nearest - time.time()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(min(max(wait, 0.01), DECISION_SWEEP_MAX)):
+                await asked.wait()

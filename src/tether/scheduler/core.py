@@ -28,6 +28,8 @@ from tether.memory.service import MemoryService
 from tether.records import (
     AgentRef,
     CancelStatus,
+    Decision,
+    DecisionStatus,
     Event,
     Idempotency,
     Lease,
@@ -37,6 +39,7 @@ from tether.records import (
     Reason,
     SessionKey,
     Turn,
+    Verdict,
     new_turn_id,
 )
 from tether.scheduler import chores
@@ -45,9 +48,8 @@ from tether.scheduler.local import Local
 from tether.scheduler.owners import new_owner_id
 from tether.scheduler.runner import AgentResolver, AutoNotes, TurnRunner, TurnStore
 from tether.scheduler.worker import Workers, WorkerStore
-from tether.store.protocol import Maintenance, TurnLog
+from tether.store.protocol import DecisionStore, Maintenance, TurnLog
 from tether.store.rules import DEFAULT_MAX_QUEUE, request_digest
-from tether.tools.approval import Approver
 
 CANCEL_POLL = 0.025
 """Seconds between reads of cancel requests while this process runs turns."""
@@ -60,7 +62,7 @@ SLOT_POLL = 0.5
 free it without telling this one)."""
 
 
-class SchedulerStore(WorkerStore, TurnStore, TurnLog, Maintenance, Protocol):
+class SchedulerStore(WorkerStore, TurnStore, TurnLog, DecisionStore, Maintenance, Protocol):
     """Everything the scheduler's parts use of the store (not keys, not memory)."""
 
 
@@ -73,7 +75,6 @@ class Scheduler:
         node: str | None = None,
         lease_ttl: float = 30.0,
         max_queue: int = DEFAULT_MAX_QUEUE,
-        approver: Approver | None = None,
         workspace_root: Path | None = None,
         default_model: str | None = None,
         linger: float = 0.25,
@@ -92,7 +93,6 @@ class Scheduler:
             store,
             self.local,
             agents,
-            approver=approver,
             workspace_root=workspace_root,
             default_model=default_model,
             memory=memory,
@@ -139,6 +139,10 @@ class Scheduler:
             ),
             asyncio.create_task(
                 chores.sweep_expired(store, lambda: self.sweep_interval), name="tether-sweeper"
+            ),
+            asyncio.create_task(
+                chores.expire_decisions(store, self.workers.kick, local.decision_asked),
+                name="tether-decisions",
             ),
             asyncio.create_task(
                 chores.adopt_orphans(
@@ -267,7 +271,8 @@ class Scheduler:
                     del local.slot_waiters[key]
 
     async def _preempt(self, key: SessionKey, policy: Literal["interrupt", "rollback"]) -> None:
-        """End the session's running turn for a newer one (policy interrupt or rollback).
+        """End the session's turn under way for a newer one (policy interrupt or rollback):
+        the running one, or one parked on a decision (which nobody runs, so it ends here).
 
         The reason is the policy's name: a stable code, as every reason is.
         """
@@ -276,16 +281,26 @@ class Scheduler:
         local = [r for r in self.local.running.values() if r.turn.key == key]
         for running in local:
             running.ctx.request_cancel(status, reason)
-        if not local:
-            # Running in another process (or about to be registered here): ask through the
-            # store; its owner polls for requests and ends the turn itself.
-            for turn in await self.store.active_turns(key):
-                if turn.status == "running":
-                    await self.store.request_cancel(key, turn.id, status, reason)
+        if local:
+            return
+        for turn in await self.store.active_turns(key):
+            if turn.status == "running":
+                # Running in another process (or about to be registered here): ask through the
+                # store; its owner polls for requests and ends the turn itself.
+                await self.store.request_cancel(key, turn.id, status, reason)
+            elif turn.started_at is not None:  # parked, or decided and not yet resumed
+                ended = await self.store.end_waiting_turn(key, turn.id, reason, status=status)
+                if ended is not None:
+                    self.local.resolve(ended)
+            break  # only the first active turn is under way; the others wait behind it
 
     # -- waiting, cancelling, following ----------------------------------------------------------
-    async def wait(self, key: SessionKey, turn_id: str) -> Turn:
-        """The turn once it has ended (bound it with ``asyncio.timeout``)."""
+    async def wait(self, key: SessionKey, turn_id: str, *, until_input: bool = False) -> Turn:
+        """The turn once it has ended (bound it with ``asyncio.timeout``).
+
+        With ``until_input``, also as soon as it waits for a decision (``awaiting_input``): a
+        caller that can decide it (or tell someone who can) gets it then.
+        """
         waiters = self.local.waiters
         read_store = turn_id not in waiters
         while True:
@@ -295,6 +310,8 @@ class Scheduler:
                     raise TurnNotFound("turn not found")
                 if turn.ended:
                     self.local.resolve(turn)  # ended by another process: release local waiters
+                    return turn
+                if until_input and turn.status == "awaiting_input":
                     return turn
             local = waiters.get(turn_id)
             if local is None or local[0] != key:
@@ -309,31 +326,71 @@ class Scheduler:
             local[1].append(fut)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(CROSS_PROCESS_POLL):
-                    return await asyncio.shield(fut)
+                    await asyncio.shield(fut)
             if fut.done():
-                return fut.result()
+                turn = fut.result()
+                if turn.ended or until_input:
+                    return turn
+                continue  # parked: wait on through the decision
             with contextlib.suppress(ValueError):
                 local[1].remove(fut)
             read_store = True
 
     async def cancel(self, key: SessionKey, turn_id: str, reason: Reason = "cancelled") -> Turn:
-        """Cancel a queued or running turn; an ended turn is returned as it is."""
-        turn = await self.store.get_turn(key, turn_id)
-        if turn is None:
-            raise TurnNotFound("turn not found")
-        if turn.status == "queued":
-            ended = await self.store.end_waiting_turn(key, turn_id, reason)
-            if ended is not None:
-                self.local.resolve(ended)
-                return ended
-        running = self.local.running.get(turn_id)
-        if running is not None:
-            running.ctx.request_cancel("cancelled", reason)
-        else:
-            # Running in another process, or started here a moment ago: the request goes
-            # through the store, where the owner's watcher finds it.
-            await self.store.request_cancel(key, turn_id, "cancelled", reason)
-        return await self.wait(key, turn_id)
+        """Cancel a queued, running or parked turn; an ended turn is returned as it is."""
+        while True:
+            turn = await self.store.get_turn(key, turn_id)
+            if turn is None:
+                raise TurnNotFound("turn not found")
+            if turn.ended:
+                return turn
+            if turn.status in ("queued", "awaiting_input"):
+                # Nobody runs it (or not yet): it ends here, unless a worker takes it first.
+                ended = await self.store.end_waiting_turn(key, turn_id, reason)
+                if ended is not None:
+                    self.local.resolve(ended)
+                    self.workers.kick(key)  # the turns behind a parked one may run now
+                    return ended
+                continue
+            running = self.local.running.get(turn_id)
+            if running is not None:
+                running.ctx.request_cancel("cancelled", reason)
+            else:
+                # Running in another process, or started here a moment ago: the request goes
+                # through the store, where the owner's watcher finds it.
+                await self.store.request_cancel(key, turn_id, "cancelled", reason)
+            done = await self.wait(key, turn_id, until_input=True)
+            if done.ended:
+                return done
+            # It parked on a decision before the request reached it: end it parked.
+
+    # -- decisions -------------------------------------------------------------------------------
+    async def decide(
+        self,
+        key: SessionKey,
+        turn_id: str,
+        call_id: str,
+        verdict: Verdict,
+        *,
+        answer: str | None = None,
+        by: str,
+    ) -> Decision:
+        """Decide a pending decision of ``key``'s turn; the turn goes on, on this process
+        (or whichever takes the session first). DecisionNotFound for an unknown or foreign one,
+        DecisionMade (with the first decision) when it is no longer pending."""
+        done = await self.store.decide(key, turn_id, call_id, verdict, answer=answer, by=by)
+        self.workers.kick(key)
+        return done
+
+    async def decisions(
+        self,
+        key: SessionKey,
+        *,
+        turn_id: str | None = None,
+        status: DecisionStatus | None = None,
+        limit: int = 100,
+    ) -> list[Decision]:
+        return await self.store.list_decisions(key, turn_id=turn_id, status=status, limit=limit)
 
     def events(
         self, key: SessionKey, turn_id: str, after_seq: int = 0

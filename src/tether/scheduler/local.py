@@ -41,11 +41,26 @@ class Local:
     slot_waiters: dict[SessionKey, int] = field(default_factory=dict)
     principals: dict[SessionKey, Principal] = field(default_factory=dict)
     """Who submitted the session's latest turn here (tools and memory act for them)."""
+    decision_asked: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when a turn here parks on a decision: the deadline sweep looks again."""
     closing: bool = False
 
     def resolve(self, turn: Turn) -> None:
         """Hand an ended turn to every local caller waiting for it."""
         _, futures = self.waiters.pop(turn.id, (turn.key, []))
+        for fut in futures:
+            if not fut.done():
+                fut.set_result(turn)
+
+    def parked(self, turn: Turn) -> None:
+        """Tell the local callers waiting for a turn that it waits for a decision (they may
+        ask it); the turn stays theirs to wait for until it ends."""
+        self.decision_asked.set()
+        entry = self.waiters.get(turn.id)
+        if entry is None:
+            return
+        futures = list(entry[1])
+        entry[1].clear()
         for fut in futures:
             if not fut.done():
                 fut.set_result(turn)

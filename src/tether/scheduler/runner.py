@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal, Protocol, cast
 
 from tether.agent import Agent
 from tether.errors import ConfigError
-from tether.loop.context import TurnContext
+from tether.events import TOOL_STARTED
+from tether.loop.context import Resumed, TurnContext, TurnPark
 from tether.loop.turn import run_turn
 from tether.memory.service import MemoryService
 from tether.memory.tools import memory_tools
@@ -27,9 +29,16 @@ from tether.records import Item, Lease, MemoryWrites, NewItem, Principal, Turn, 
 from tether.scheduler.feeds import TurnFeed
 from tether.scheduler.local import Local, RunningTurn
 from tether.scheduler.sink import FencedSink, StoreHistory
-from tether.store.protocol import FencedWrites, HistoryStore
-from tether.store.rules import terminal_event_data
-from tether.tools.approval import Approver
+from tether.store.protocol import (
+    DecisionStore,
+    FencedWrites,
+    HistoryStore,
+    SessionReader,
+    TurnReader,
+)
+from tether.store.rules import aborted_results, always_approved, new_decision, terminal_event_data
+from tether.tools.ask_user import ask_user
+from tether.tools.tool import Tool
 from tether.tools.workspace import workspace_dir
 
 log = logging.getLogger("tether.scheduler")
@@ -37,8 +46,9 @@ log = logging.getLogger("tether.scheduler")
 AgentResolver = Callable[[str], Agent | None]
 
 
-class TurnStore(FencedWrites, HistoryStore, Protocol):
-    """What running a turn needs of the store: its fenced writes and its history."""
+class TurnStore(FencedWrites, HistoryStore, TurnReader, SessionReader, DecisionStore, Protocol):
+    """What running a turn needs of the store: its fenced writes, its history, and to resume
+    one: its events so far, its decisions and the session's standing approvals."""
 
 
 AutoNotes = Literal["default", "on", "off"]
@@ -71,7 +81,6 @@ class TurnRunner:
         local: Local,
         agents: AgentResolver,
         *,
-        approver: Approver | None,
         workspace_root: Path | None,
         default_model: str | None,
         memory: MemoryService | None,
@@ -80,37 +89,74 @@ class TurnRunner:
         self._store = store
         self._local = local
         self._agents = agents
-        self.approver = approver
         self.workspace_root = workspace_root
         self.default_model = default_model
         self.memory = memory
         self.auto_notes: AutoNotes = auto_notes
 
     async def run(self, lease: Lease, turn: Turn, agent_name: str | None) -> None:
-        """Run ``turn`` to its ending and hand the ended turn to whoever waits for it.
+        """Run ``turn`` to its ending (or until it parks on a decision) and hand it to whoever
+        waits for it.
 
         Raises :class:`StaleLease` when the session was lost meanwhile: nothing more was written.
         """
         feed = TurnFeed(turn.id)
         self._local.feeds[turn.id] = feed
-        sink = FencedSink(self._store, lease, turn.id, feed)
+        sink: FencedSink | None = None
         try:
-            done = await self._run(sink, turn, agent_name)
+            sink, started = await self._sink(lease, turn, feed)
+            done = await self._run(sink, turn, agent_name, started)
         finally:
-            sink.close()
+            if sink is not None:
+                sink.close()
             feed.close()
             self._local.feeds.pop(turn.id, None)
             self._local.free_slot(turn.key)
-        self._local.resolve(done)
+        if done.ended:
+            self._local.resolve(done)
+        else:
+            self._local.parked(done)
 
-    async def _run(self, sink: FencedSink, turn: Turn, agent_name: str | None) -> Turn:
-        user_item = await sink.start(turn.input)
+    async def _sink(
+        self, lease: Lease, turn: Turn, feed: TurnFeed
+    ) -> tuple[FencedSink, frozenset[str]]:
+        """The turn's sink, and (resuming) the calls whose ``tool.started`` was written."""
+        if turn.started_at is None:
+            return FencedSink(self._store, lease, turn.id, feed), frozenset()
+        # Going on after a decision: the turn's events continue after those written so far
+        # (its own, and decision.made written by whoever decided).
+        last, started = 0, set[str]()
+        while True:
+            page = await self._store.list_events(turn.key, turn.id, after_seq=last, limit=5000)
+            if not page:
+                break
+            last = page[-1].seq
+            started.update(str(e.data.get("call_id")) for e in page if e.type == TOOL_STARTED)
+        return FencedSink(self._store, lease, turn.id, feed, next_seq=last + 1), frozenset(started)
+
+    async def _run(
+        self, sink: FencedSink, turn: Turn, agent_name: str | None, started: frozenset[str]
+    ) -> Turn:
+        resumed: Resumed | None = None
+        held: MemoryWrites | None = None
+        if turn.started_at is None:
+            user_item = await sink.start(turn.input)
+        else:
+            items, held = await sink.resume()
+            user_item = next(i for i in items if i.kind == "user")
+            decided = await self._store.list_decisions(turn.key, turn_id=turn.id)
+            resumed = Resumed(
+                items,
+                {d.call_id: d for d in decided},
+                started,
+                turn.usage,
+            )
         agent = self._agents(agent_name) if agent_name else None
         if agent is None:
             ending = TurnEnding(
                 "failed", "agent_not_found", error=f"agent {agent_name or '?'} is not served here"
             )
-            return await _end(sink, turn, ending, [])
+            return await _end(sink, turn, ending, _aborted(sink))
         if turn.agent is not None and turn.agent.fingerprint != agent.fingerprint:
             # Another definition under the same name (a process started from other code): the
             # turn was submitted for a template this process does not have. Running this one
@@ -127,14 +173,24 @@ class TurnRunner:
                 "agent_changed",
                 error=f"agent {agent.name} is defined differently here than where it was sent",
             )
-            return await _end(sink, turn, ending, [])
+            return await _end(sink, turn, ending, _aborted(sink))
         ctx, memory = self._context(sink, turn, agent, user_item)
+        ctx.resumed = resumed
+        if resumed is not None or any(t.requires_approval for t in agent.tools):
+            # Read only when it can matter: most turns have no tool that asks.
+            record = await self._store.get_session(turn.key)
+            ctx.always = always_approved(record.state) if record is not None else frozenset()
+        if memory is not None and held is not None:
+            memory.restore(held)
         self._local.running[turn.id] = RunningTurn(turn, ctx)
         try:
             result = await run_turn(ctx)
         finally:
             self._local.running.pop(turn.id, None)
         writes = memory.pending() if memory is not None else None
+        if isinstance(result, TurnPark):
+            decision = new_decision(turn.key, turn.id, result.decision, time.time())
+            return await sink.park(result.items, decision, result.usage, writes)
         return await _end(sink, turn, result.ending, result.items, writes)
 
     def _context(
@@ -151,9 +207,10 @@ class TurnRunner:
             input_seq=user_item.seq,
             history=StoreHistory(self._store, key),
             sink=sink,
-            approver=self.approver,
             workspace=workspace_dir(self.workspace_root, key) if self.workspace_root else None,
         )
+        builtin: tuple[Tool, ...] = (ask_user,) if agent.ask_user else ()
+        ctx.extra_tools = builtin
         if self.memory is None:
             return ctx, None
         # Memory belongs to the session's owner (embedded use may act for a user_id other than
@@ -162,8 +219,13 @@ class TurnRunner:
         auto = notes_wanted(self.auto_notes, agent.memory.auto, ctx.model.name)
         memory = TurnMemory(self.memory, owner, key, agent.name, agent.memory, turn.id, auto)
         ctx.memory = memory
-        ctx.extra_tools = memory_tools(agent.memory.remember, agent.memory.knowledge_tool)
+        ctx.extra_tools = builtin + memory_tools(agent.memory.remember, agent.memory.knowledge_tool)
         return ctx, memory
+
+
+def _aborted(sink: FencedSink) -> list[NewItem]:
+    """Results for the calls a turn ended with open (a resumed turn that cannot go on)."""
+    return aborted_results(sink.open_calls())
 
 
 async def _end(

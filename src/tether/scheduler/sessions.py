@@ -210,7 +210,7 @@ class StoreCanceller:
         turn = await self._store.get_turn(key, turn_id)
         if turn is None:
             raise TurnNotFound("turn not found")
-        if turn.status == "queued":
+        if turn.status in ("queued", "awaiting_input"):
             ended = await self._store.end_waiting_turn(key, turn_id, reason)
             if ended is not None:
                 return ended

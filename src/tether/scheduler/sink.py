@@ -13,9 +13,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from tether.errors import StaleLease
-from tether.events import MEMORY_WRITTEN, TURN_ENDED, TURN_STARTED, EventType
+from tether.events import (
+    DECISION_REQUESTED,
+    MEMORY_WRITTEN,
+    TURN_AWAITING_INPUT,
+    TURN_ENDED,
+    TURN_RESUMED,
+    TURN_STARTED,
+    EventType,
+)
 from tether.memory.prompt import written_event_data
 from tether.records import (
+    Decision,
     Event,
     Item,
     Lease,
@@ -25,10 +34,11 @@ from tether.records import (
     SessionKey,
     Turn,
     TurnEnding,
+    Usage,
 )
 from tether.scheduler.feeds import TurnFeed
 from tether.store.protocol import FencedWrites, HistoryStore
-from tether.store.rules import keeps_memory
+from tether.store.rules import decision_data, keeps_memory
 
 log = logging.getLogger("tether.scheduler")
 
@@ -67,12 +77,15 @@ class FencedSink:
         feed: TurnFeed,
         *,
         flush_interval: float = FLUSH_INTERVAL,
+        next_seq: int = 2,
     ) -> None:
         self._store = store
         self.lease = lease
         self._turn_id = turn_id
         self._feed = feed
-        self._next_seq = 2  # seq 1 is turn.queued, written when the turn was accepted
+        # seq 1 is turn.queued, written when the turn was accepted; a resumed turn goes on
+        # after the events it (and its decision) wrote before.
+        self._next_seq = next_seq
         self._buffer: list[NewEvent] = []
         self._inflight: asyncio.Task[list[Item]] | None = None
         self._open_calls: dict[str, str] = {}
@@ -127,6 +140,43 @@ class FencedSink:
             )
         self._started = True
         return items[0]
+
+    async def resume(self) -> tuple[list[Item], MemoryWrites | None]:
+        """Take a decided turn up again: ``turn.resumed``, the turn back to running; returns
+        its items so far (whose unanswered calls are then open) and the memory it held."""
+        self.emit(TURN_RESUMED, {"turn_id": self._turn_id})
+        async with self._lock:
+            items, memory = await self._store.resume_turn(
+                self.lease, self._turn_id, self.take_events()
+            )
+        self._started = True
+        self._track(items)
+        return items, memory
+
+    async def park(
+        self,
+        items: Sequence[NewItem],
+        decision: Decision,
+        usage: Usage,
+        memory: MemoryWrites | None,
+    ) -> Turn:
+        """Write what the step did so far with the decision it waits for, and park the turn
+        (``awaiting_input``): ``decision.requested`` and ``turn.awaiting_input`` go with it."""
+        self.close()
+        async with self._lock:
+            if self._stale is not None:
+                raise self._stale
+            self.emit(DECISION_REQUESTED, decision_data(decision))
+            self.emit(TURN_AWAITING_INPUT, {"turn_id": self._turn_id, "call_id": decision.call_id})
+            return await self._store.park_turn(
+                self.lease,
+                self._turn_id,
+                items,
+                self.take_events(),
+                decision,
+                usage=usage,
+                memory=memory,
+            )
 
     async def commit(self, items: Sequence[NewItem]) -> list[Item]:
         task = asyncio.ensure_future(self._append(items))

@@ -17,7 +17,7 @@ import time
 from typing import Protocol
 
 from tether.errors import SessionNotFound, StaleLease
-from tether.records import Lease, SessionKey
+from tether.records import Lease, SessionKey, Turn
 from tether.scheduler.local import Local
 from tether.scheduler.owners import owner_is_dead
 from tether.scheduler.runner import TurnRunner
@@ -27,6 +27,14 @@ log = logging.getLogger("tether.scheduler")
 
 LINGER_POLL = 0.05
 """Seconds between looks at the store for turns accepted elsewhere while a lease lingers."""
+
+
+def runnable(active: list[Turn]) -> Turn | None:
+    """The turn to run next: the session's first active turn, if it is queued (new, or decided
+    and going on). Behind a turn parked on a decision nothing runs: order is the session's."""
+    if active and active[0].status == "queued":
+        return active[0]
+    return None
 
 
 class WorkerStore(LeaseStore, FencedWrites, TurnReader, SessionReader, Protocol):
@@ -110,7 +118,7 @@ class Workers:
                 return lease
             # Another live process holds the session; it will run the queue. Wait while there
             # is still work, in case it dies or releases the lease with turns left.
-            if not await self._store.active_turns(key):
+            if runnable(await self._store.active_turns(key)) is None:
                 return None
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5)
@@ -128,17 +136,15 @@ class Workers:
             log.exception("could not release a lease; it will expire")
 
     async def _drain(self, key: SessionKey, lease: Lease) -> None:
-        for turn in await self._store.recover(lease):
-            log.warning("turn %s ended failed/owner_lost: its process died", turn.id)
-            self._local.resolve(turn)
+        for lost in await self._store.recover(lease):
+            log.warning("turn %s ended failed/owner_lost: its process died", lost.id)
+            self._local.resolve(lost)
         default_agent: str | None = None  # the session's own agent, for turns that name none
         while True:
             self._local.dirty.discard(key)
-            active = await self._store.active_turns(key)
-            queued = [t for t in active if t.status == "queued"]
-            if not queued or self._local.closing:
+            turn = runnable(await self._store.active_turns(key))
+            if turn is None or self._local.closing:
                 return
-            turn = queued[0]
             if turn.agent is None and default_agent is None:
                 # Read once per lease: a session's own agent does not change under it.
                 record = await self._store.get_session(key)
@@ -183,7 +189,7 @@ class Workers:
                     active = await self._store.active_turns(key)
                 except SessionNotFound:
                     return False  # deleted (or forgotten) while we lingered
-                if any(t.status == "queued" for t in active):
-                    return True  # accepted elsewhere: run it while we hold the session
+                if runnable(active) is not None:
+                    return True  # accepted (or decided) elsewhere: run it while we hold it
         finally:
             local.kicked.pop(key, None)

@@ -12,7 +12,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from tether.agent import Agent
 from tether.runtime import Runtime
 from tether.server import problems
-from tether.server.approvals import Approvals
 from tether.server.auth import Authenticator
 from tether.server.local_mode import LocalMode
 from tether.server.routes import chat, knowledge, memory, meta, sessions, turns, users
@@ -100,14 +99,12 @@ def create_app(settings: Settings | None = None, agents: Sequence[Agent] | None 
         agents = [default_agent(settings)]
     agents = list(agents)
     store = open_store_url(settings.store_url)
-    approvals = Approvals()
     runtime = Runtime(
         store,
         data_dir=settings.data_dir,
         agents=agents,
         lease_ttl=settings.lease_ttl,
         node=settings.node,
-        approver=approvals,
         max_queue=settings.limits.max_queue,
         default_model=settings.model,
         limits=settings.principal,
@@ -123,7 +120,6 @@ def create_app(settings: Settings | None = None, agents: Sequence[Agent] | None 
                 allowed_origins=settings.allowed_origins,
             ),
         ),
-        approvals=approvals,
         agents=agents,
     )
 

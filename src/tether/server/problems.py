@@ -22,6 +22,7 @@ from starlette.routing import BaseRoute, Match
 from tether.errors import (
     AgentNotFound,
     Conflict,
+    DecisionMade,
     Forbidden,
     IdempotencyKeyReused,
     InvalidInput,
@@ -40,7 +41,7 @@ from tether.errors import (
 )
 from tether.events import EVENT_TYPES, TURN_ENDED
 from tether.server.memory_schemas import merge_scope_parameters
-from tether.server.schemas import ProblemOut, without_null
+from tether.server.schemas import DecisionOut, ProblemOut, without_null
 
 log = logging.getLogger("tether.server")
 
@@ -90,6 +91,7 @@ _MAP: list[tuple[type[TetherError], int, str, str]] = [
     (LimitExceeded, 429, "limit-exceeded", "Over a per-principal limit"),
     (IdempotencyKeyReused, 422, "idempotency-key-reused", "Idempotency key reused"),
     (SessionBusy, 409, "session-busy", "Session busy"),
+    (DecisionMade, 409, "decision-made", "Decision already made"),
     (Conflict, 409, "conflict", "Conflict"),
     (StorageQuotaExceeded, 413, "storage-quota", "Storage quota exceeded"),
     (TooLarge, 413, "too-large", "Payload too large"),
@@ -109,6 +111,9 @@ def from_error(exc: TetherError) -> JSONResponse:
                 extra["busy_turn_id"] = exc.busy_turn_id
             if isinstance(exc, RevisionConflict):
                 extra["current_revision"] = exc.current_revision
+            if isinstance(exc, DecisionMade):
+                # The first decision stands; the second decider learns what it was.
+                extra["decision"] = DecisionOut.of(exc.decision).model_dump(mode="json")
             if isinstance(exc, Unauthorized):
                 headers = {"WWW-Authenticate": "Bearer"}
             if isinstance(exc, QueueFull):

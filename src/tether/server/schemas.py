@@ -7,7 +7,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tether.records import Item, Policy, SessionRecord, Turn
+from tether.errors import InvalidInput
+from tether.records import Decision, Item, Policy, SessionRecord, Turn, Verdict
+from tether.store.rules import decision_data
 
 SESSION_ID = r"^[A-Za-z0-9._:-]{1,128}$"
 MAX_INT64 = 2**63 - 1
@@ -195,10 +197,15 @@ class TurnOut(BaseModel):
     started_at: float | None
     ended_at: float | None
     agent: str | None = Field(None, description="The agent the turn was submitted for.")
+    decisions: list[DecisionOut] = Field(
+        default_factory=list,
+        description="What a turn awaiting input waits for: decide it with POST …/decisions.",
+    )
 
     @classmethod
-    def of(cls, t: Turn) -> TurnOut:
+    def of(cls, t: Turn, decisions: list[Decision] | None = None) -> TurnOut:
         return cls(
+            decisions=[DecisionOut.of(d) for d in decisions or []],
             id=t.id,
             session_id=t.key.session_id,
             seq=t.seq,
@@ -226,14 +233,54 @@ class TurnPage(BaseModel):
     next_cursor: str | None
 
 
-class Decision(Wire):
+class DecisionIn(Wire):
+    """A human's decision on what a parked turn asks (``decision.requested``)."""
+
     call_id: str = Field(..., min_length=1, max_length=128)
-    approve: bool
+    decision: Literal["approve", "deny", "always", "answer"] | None = Field(
+        None,
+        description="approve, deny or always (this tool, for the rest of the session) for an "
+        "approval; answer (with answer) or deny for a question. Default: answer when answer is "
+        "given.",
+    )
+    answer: str | None = Field(None, max_length=10_000, description="A question's answer.")
+    approve: bool | None = Field(
+        None, description="Older form of decision: true = approve, false = deny."
+    )
+
+    def verdict(self) -> Verdict:
+        if self.decision is not None:
+            return self.decision
+        if self.answer is not None:
+            return "answer"
+        if self.approve is not None:
+            return "approve" if self.approve else "deny"
+        raise InvalidInput("say what you decide: decision (approve, deny, always, answer)")
 
 
 class DecisionOut(BaseModel):
+    turn_id: str
     call_id: str
-    accepted: bool
+    kind: str = Field(..., description="approval or question")
+    payload: dict[str, Any] = Field(
+        ...,
+        description="tool and arguments (approval); question and choices (question); steps "
+        "(going on past the iteration limit).",
+    )
+    status: str = Field(..., description="pending, approved, denied, always, answered, expired")
+    answer: str | None
+    decided_by: str | None
+    created_at: float
+    deadline: float
+    decided_at: float | None
+
+    @classmethod
+    def of(cls, d: Decision) -> DecisionOut:
+        return cls(**decision_data(d))
+
+
+class DecisionList(BaseModel):
+    decisions: list[DecisionOut]
 
 
 class ChatRequest(Wire):

@@ -1,4 +1,4 @@
-"""What the app's routes share: settings, the runtime, authentication and approvals."""
+"""What the app's routes share: settings, the runtime and authentication."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from fastapi import Request
 
 from tether.agent import Agent
 from tether.runtime import Runtime
-from tether.server.approvals import Approvals
 from tether.server.auth import Authenticator
 from tether.server.quotas import Quotas
 from tether.server.settings import Settings
@@ -22,7 +21,6 @@ class ServerState:
     settings: Settings
     runtime: Runtime
     auth: Authenticator
-    approvals: Approvals
     agents: list[Agent]
     background: set[asyncio.Task[Any]] = field(default_factory=set)
     quotas: Quotas = field(init=False)

@@ -1,4 +1,8 @@
-"""Human approval of tool calls. It fails closed: no approver, an error or a timeout all refuse."""
+"""Human approval of tool calls, as an in-process callback (``Runtime(approver=...)``).
+
+Approvals are Decisions in the store (DESIGN §7); an approver is one way for an in-process
+caller to make them. It fails closed: False, an error or no answer all refuse.
+"""
 
 from __future__ import annotations
 
@@ -21,3 +25,4 @@ Approver = Callable[[ApprovalRequest], Awaitable[bool]]
 """Decides one call; ``True`` runs it. Anything else — False, an exception, a timeout — refuses."""
 
 REFUSED_RESULT = "Tool call refused: it requires approval and was not approved."
+EXPIRED_RESULT = "Tool call refused: it requires approval and nobody decided before the deadline."

@@ -7,7 +7,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from tether.records import Hit, MemoryKind, MemoryRecord, PersonalScope, Principal, SessionKey
+from tether.records import (
+    Decision,
+    Hit,
+    MemoryKind,
+    MemoryRecord,
+    PersonalScope,
+    Principal,
+    SessionKey,
+)
 
 
 class ToolMemory(Protocol):
@@ -44,3 +52,5 @@ class ToolContext:
     it may not exist yet: create it on first use."""
     memory: ToolMemory | None = None
     """The caller's memory and the agent's knowledge (None when the runtime has no memory)."""
+    decision: Decision | None = None
+    """The human decision this call waited for (approval, or ``ask_user``'s answer), if any."""

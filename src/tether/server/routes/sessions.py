@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Response
 
@@ -12,6 +12,8 @@ from tether.records import SessionKey, SessionRecord, new_session_id
 from tether.server.deps import Caller, Key, OwnSession, State
 from tether.server.problems import responses
 from tether.server.schemas import (
+    DecisionList,
+    DecisionOut,
     ItemOut,
     ItemPage,
     SessionCreate,
@@ -165,3 +167,18 @@ async def clear_items(st: State, key: Key, _: OwnSession) -> Response:
     """Clear the history (summaries included); refused while a turn is queued or running."""
     await st.runtime.sessions.clear(key)
     return Response(status_code=204)
+
+
+@router.get("/{sid}/decisions", responses=NOT_FOUND)
+async def list_decisions(
+    st: State,
+    key: Key,
+    _: OwnSession,
+    status: Annotated[
+        Literal["pending", "approved", "denied", "always", "answered", "expired"] | None,
+        Query(description="Only decisions in this status (pending: what waits for you now)."),
+    ] = None,
+) -> DecisionList:
+    """The session's decisions (tool approvals, questions), oldest first."""
+    found = await st.runtime.scheduler.decisions(key, status=status)
+    return DecisionList(decisions=[DecisionOut.of(d) for d in found])

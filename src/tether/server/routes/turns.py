@@ -18,7 +18,8 @@ from tether.server.deps import Caller, Key, OwnSession, State, check_message
 from tether.server.routes.outcomes import turn_response
 from tether.server.schemas import (
     IDEMPOTENCY_KEY,
-    Decision,
+    DecisionIn,
+    DecisionList,
     DecisionOut,
     TurnCreate,
     TurnOut,
@@ -38,8 +39,9 @@ SSE: dict[str, Any] = {"text/event-stream": {"schema": {"type": "string"}}}
 async def wait_for_turn(
     st: ServerState, request: Request, turn: Turn, on_disconnect: str
 ) -> Turn | None:
-    """Wait for the turn's end; None if the client went away first (after applying the policy)."""
-    waiter = asyncio.ensure_future(st.runtime.scheduler.wait(turn.key, turn.id))
+    """Wait for the turn's end, or for it to wait for a decision (the caller is the one to
+    make it); None if the client went away first (after applying the policy)."""
+    waiter = asyncio.ensure_future(st.runtime.scheduler.wait(turn.key, turn.id, until_input=True))
     gone = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait({waiter, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -162,7 +164,19 @@ async def create_turn(
     done = await wait_for_turn(st, request, turn, body.on_disconnect)
     if done is None:
         return Response(status_code=499)  # nobody is listening any more
+    if not done.ended:
+        return await parked_response(st, done, location)
     return turn_response(done)
+
+
+async def parked_response(st: ServerState, turn: Turn, location: str) -> JSONResponse:
+    """A turn awaiting input: 202 with what it waits for (decide it, then follow or wait)."""
+    pending = await st.runtime.scheduler.decisions(turn.key, turn_id=turn.id, status="pending")
+    return JSONResponse(
+        TurnOut.of(turn, pending).model_dump(mode="json"),
+        status_code=202,
+        headers={"Location": location},
+    )
 
 
 @router.get("", responses=NOT_FOUND)
@@ -193,8 +207,13 @@ async def _own_turn(st: ServerState, key: SessionKey, tid: str) -> Turn:
 
 @router.get("/{tid}", responses=NOT_FOUND)
 async def get_turn(tid: str, st: State, key: Key, _: OwnSession) -> TurnOut:
-    """One turn with its status, reason, output and usage."""
-    return TurnOut.of(await _own_turn(st, key, tid))
+    """One turn with its status, reason, output and usage; a turn awaiting input lists the
+    decisions it waits for."""
+    turn = await _own_turn(st, key, tid)
+    if turn.status != "awaiting_input":
+        return TurnOut.of(turn)
+    pending = await st.runtime.scheduler.decisions(key, turn_id=tid, status="pending")
+    return TurnOut.of(turn, pending)
 
 
 @router.get(
@@ -259,9 +278,33 @@ async def cancel_turn(tid: str, st: State, key: Key, _: OwnSession) -> TurnOut:
     return TurnOut.of(await _own_turn(st, key, tid))
 
 
-@router.post("/{tid}/decisions", responses=NOT_FOUND)
-async def decide(tid: str, body: Decision, st: State, key: Key, _: OwnSession) -> DecisionOut:
-    """Approve or refuse a tool call waiting for approval (``tool.approval_requested``)."""
+@router.post(
+    "/{tid}/decisions",
+    responses={
+        **NOT_FOUND,
+        400: {"description": "a decision this kind does not take (an answer outside choices)"},
+        409: {"description": "not pending any more: the body's decision is the first one"},
+    },
+)
+async def decide(
+    tid: str, body: DecisionIn, st: State, caller: Caller, key: Key, _: OwnSession
+) -> DecisionOut:
+    """Decide what a turn awaiting input asks (``decision.requested``), from any process:
+    approve, deny or always (this tool, for the rest of the session) an approval; answer (or
+    deny) a question. The turn then goes on wherever the session is taken next."""
     await _own_turn(st, key, tid)
-    accepted = st.approvals.decide(tid, body.call_id, body.approve)
-    return DecisionOut(call_id=body.call_id, accepted=accepted)
+    done = await st.runtime.scheduler.decide(
+        key, tid, body.call_id, body.verdict(), answer=body.answer, by=caller.user
+    )
+    return DecisionOut.of(done)
+
+
+@router.get("/{tid}/decisions", responses=NOT_FOUND)
+async def turn_decisions(tid: str, st: State, key: Key, _: OwnSession) -> DecisionList:
+    """Every decision the turn asked for, oldest first."""
+    await _own_turn(st, key, tid)
+    return DecisionList(
+        decisions=[
+            DecisionOut.of(d) for d in await st.runtime.scheduler.decisions(key, turn_id=tid)
+        ]
+    )
