@@ -149,7 +149,8 @@ RUNNING_TURNS = (
 )
 START_TURN = (
     "UPDATE turns SET status = 'running', started_at = $3"
-    " WHERE id = $2 AND session_pk = $1 AND status = 'queued' RETURNING id"
+    " WHERE id = $2 AND session_pk = $1 AND status = 'queued' AND started_at IS NULL"
+    " RETURNING id"
 )
 TURN_IS_RUNNING = "SELECT 1 FROM turns WHERE id = $2 AND session_pk = $1 AND status = 'running'"
 # An ended turn holds no memory writes any more: they were applied or dropped.

@@ -128,7 +128,6 @@ class Turns(Connection):
         *,
         status: CancelStatus = "cancelled",
     ) -> Turn | None:
-        ending = rules.waiting_ending(status, reason)
         async with self._tx() as conn:
             # Locked like a fenced write, so the turn cannot start, resume or be decided between
             # the check and the end.
@@ -137,6 +136,7 @@ class Turns(Connection):
             if row is None:
                 return None
             now = time.time()
+            ending = rules.waiting_ending(status, reason, turn_row(tuple(row)))
             expired = await conn.fetch(q.EXPIRE_OF_TURN, turn_id, reason, now)
             for d in sorted((decision_row(key, r) for r in expired), key=lambda d: d.created_at):
                 await steps.decision_made(conn, d, now)

@@ -146,7 +146,7 @@ RUNNING_TURNS = (
 ANY_RUNNING = "SELECT 1 FROM turns WHERE session_pk = ? AND status = 'running' LIMIT 1"
 START_TURN = (
     "UPDATE turns SET status = 'running', started_at = ?"
-    " WHERE id = ? AND session_pk = ? AND status = 'queued'"
+    " WHERE id = ? AND session_pk = ? AND status = 'queued' AND started_at IS NULL"
 )
 TURN_IS_RUNNING = "SELECT 1 FROM turns WHERE id = ? AND session_pk = ? AND status = 'running'"
 # An ended turn holds no memory writes any more: they were applied or dropped.

@@ -13,7 +13,18 @@ import time
 from collections.abc import Sequence
 
 from tether.errors import Conflict, SessionNotFound, StaleLease
-from tether.records import Decision, Item, Lease, NewEvent, NewItem, SessionKey, Turn, TurnEnding
+from tether.records import (
+    CancelStatus,
+    Decision,
+    Item,
+    Lease,
+    NewEvent,
+    NewItem,
+    Reason,
+    SessionKey,
+    Turn,
+    TurnEnding,
+)
 from tether.store import rules
 from tether.store.rows import decision_row, event_rows, key_args, turn_row, usage_json
 from tether.store.sqlite import queries as q
@@ -157,7 +168,12 @@ def close_decision(c: sqlite3.Connection, done: Decision, now: float, *, requeue
 
 
 def end_waiting(
-    c: sqlite3.Connection, pk: int, key: SessionKey, turn_id: str, ending: TurnEnding
+    c: sqlite3.Connection,
+    pk: int,
+    key: SessionKey,
+    turn_id: str,
+    status: CancelStatus,
+    reason: Reason,
 ) -> Turn | None:
     """End a turn nobody runs (queued, or parked on a decision); None when it is not such a
     turn. Its pending decisions expire, its calls are all paired, its held memory is applied
@@ -166,6 +182,7 @@ def end_waiting(
     if row is None:
         return None
     now = time.time()
+    ending = rules.waiting_ending(status, reason, turn_row(row))
     for pending in c.execute(q.PENDING_OF_TURN, (turn_id,)).fetchall():
         done = rules.expired(decision_row(key, pending), now, by=ending.reason)
         close_decision(c, done, now, requeue=False)

@@ -141,9 +141,8 @@ class Turns(Connection):
         *,
         status: CancelStatus = "cancelled",
     ) -> Turn | None:
-        ending = rules.waiting_ending(status, reason)
         return await self._write(
-            lambda c: steps.end_waiting(c, session_pk(c, key), key, turn_id, ending)
+            lambda c: steps.end_waiting(c, session_pk(c, key), key, turn_id, status, reason)
         )
 
     # -- leases --------------------------------------------------------------------------------
