@@ -8,6 +8,7 @@ provider pointed at a fake server whose URL comes from ``FAKE_OPENAI_URL``.
 from __future__ import annotations
 
 import os
+import time
 
 from tether import Agent, App, RetryPolicy, tool
 from tether.models.base import ModelRequest
@@ -39,7 +40,7 @@ def counted_launch(target: str) -> str:
     path = os.environ.get("LAUNCH_LOG")
     if path:
         with open(path, "a", encoding="utf-8") as log:
-            log.write(f"{os.environ.get('TETHER_NODE', '?')} {target}\n")
+            log.write(f"{os.environ.get('TETHER_NODE', '?')} {target} {time.time()}\n")
     return f"launched {target}"
 
 
