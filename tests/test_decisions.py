@@ -416,3 +416,33 @@ async def test_chat_without_a_decider_raises_and_keeps_the_turn(store: Store) ->
         assert turn is not None
         done = await rt.settle(turn)
         assert done.output == f"tool said: {REFUSED_RESULT}"
+
+
+async def test_a_preemption_that_arrives_as_the_turn_parks_ends_it(store: Store) -> None:
+    """Interrupt asked through the store (from another process) while the turn ran, read by
+    nobody before it parked: the runner ends it parked, so the newer turn does not wait for a
+    decision nobody may make."""
+    from tether.records import NewDecision, NewItem, Usage
+    from tether.store.rules import new_decision
+
+    agent = _agent()
+    async with Runtime(store, agents=[agent]) as rt:
+        k = key("late")
+        await rt.sessions.create(k, agent.name)
+        await rt.store.enqueue_turn(k, turn_id="t_late", input="x", policy="enqueue")
+        lease = await rt.store.acquire_lease(k, "elsewhere", 30)
+        assert lease is not None
+        await rt.store.start_turn(lease, "t_late", [NewItem("user", "x")], [])
+        assert await rt.store.request_cancel(k, "t_late", "interrupted", "interrupt")
+        asked = new_decision(k, "t_late", NewDecision("c1", "approval", {"tool": "launch"}), 0)
+        parked = await rt.store.park_turn(
+            lease,
+            "t_late",
+            [NewItem("tool_call", call_id="c1", tool_name="launch")],
+            [],
+            asked,
+            usage=Usage(),
+        )
+        done = await rt.scheduler.runner._honour_late_cancel(parked)
+        assert (done.status, done.reason) == ("interrupted", "interrupt")
+        assert_paired(await all_items(rt, k))

@@ -15,7 +15,6 @@ from tether.events import TURN_ENDED
 from tether.records import Event, SessionKey
 from tether.store.protocol import TurnReader
 
-
 PARKED_POLL = 0.25
 """Seconds between store reads while a followed turn waits for a decision."""
 
