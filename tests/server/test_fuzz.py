@@ -145,6 +145,8 @@ ROUTES = {
     ("get", "/v1/sessions/{sid}/turns/{tid}/events"): "200",
     ("post", "/v1/sessions/{sid}/turns/{tid}/cancel"): "200",
     ("post", "/v1/sessions/{sid}/turns/{tid}/decisions"): "200",
+    ("get", "/v1/sessions/{sid}/turns/{tid}/decisions"): "200",
+    ("get", "/v1/sessions/{sid}/decisions"): "200",
     ("post", "/api/chat"): "200",
 }
 

@@ -325,7 +325,8 @@ def merge_scope_parameters(operation: dict[str, Any]) -> None:
         "schema": {
             "type": "object",
             "properties": {name: _query_schema(scoped[name]) for name in SCOPE_PARAMETERS},
-            "additionalProperties": False,
+            # No additionalProperties: false — other query parameters are ignored here, as on
+            # every route, and the schema must not promise a refusal the server never makes.
             **scope_rule(required=required),
         },
     }
