@@ -47,7 +47,7 @@ async def measure(store: Store, sessions: int) -> dict[str, list[float]]:
                 await store.enqueue_turn(
                     k, turn_id=turn_id, input="x", policy="enqueue", limits=bounds
                 )
-                await store.cancel_queued_turn(k, turn_id, "cancelled")
+                await store.end_waiting_turn(k, turn_id, "cancelled")
             out[label].append((time.process_time() - start) / TURNS * 1e6)
     return out
 

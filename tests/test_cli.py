@@ -108,12 +108,20 @@ def test_agents_from_yaml(tmp_path: Path) -> None:
         "    model: openai:gpt-4o-mini\n"
         "    max_iterations: 4\n"
         "    memory: {scopes: [session, user], knowledge: [handbook], remember: true}\n"
+        "    on_max_iterations: ask\n"
+        "    ask_user: true\n"
+        "    approval_timeout: 90\n"
         "  - name: writer\n"
         "    role: Copywriter\n"
         "    goal: Write short taglines\n"
     )
     support, writer = load_agents(str(spec))
     assert support.model == "openai:gpt-4o-mini" and support.max_iterations == 4
+    assert (support.on_max_iterations, support.ask_user, support.approval_timeout) == (
+        "ask",
+        True,
+        90,
+    )
     assert support.memory.scopes == ("session", "user")
     assert support.memory.knowledge == ("handbook",) and support.memory.remember
     assert writer.memory.scopes == ("session", "user", "agent", "tenant")  # the default

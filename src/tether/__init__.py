@@ -12,6 +12,9 @@ from tether.errors import (
     AgentNotFound,
     ConfigError,
     Conflict,
+    DecisionMade,
+    DecisionNotFound,
+    DecisionRequired,
     IdempotencyKeyReused,
     InvalidInput,
     InvalidSessionId,
@@ -30,7 +33,7 @@ from tether.errors import (
     TurnFailed,
     TurnNotFound,
 )
-from tether.records import Event, Item, Principal, SessionKey, Turn
+from tether.records import Decision, Event, Item, Principal, SessionKey, Turn
 from tether.tools import Tool, ToolContext, tool
 from tether.version import __version__
 
@@ -70,6 +73,10 @@ __all__ = [
     "App",
     "ConfigError",
     "Conflict",
+    "Decision",
+    "DecisionMade",
+    "DecisionNotFound",
+    "DecisionRequired",
     "Event",
     "IdempotencyKeyReused",
     "InvalidInput",

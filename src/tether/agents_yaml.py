@@ -5,6 +5,8 @@ agents:
     instructions: You answer questions about our product.
     model: openai:gpt-4o-mini      # optional; default TETHER_MODEL, else local
     max_iterations: 5              # optional
+    on_max_iterations: ask         # optional: stop (default), ask or finish
+    ask_user: true                 # optional: offer the ask_user tool
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ _ALLOWED = {
     "instructions",
     "model",
     "max_iterations",
+    "on_max_iterations",
+    "max_total_iterations",
+    "ask_user",
+    "approval_timeout",
     "token_budget",
     "context_budget",
     "max_output_tokens",

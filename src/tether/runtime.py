@@ -334,7 +334,7 @@ class Runtime:
         """Decide what a parked turn of ``key`` asks; the turn then goes on (DESIGN §7)."""
         await self.start()
         return await self.scheduler.decide(
-            key, turn_id, call_id, verdict, answer=answer, by=principal.user
+            key, turn_id, call_id, verdict, answer=answer, by=principal.user, principal=principal
         )
 
     async def decisions(

@@ -294,7 +294,10 @@ async def test_finish_with_a_model_that_still_wants_tools_is_limit_reached(store
 
 def test_on_max_iterations_is_checked() -> None:
     with pytest.raises(ConfigError):
-        Agent(name="a", on_max_iterations="ask")  # type: ignore[arg-type]
+        Agent(name="a", on_max_iterations="continue")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):
+        Agent(name="a", max_iterations=5, on_max_iterations="ask", max_total_iterations=3)
+    assert Agent(name="a", max_iterations=5, on_max_iterations="ask").total_iterations == 20
 
 
 async def test_token_budget(store: Store) -> None:
@@ -327,14 +330,17 @@ def delete_everything() -> str:
 
 async def test_approval_fails_closed_without_approver(store: Store) -> None:
     model = ScriptedModel(ToolCalls(Call("delete_everything")), "ok")
-    agent = Agent(name="a", model=model, tools=[delete_everything])
+    agent = Agent(name="a", model=model, tools=[delete_everything], approval_timeout=0.1)
     async with running(store, agent) as rt:
         turn = await rt.submit(agent, "go", session_id="s")
-        done = await rt.scheduler.wait(turn.key, turn.id)
+        done = await rt.scheduler.wait(turn.key, turn.id)  # nobody decides: the deadline does
         events = await rt.store.list_events(turn.key, turn.id)
         items = await all_items(rt, turn.key)
     assert done.status == "completed"
-    assert "tool.approval_requested" in [e.type for e in events]
+    types = [e.type for e in events]
+    assert "decision.requested" in types
+    made = next(e for e in events if e.type == "decision.made")
+    assert made.data["status"] == "expired"
     assert "refused" in next(i for i in items if i.kind == "tool_result").content
 
 

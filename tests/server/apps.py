@@ -9,6 +9,7 @@ user (``ask_user``), and an OpenAI provider pointed at a fake server whose URL c
 from __future__ import annotations
 
 import os
+import time
 
 from tether import Agent, App, RetryPolicy, tool
 from tether.models.base import ModelRequest
@@ -31,6 +32,24 @@ def slow(request: ModelRequest) -> Slow:
 def launch(target: str) -> str:
     """Launch something (needs a human's approval)."""
     return f"launched {target}"
+
+
+@tool(requires_approval=True)
+def counted_launch(target: str) -> str:
+    """Launch something, once per approval: each run is a line in ``LAUNCH_LOG`` (shared by
+    every node of a test), so a test can count runs across processes."""
+    path = os.environ.get("LAUNCH_LOG")
+    if path:
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(f"{os.environ.get('TETHER_NODE', '?')} {target} {time.time()}\n")
+    return f"launched {target}"
+
+
+def counted_flow(request: ModelRequest) -> str | ToolCalls:
+    last = request.messages[-1]
+    if last.role == "tool":
+        return f"tool said: {last.content}"
+    return ToolCalls(Call("counted_launch", {"target": last.content}))
 
 
 def instructions(request: ModelRequest) -> str:
@@ -74,6 +93,13 @@ agents = [
         model=ScriptedModel(default=approve_flow),
         tools=[launch],
         approval_timeout=30,
+    ),
+    # Asks before each launch and counts launches in LAUNCH_LOG (decisions across nodes).
+    Agent(
+        name="counter",
+        model=ScriptedModel(default=counted_flow),
+        tools=[counted_launch],
+        approval_timeout=float(os.environ.get("TETHER_TEST_DECISION_TIMEOUT", "120")),
     ),
     # Two agents of one app that may share a session; each answers with its own instructions.
     Agent(

@@ -98,6 +98,9 @@ WRONG: list[tuple[str, str, Body]] = [
     ("POST", "/turns/t_x/decisions", {"call_id": "", "approve": True}),
     ("POST", "/turns/t_x/decisions", {"call_id": "c", "approve": "yes please"}),
     ("POST", "/turns/t_x/decisions", {"call_id": "c", "approve": True, "extra": 1}),
+    ("POST", "/turns/t_x/decisions", {"call_id": "c", "decision": "perhaps"}),
+    ("POST", "/turns/t_x/decisions", {"call_id": "c", "answer": 42}),
+    ("GET", "/decisions?status=maybe", None),
     ("GET", "/items?limit=0", None),
     ("GET", "/items?limit=abc", None),
     ("GET", "/items?cursor=-1", None),
@@ -360,11 +363,11 @@ def test_reject_while_a_turn_runs_is_409_with_the_busy_turn(c: httpx.Client) -> 
 
 
 def test_the_seventeenth_queued_turn_is_429(c: httpx.Client) -> None:
-    # The approver's turn waits (up to 30 s) for a decision nobody sends: it keeps running, so
-    # no queue slot frees up while we fill the queue.
+    # The approver's turn waits (up to 30 s) for a decision nobody sends: parked, it holds the
+    # session's place, so no queue slot frees up while we fill the queue.
     sid = new_session(c, agent="approver")
     first = c.post(f"/v1/sessions/{sid}/turns", json={"input": "run", "wait": False}).json()
-    wait_status(c, sid, first["id"], "running")
+    wait_status(c, sid, first["id"], "awaiting_input")
     queued = []
     for n in range(16):
         r = c.post(f"/v1/sessions/{sid}/turns", json={"input": f"q{n}", "wait": False})

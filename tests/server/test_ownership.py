@@ -85,6 +85,10 @@ def foreign_requests(sid: str, tid: str) -> list[tuple[str, str, dict[str, Any] 
         ("GET", f"{base}/turns/{tid}/events", None),
         ("POST", f"{base}/turns/{tid}/cancel", None),
         ("POST", f"{base}/turns/{tid}/decisions", {"call_id": "call_x", "approve": True}),
+        ("POST", f"{base}/turns/{tid}/decisions", {"call_id": "call_x", "decision": "deny"}),
+        ("GET", f"{base}/turns/{tid}/decisions", None),
+        ("GET", f"{base}/decisions", None),
+        ("GET", f"{base}/decisions?status=pending", None),
         ("DELETE", base, None),
     ]
 

@@ -347,7 +347,8 @@ def test_wait_with_on_disconnect_cancel_cancels_when_the_client_leaves(server: S
 
 
 # -- approvals over HTTP ---------------------------------------------------------------------------
-def run_approval(server: Server, approve: bool) -> tuple[list[Frame], dict[str, Any], str]:
+def run_approval(server: Server, decision: str) -> tuple[list[Frame], dict[str, Any], str]:
+    """Stream a turn that asks for approval; decide it from the stream; read the stream on."""
     with server.client() as c:
         sid = new_session(c, "approver")
         body = {"input": "launch it", "stream": True}
@@ -356,15 +357,18 @@ def run_approval(server: Server, approve: bool) -> tuple[list[Frame], dict[str, 
             assert r.status_code == 200
             for frame in read_frames(r):
                 frames.append(frame)
-                if frame.event == "tool.approval_requested":
+                if frame.event == "decision.requested":
                     tid, call_id = frame.turn_id, frame.data["call_id"]
-                    decision = {"call_id": call_id, "approve": approve}
-                    d = c.post(f"/v1/sessions/{sid}/turns/{tid}/decisions", json=decision)
-                    assert d.status_code == 200
-                    assert d.json() == {"call_id": call_id, "accepted": True}
-                    # A second decision for the same call comes too late.
-                    d = c.post(f"/v1/sessions/{sid}/turns/{tid}/decisions", json=decision)
-                    assert d.json() == {"call_id": call_id, "accepted": False}
+                    said = {"call_id": call_id, "decision": decision}
+                    d = c.post(f"/v1/sessions/{sid}/turns/{tid}/decisions", json=said)
+                    assert d.status_code == 200, d.text
+                    first = d.json()
+                    assert first["status"] == {"approve": "approved", "deny": "denied"}[decision]
+                    # A second decision for the same call: 409, with the first one.
+                    again = {"call_id": call_id, "decision": "approve"}
+                    d = c.post(f"/v1/sessions/{sid}/turns/{tid}/decisions", json=again)
+                    assert d.status_code == 409 and d.json()["type"].endswith("decision-made")
+                    assert d.json()["decision"] == first
         tid = frames[0].turn_id
         check_complete(frames, tid)
         turn = c.get(f"/v1/sessions/{sid}/turns/{tid}").json()
@@ -372,22 +376,24 @@ def run_approval(server: Server, approve: bool) -> tuple[list[Frame], dict[str, 
 
 
 def test_approved_tool_runs(server: Server) -> None:
-    frames, turn, _ = run_approval(server, approve=True)
+    frames, turn, _ = run_approval(server, "approve")
     kinds = [f.event for f in frames]
-    assert kinds.index("tool.call") < kinds.index("tool.approval_requested")
-    assert kinds.index("tool.approval_requested") < kinds.index("tool.result")
+    order = ["tool.call", "decision.requested", "turn.awaiting_input", "decision.made"]
+    order += ["turn.resumed", "tool.started", "tool.result", "turn.ended"]
+    assert [k for k in kinds if k in order] == order
     call = next(f for f in frames if f.event == "tool.call")
-    asked = next(f for f in frames if f.event == "tool.approval_requested")
+    asked = next(f for f in frames if f.event == "decision.requested")
     result = next(f for f in frames if f.event == "tool.result")
     assert asked.data["call_id"] == call.data["call_id"] == result.data["call_id"]
-    assert asked.data["name"] == "launch"
+    assert asked.data["kind"] == "approval" and asked.data["payload"]["tool"] == "launch"
+    assert asked.data["deadline"] > asked.data["created_at"]
     assert result.data["output"] == "launched rocket"
     assert result.data["error"] is False
     assert (turn["status"], turn["output"]) == ("completed", "tool said: launched rocket")
 
 
 def test_refused_tool_does_not_run(server: Server) -> None:
-    frames, turn, sid = run_approval(server, approve=False)
+    frames, turn, sid = run_approval(server, "deny")
     result = next(f for f in frames if f.event == "tool.result")
     assert result.data["output"] == REFUSED_RESULT
     assert (turn["status"], turn["output"]) == ("completed", f"tool said: {REFUSED_RESULT}")
@@ -398,19 +404,62 @@ def test_refused_tool_does_not_run(server: Server) -> None:
     assert [r["content"] for r in results] == [REFUSED_RESULT]
 
 
-def test_decisions_for_unknown_calls_are_not_accepted(server: Server) -> None:
+def test_a_client_that_re_attaches_sees_the_pending_decision(server: Server) -> None:
+    """Wait=false, then attach to the stream from the start and by Last-Event-ID: the pending
+    decision.requested is there; decide it over the plain API; the stream goes on to the end."""
+    with server.client() as c:
+        sid = new_session(c, "approver")
+        tid = c.post(f"/v1/sessions/{sid}/turns", json={"input": "x", "wait": False}).json()["id"]
+        pending: list[dict[str, Any]] = []
+        for _ in range(200):
+            pending = c.get(f"/v1/sessions/{sid}/decisions", params={"status": "pending"}).json()[
+                "decisions"
+            ]
+            if pending:
+                break
+            time.sleep(0.02)
+        [d] = pending
+        turn = c.get(f"/v1/sessions/{sid}/turns/{tid}").json()
+        assert turn["status"] == "awaiting_input" and turn["decisions"] == [d]
+        url = f"/v1/sessions/{sid}/turns/{tid}/events"
+        with c.stream("GET", url) as r:
+            seen: list[Frame] = []
+            for frame in read_frames(r):
+                seen.append(frame)
+                if frame.event == "turn.awaiting_input":
+                    break
+        asked = next(f for f in seen if f.event == "decision.requested")
+        assert asked.data["call_id"] == d["call_id"]
+        # Re-attach after the request: it comes back only from the next event on.
+        with c.stream("GET", url, headers={"Last-Event-ID": asked.id}) as r:
+            frames = read_frames(r)
+            assert next(frames).event == "turn.awaiting_input"
+            decided = c.post(
+                f"/v1/sessions/{sid}/turns/{tid}/decisions",
+                json={"call_id": d["call_id"], "decision": "approve"},
+            )
+            assert decided.status_code == 200
+            rest = list(frames)
+        assert rest[-1].event == "turn.ended" and rest[-1].data["status"] == "completed"
+        assert [f.event for f in rest][:2] == ["decision.made", "turn.resumed"]
+
+
+def test_decisions_for_unknown_calls_and_strangers_are_404(server: Server) -> None:
     with server.client() as c:
         sid = new_session(c, "echo")
         tid = c.post(f"/v1/sessions/{sid}/turns", json={"input": "hi"}).json()["id"]
         url = f"/v1/sessions/{sid}/turns/{tid}/decisions"
-        r = c.post(url, json={"call_id": "call_unknown", "approve": True})
-        assert r.status_code == 200
-        assert r.json() == {"call_id": "call_unknown", "accepted": False}
+        unknown = c.post(url, json={"call_id": "call_unknown", "decision": "approve"})
+        assert unknown.status_code == 404
         r = c.post(
-            f"/v1/sessions/{sid}/turns/t_nope/decisions", json={"call_id": "x", "approve": True}
+            f"/v1/sessions/{sid}/turns/t_nope/decisions",
+            json={"call_id": "x", "decision": "approve"},
         )
-        assert r.status_code == 404
-        assert c.post(url, json={"call_id": "", "approve": True}).status_code == 422
+        assert r.status_code == 404 and r.json() == unknown.json()
+        assert c.post(url, json={"call_id": "", "decision": "approve"}).status_code == 422
+        assert c.post(url, json={"call_id": "c", "decision": "maybe"}).status_code == 422
+        assert c.post(url, json={"call_id": "c"}).status_code == 422  # says nothing
+        assert c.get(f"/v1/sessions/{sid}/decisions").json() == {"decisions": []}
 
 
 # -- cancel endpoint ------------------------------------------------------------------------------

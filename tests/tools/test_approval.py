@@ -12,10 +12,10 @@ import pytest
 
 from tests.helpers import all_items, assert_paired
 from tether import Agent, tool
+from tether.errors import DecisionMade
 from tether.models.base import ModelRequest
 from tether.records import Item, Turn
 from tether.runtime import Runtime
-from tether.errors import DecisionMade
 from tether.store.protocol import Store
 from tether.testing import Call, ScriptedModel, ToolCalls
 from tether.tools.approval import EXPIRED_RESULT, REFUSED_RESULT, ApprovalRequest, Approver

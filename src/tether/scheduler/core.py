@@ -374,11 +374,18 @@ class Scheduler:
         *,
         answer: str | None = None,
         by: str,
+        principal: Principal | None = None,
     ) -> Decision:
         """Decide a pending decision of ``key``'s turn; the turn goes on, on this process
         (or whichever takes the session first). DecisionNotFound for an unknown or foreign one,
-        DecisionMade (with the first decision) when it is no longer pending."""
+        DecisionMade (with the first decision) when it is no longer pending.
+
+        ``principal`` (the session's owner, who decides) is whom the resumed turn's tools and
+        memory act for here, as the submitter's are where it started.
+        """
         done = await self.store.decide(key, turn_id, call_id, verdict, answer=answer, by=by)
+        if principal is not None:
+            self.local.principals[key] = principal
         self.workers.kick(key)
         return done
 

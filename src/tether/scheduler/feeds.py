@@ -15,6 +15,9 @@ from tether.events import TURN_ENDED
 from tether.records import Event, SessionKey
 from tether.store.protocol import TurnReader
 
+PARKED_POLL = 0.25
+"""Seconds between store reads while a followed turn waits for a decision."""
+
 
 class TurnFeed:
     def __init__(self, turn_id: str) -> None:
@@ -114,4 +117,7 @@ async def follow_turn(
             # without a terminal event, so the client re-attaches (Last-Event-ID) to
             # whichever process runs the turn, instead of being cut off at exit.
             return
-        await asyncio.sleep(0.05)
+        # A turn parked on a decision may wait minutes: look less often meanwhile (a decision
+        # made here starts a feed, which the next look picks up).
+        parked = turn is not None and turn.status == "awaiting_input"
+        await asyncio.sleep(PARKED_POLL if parked else 0.05)

@@ -34,7 +34,7 @@ from tether.store.protocol import (
     FencedWrites,
     HistoryStore,
     SessionReader,
-    TurnReader,
+    TurnLog,
 )
 from tether.store.rules import aborted_results, always_approved, new_decision, terminal_event_data
 from tether.tools.ask_user import ask_user
@@ -46,9 +46,10 @@ log = logging.getLogger("tether.scheduler")
 AgentResolver = Callable[[str], Agent | None]
 
 
-class TurnStore(FencedWrites, HistoryStore, TurnReader, SessionReader, DecisionStore, Protocol):
-    """What running a turn needs of the store: its fenced writes, its history, and to resume
-    one: its events so far, its decisions and the session's standing approvals."""
+class TurnStore(FencedWrites, HistoryStore, TurnLog, SessionReader, DecisionStore, Protocol):
+    """What running a turn needs of the store: its fenced writes, its history, and to park and
+    resume one: its events so far, its decisions, cancel requests left for it, and the
+    session's standing approvals."""
 
 
 AutoNotes = Literal["default", "on", "off"]
@@ -112,10 +113,25 @@ class TurnRunner:
             feed.close()
             self._local.feeds.pop(turn.id, None)
             self._local.free_slot(turn.key)
+        if not done.ended:
+            done = await self._honour_late_cancel(done)
         if done.ended:
             self._local.resolve(done)
         else:
             self._local.parked(done)
+
+    async def _honour_late_cancel(self, parked: Turn) -> Turn:
+        """A cancel or preemption asked through the store while the turn ran, but read by
+        nobody before it parked: end it now, parked, rather than when it resumes (a newer turn
+        with policy interrupt would otherwise wait for a decision nobody may make)."""
+        asked = (await self._store.cancel_requests([parked.id])).get(parked.id)
+        if asked is None:
+            return parked
+        status, reason = asked
+        if status == "failed":  # a lost lease: not a request about this turn's outcome
+            return parked
+        ended = await self._store.end_waiting_turn(parked.key, parked.id, reason, status=status)
+        return ended if ended is not None else parked
 
     async def _sink(
         self, lease: Lease, turn: Turn, feed: TurnFeed

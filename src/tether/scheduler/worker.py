@@ -118,8 +118,9 @@ class Workers:
                 return lease
             # Another live process holds the session; it will run the queue. Wait while there
             # is still work, in case it dies or releases the lease with turns left.
-            if runnable(await self._store.active_turns(key)) is None:
-                return None
+            active = await self._store.active_turns(key)
+            if not active or active[0].status == "awaiting_input":
+                return None  # nothing left, or parked on a decision: nothing to run for now
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5)
 

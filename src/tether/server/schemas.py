@@ -5,9 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tether.errors import InvalidInput
 from tether.records import Decision, Item, Policy, SessionRecord, Turn, Verdict
 from tether.store.rules import decision_data
 
@@ -236,6 +235,18 @@ class TurnPage(BaseModel):
 class DecisionIn(Wire):
     """A human's decision on what a parked turn asks (``decision.requested``)."""
 
+    # The schema says what the validator below checks: one of them says what was decided.
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["decision"], "properties": {"decision": {"type": "string"}}},
+                {"required": ["answer"], "properties": {"answer": {"type": "string"}}},
+                {"required": ["approve"], "properties": {"approve": {"type": "boolean"}}},
+            ]
+        },
+    )
+
     call_id: str = Field(..., min_length=1, max_length=128)
     decision: Literal["approve", "deny", "always", "answer"] | None = Field(
         None,
@@ -248,14 +259,18 @@ class DecisionIn(Wire):
         None, description="Older form of decision: true = approve, false = deny."
     )
 
+    @model_validator(mode="after")
+    def _says_something(self) -> DecisionIn:
+        if self.decision is None and self.answer is None and self.approve is None:
+            raise ValueError("say what you decide: decision (approve, deny, always, answer)")
+        return self
+
     def verdict(self) -> Verdict:
         if self.decision is not None:
             return self.decision
         if self.answer is not None:
             return "answer"
-        if self.approve is not None:
-            return "approve" if self.approve else "deny"
-        raise InvalidInput("say what you decide: decision (approve, deny, always, answer)")
+        return "approve" if self.approve else "deny"
 
 
 class DecisionOut(BaseModel):

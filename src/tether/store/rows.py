@@ -12,6 +12,7 @@ from tether.records import (
     AgentRef,
     ApiKey,
     CancelStatus,
+    Decision,
     Document,
     Event,
     Item,
@@ -132,6 +133,46 @@ def events_of(
             if seq + offset > after_seq:
                 out.append(Event(turn_id, seq + offset, type_, {"text": text}, created))
     return out[:limit]
+
+
+DECISION_COLS = (
+    "turn_id, call_id, kind, payload, status, created_at, deadline, answer, decided_by, decided_at"
+)
+JOINED_DECISION_COLS = ", ".join("d." + c.strip() for c in DECISION_COLS.split(","))
+"""``DECISION_COLS`` of the table aliased ``d``, in a join."""
+
+
+def decision_row(key: SessionKey, row: Sequence[Any]) -> Decision:
+    """A decision of the session ``key`` (its rows hold the session's pk, not its key)."""
+    return Decision(
+        key=key,
+        turn_id=row[0],
+        call_id=row[1],
+        kind=row[2],
+        payload=json.loads(row[3]),
+        status=row[4],
+        created_at=float(row[5]),
+        deadline=float(row[6]),
+        answer=row[7],
+        decided_by=row[8],
+        decided_at=float(row[9]) if row[9] is not None else None,
+    )
+
+
+def decision_values(d: Decision) -> tuple[Any, ...]:
+    """The values of ``d`` in the order of ``DECISION_COLS``."""
+    return (
+        d.turn_id,
+        d.call_id,
+        d.kind,
+        json.dumps(d.payload),
+        d.status,
+        d.created_at,
+        d.deadline,
+        d.answer,
+        d.decided_by,
+        d.decided_at,
+    )
 
 
 # -- memory tables -----------------------------------------------------------------------------

@@ -342,11 +342,6 @@ def terminal_event(turn_id: str, ending: TurnEnding, last_seq: int) -> NewEvent:
     return NewEvent(last_seq + 1, events.TURN_ENDED, terminal_event_data(turn_id, ending))
 
 
-def cancelled_in_queue(reason: Reason) -> TurnEnding:
-    """A turn cancelled before it started: nothing ran, nothing to keep."""
-    return TurnEnding(status="cancelled", reason=reason)
-
-
 # -- recovery --------------------------------------------------------------------------------------
 OWNER_LOST: Final = TurnEnding(
     status="failed", reason="owner_lost", error="the process running the turn was lost"
@@ -618,7 +613,8 @@ def held_memory(text: str | None) -> MemoryWrites | None:
     return MemoryWrites(put, delete)
 
 
-def waiting_ending(status: CancelStatus, reason: Reason) -> TurnEnding:
+def waiting_ending(status: CancelStatus, reason: Reason, turn: Turn) -> TurnEnding:
     """How a turn nobody is running (queued, or parked on a decision) ends when it is cancelled,
-    interrupted or rolled back: nothing was streamed, so nothing partial to keep."""
-    return TurnEnding(status=status, reason=reason)
+    interrupted or rolled back: nothing was streamed, so nothing partial to keep; what it spent
+    before it parked stays its usage."""
+    return TurnEnding(status=status, reason=reason, usage=turn.usage)

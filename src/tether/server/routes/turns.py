@@ -112,7 +112,11 @@ IdempotencyHeader = Annotated[
     "",
     responses={
         200: {"description": "the completed turn (wait=true)", "content": SSE},
-        202: {"description": "queued (wait=false)", "model": TurnOut},
+        202: {
+            "description": "queued (wait=false), or waiting for a human decision (wait=true: "
+            "status awaiting_input, with the decisions it waits for)",
+            "model": TurnOut,
+        },
         409: {"description": "policy=reject and the session is busy; or the turn was cancelled"},
         413: {"description": "message too large"},
         422: {"description": "invalid body, an idempotency key reused, or the turn hit a limit"},
@@ -294,7 +298,7 @@ async def decide(
     deny) a question. The turn then goes on wherever the session is taken next."""
     await _own_turn(st, key, tid)
     done = await st.runtime.scheduler.decide(
-        key, tid, body.call_id, body.verdict(), answer=body.answer, by=caller.user
+        key, tid, body.call_id, body.verdict(), answer=body.answer, by=caller.user, principal=caller
     )
     return DecisionOut.of(done)
 

@@ -128,7 +128,7 @@ class Turns(State):
                 self._add_events(s, turn_id, [event], now)
         calls = rules.unanswered_calls(i for i in s.items if i.turn_id == turn_id)
         self._add_items(s, turn_id, rules.aborted_results(calls), now)
-        ending = rules.waiting_ending(status, reason)
+        ending = rules.waiting_ending(status, reason, turn)
         held = s.held.pop(turn_id, None)
         done_turn = self._finish(s, turn, ending, terminal=True)
         if held and rules.keeps_memory(ending.status):
@@ -192,6 +192,8 @@ class Turns(State):
         self, lease: Lease, turn_id: str, items: Sequence[NewItem], events: Sequence[NewEvent]
     ) -> list[Item]:
         s = self._in_status(lease, turn_id, "queued")
+        if s.turns[turn_id].started_at is not None:  # decided and waiting: resume_turn's
+            raise rules.not_in_status(turn_id, "queued")
         # Every check before the first change: a refused write changes nothing, as a rolled
         # back transaction would not.
         rules.check_event_seqs(turn_id, s.last_event_seq(turn_id), [e.seq for e in events])

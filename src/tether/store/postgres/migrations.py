@@ -201,6 +201,36 @@ MIGRATIONS: list[tuple[int, str]] = [
             WHERE idempotency_key IS NOT NULL;
         """,
     ),
+    (
+        7,
+        """
+        -- Decisions a parked turn waits for (one per call it asked about). They go with their
+        -- turn (clearing a session's history deletes its ended turns) and with their session.
+        CREATE TABLE decisions (
+            session_pk  bigint NOT NULL REFERENCES sessions (pk) ON DELETE CASCADE,
+            turn_id     text COLLATE "C" NOT NULL REFERENCES turns (id) ON DELETE CASCADE,
+            call_id     text COLLATE "C" NOT NULL,
+            kind        text NOT NULL,
+            payload     text NOT NULL,
+            status      text NOT NULL,
+            answer      text,
+            decided_by  text,
+            created_at  double precision NOT NULL,
+            deadline    double precision NOT NULL,
+            decided_at  double precision,
+            PRIMARY KEY (turn_id, call_id)
+        );
+        CREATE INDEX decisions_by_session ON decisions (session_pk, created_at);
+        -- The deadline sweep and its next wake-up read only the pending ones.
+        CREATE INDEX decisions_pending ON decisions (deadline) WHERE status = 'pending';
+        -- The memory writes a parked turn holds until it ends (JSON, rules.held_memory_json).
+        ALTER TABLE turns ADD COLUMN held_memory text;
+        -- A parked turn is active: it holds its session's place in order.
+        DROP INDEX turns_active;
+        CREATE INDEX turns_active ON turns (session_pk, seq)
+            WHERE status IN ('queued', 'running', 'awaiting_input');
+        """,
+    ),
 ]
 
 

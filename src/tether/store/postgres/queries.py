@@ -6,7 +6,7 @@ in :mod:`.recall_queries`.
 
 from __future__ import annotations
 
-from tether.store.rows import API_KEY_COLS
+from tether.store.rows import API_KEY_COLS, DECISION_COLS, JOINED_DECISION_COLS
 
 # $1, $2, $3 are always tenant, owner, session_id where KEY_WHERE appears.
 KEY_WHERE = "tenant = $1 AND owner = $2 AND session_id = $3"
@@ -24,6 +24,8 @@ ITEM_COLS = (
     " excluded"
 )
 TURNS_FROM = "FROM turns t JOIN sessions s ON s.pk = t.session_pk"
+# Turns not ended: a parked one (awaiting_input) holds its session's place in order.
+ACTIVE = "status IN ('queued', 'running', 'awaiting_input')"
 
 SESSION_PK = f"SELECT pk FROM sessions WHERE {KEY_WHERE}"
 # Every transaction that writes a session's turns, items or events takes its row lock first;
@@ -55,8 +57,7 @@ DELETE_SESSION = f"DELETE FROM sessions WHERE {KEY_WHERE} RETURNING pk"
 SESSION_STATS = (
     "SELECT (SELECT count(*) FROM items i WHERE i.session_pk = s.pk),"
     " (SELECT count(*) FROM turns t WHERE t.session_pk = s.pk),"
-    " (SELECT count(*) FROM turns t WHERE t.session_pk = s.pk"
-    "  AND t.status IN ('queued', 'running'))"
+    f" (SELECT count(*) FROM turns t WHERE t.session_pk = s.pk AND t.{ACTIVE})"
     f" FROM sessions s WHERE {KEY_WHERE}"
 )
 
@@ -72,8 +73,9 @@ RECENT_ITEMS = (
     " ORDER BY seq DESC LIMIT $3"
 )
 CLEAR_ITEMS = "DELETE FROM items WHERE session_pk = $1"
-# Clearing is refused while a turn is active, so these are all of its turns (events cascade).
-CLEAR_TURNS = "DELETE FROM turns WHERE session_pk = $1 AND status NOT IN ('queued', 'running')"
+# Clearing is refused while a turn is active, so these are all of its turns (their events and
+# decisions cascade).
+CLEAR_TURNS = f"DELETE FROM turns WHERE session_pk = $1 AND NOT {ACTIVE}"
 NEXT_ITEM_SEQS = (
     "UPDATE sessions SET next_item_seq = next_item_seq + $2, updated_at = $3 WHERE pk = $1"
     " RETURNING next_item_seq - $2"
@@ -95,10 +97,9 @@ ORPHAN_CALLS = (
     "  AND r.kind = 'tool_result' AND r.call_id = c.call_id) ORDER BY c.seq"
 )
 
-FIRST_ACTIVE_TURN = (
-    "SELECT id FROM turns WHERE session_pk = $1 AND status IN ('queued', 'running')"
-    " ORDER BY seq LIMIT 1"
-)
+FIRST_ACTIVE_TURN = f"SELECT id FROM turns WHERE session_pk = $1 AND {ACTIVE} ORDER BY seq LIMIT 1"
+# The owner's turns under way: a parked turn holds no worker, so it is not counted
+# (rules.admit_for_principal).
 OWNER_ACTIVE = (
     "SELECT count(DISTINCT t.session_pk), count(*)"
     " FROM turns t JOIN sessions s ON s.pk = t.session_pk"
@@ -107,10 +108,7 @@ OWNER_ACTIVE = (
 OWNER_SESSIONS = "SELECT count(*) FROM sessions WHERE tenant = $1 AND owner = $2"
 # Admissions of one owner take turns (across processes), so two cannot both see room for one.
 LOCK_OWNER = "SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 7))"
-ACTIVE_TURN_IDS = (
-    "SELECT id, status FROM turns WHERE session_pk = $1 AND status IN ('queued', 'running')"
-    " ORDER BY seq"
-)
+ACTIVE_TURN_IDS = f"SELECT id, status FROM turns WHERE session_pk = $1 AND {ACTIVE} ORDER BY seq"
 NEXT_TURN_SEQ = (
     "UPDATE sessions SET next_turn_seq = next_turn_seq + 1 WHERE pk = $1"
     " RETURNING next_turn_seq - 1"
@@ -138,8 +136,12 @@ LIST_TURNS = (
     " ORDER BY t.seq LIMIT $3"
 )
 ACTIVE_TURNS = (
-    f"SELECT {TURN_COLS} {TURNS_FROM} WHERE t.session_pk = $1"
-    " AND t.status IN ('queued', 'running') ORDER BY t.seq"
+    f"SELECT {TURN_COLS} {TURNS_FROM} WHERE t.session_pk = $1 AND t.{ACTIVE} ORDER BY t.seq"
+)
+# A turn nobody runs, to end it: with the memory it holds.
+WAITING_TURN = (
+    f"SELECT {TURN_COLS}, t.held_memory {TURNS_FROM}"
+    " WHERE t.id = $2 AND t.session_pk = $1 AND t.status IN ('queued', 'awaiting_input')"
 )
 RUNNING_TURNS = (
     f"SELECT {TURN_COLS} {TURNS_FROM} WHERE t.session_pk = $1 AND t.status = 'running'"
@@ -147,16 +149,35 @@ RUNNING_TURNS = (
 )
 START_TURN = (
     "UPDATE turns SET status = 'running', started_at = $3"
-    " WHERE id = $2 AND session_pk = $1 AND status = 'queued' RETURNING id"
+    " WHERE id = $2 AND session_pk = $1 AND status = 'queued' AND started_at IS NULL"
+    " RETURNING id"
 )
 TURN_IS_RUNNING = "SELECT 1 FROM turns WHERE id = $2 AND session_pk = $1 AND status = 'running'"
+# An ended turn holds no memory writes any more: they were applied or dropped.
 FINISH_TURN = (
     "UPDATE turns SET status = $2, reason = $3, error = $4, output = $5, complete = $6,"
-    " usage = $7, ended_at = $8 WHERE id = $1"
+    " usage = $7, ended_at = $8, held_memory = NULL WHERE id = $1"
 )
+PARK_TURN = (
+    "UPDATE turns t SET status = 'awaiting_input', usage = $3, held_memory = $4"
+    " FROM sessions s WHERE s.pk = t.session_pk"
+    f" AND t.id = $2 AND t.session_pk = $1 AND t.status = 'running' RETURNING {TURN_COLS}"
+)
+# Conditional on the turn being decided and waiting to go on; o is the row as it was, so the
+# memory it held comes back while the row lets go of it.
+RESUME_TURN = (
+    "UPDATE turns t SET status = 'running', held_memory = NULL FROM turns o"
+    " WHERE o.id = t.id AND t.id = $2 AND t.session_pk = $1 AND t.status = 'queued'"
+    " AND t.started_at IS NOT NULL RETURNING o.held_memory"
+)
+REQUEUE_TURN = "UPDATE turns SET status = 'queued' WHERE id = $1 AND status = 'awaiting_input'"
+TURN_ITEMS = f"SELECT {ITEM_COLS} FROM items WHERE session_pk = $1 AND turn_id = $2 ORDER BY seq"
+# A session with a parked turn has nothing to run until the decision is made.
 SESSIONS_NEEDING_WORK = (
     "SELECT s.tenant, s.owner, s.session_id FROM sessions s WHERE EXISTS ("
     " SELECT 1 FROM turns t WHERE t.session_pk = s.pk AND t.status IN ('queued', 'running'))"
+    " AND NOT EXISTS (SELECT 1 FROM turns p WHERE p.session_pk = s.pk"
+    "  AND p.status = 'awaiting_input')"
     " AND ($1::double precision IS NULL OR s.lease_owner IS NULL"
     " OR s.lease_expires_at <= $1::double precision)"
     " ORDER BY s.pk"
@@ -233,6 +254,46 @@ SWEEP_EXPIRED = (
     " WHERE s.expires_at IS NOT NULL AND s.expires_at <= $1"
     " AND (s.lease_owner IS NULL OR s.lease_expires_at <= $1)"
     " AND NOT EXISTS (SELECT 1 FROM turns t WHERE t.session_pk = s.pk"
-    "  AND t.status IN ('queued', 'running')) LIMIT $2 FOR UPDATE SKIP LOCKED)"
+    f"  AND t.{ACTIVE}) LIMIT $2 FOR UPDATE SKIP LOCKED)"
     " RETURNING tenant, owner, session_id"
+)
+
+# -- decisions -------------------------------------------------------------------------------------
+INSERT_DECISION = (
+    f"INSERT INTO decisions (session_pk, {DECISION_COLS})"
+    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+    " ON CONFLICT (turn_id, call_id) DO NOTHING RETURNING call_id"
+)
+GET_DECISION = (
+    f"SELECT {DECISION_COLS} FROM decisions WHERE session_pk = $1 AND turn_id = $2 AND call_id = $3"
+)
+LIST_DECISIONS = (
+    f"SELECT {DECISION_COLS} FROM decisions WHERE session_pk = $1"
+    " AND ($2::text IS NULL OR turn_id = $2) AND ($3::text IS NULL OR status = $3)"
+    " ORDER BY created_at, turn_id, call_id LIMIT $4"
+)
+# A turn's pending decisions, ended (as expired) because the turn ends.
+EXPIRE_OF_TURN = (
+    "UPDATE decisions SET status = 'expired', decided_by = $2, decided_at = $3"
+    f" WHERE turn_id = $1 AND status = 'pending' RETURNING {DECISION_COLS}"
+)
+# Conditional on still being pending: a decision ends once.
+CLOSE_DECISION = (
+    "UPDATE decisions SET status = $3, answer = $4, decided_by = $5, decided_at = $6"
+    " WHERE turn_id = $1 AND call_id = $2 AND status = 'pending' RETURNING call_id"
+)
+# Due decisions with their sessions' rows locked, as every writer of a session's turns and
+# events locks them first. SKIP LOCKED: a session another transaction holds (a sweep on another
+# node, a decider, its owner) is left for the next sweep rather than waited for.
+DUE_DECISIONS = (
+    f"SELECT s.pk, s.tenant, s.owner, s.session_id, {JOINED_DECISION_COLS}"
+    " FROM decisions d JOIN sessions s ON s.pk = d.session_pk"
+    " WHERE d.status = 'pending' AND d.deadline <= $1 ORDER BY d.deadline LIMIT $2"
+    " FOR UPDATE OF s SKIP LOCKED"
+)
+NEXT_DECISION_DEADLINE = "SELECT min(deadline) FROM decisions WHERE status = 'pending'"
+# The session row for a decision, locked like a fenced write's (so deciders take turns).
+LOCK_SESSION_STATE = f"SELECT pk, state FROM sessions WHERE {KEY_WHERE} FOR UPDATE"
+SET_SESSION_STATE = (
+    "UPDATE sessions SET state = $2, updated_at = $3, revision = revision + 1 WHERE pk = $1"
 )

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import asyncpg  # type: ignore[import-untyped]
 
 from tether.errors import Conflict, SessionNotFound, StaleLease
-from tether.records import Item, Lease, NewEvent, NewItem, SessionKey, Turn, TurnEnding
+from tether.records import Decision, Item, Lease, NewEvent, NewItem, SessionKey, Turn, TurnEnding
 from tether.store import rules
 from tether.store.postgres import queries as q
 
@@ -138,3 +138,22 @@ async def recover(conn: Conn, pk: int) -> list[Turn]:
         await add(conn, pk, turn.id, aborted, [])
         out.append(await finish(conn, pk, turn, rules.OWNER_LOST, terminal=True))
     return out
+
+
+async def close_decision(conn: Conn, done: Decision, now: float, *, requeue: bool) -> bool:
+    """End a pending decision as ``done`` with its ``decision.made`` event; with ``requeue``,
+    the parked turn goes back to the queue for the session's next owner. The caller holds the
+    session's row lock, as every writer of its decisions does. False (nothing written) when the
+    decision was no longer pending."""
+    args = (done.status, done.answer, done.decided_by, done.decided_at)
+    if await conn.fetchval(q.CLOSE_DECISION, done.turn_id, done.call_id, *args) is None:
+        return False
+    await decision_made(conn, done, now)
+    if requeue:
+        await conn.execute(q.REQUEUE_TURN, done.turn_id)
+    return True
+
+
+async def decision_made(conn: Conn, done: Decision, now: float) -> None:
+    last = int(await conn.fetchval(q.LAST_EVENT_SEQ, done.turn_id))
+    await write_event(conn, done.turn_id, rules.decision_made_event(done, last), now)

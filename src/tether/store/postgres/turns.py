@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
-from tether.errors import SessionNotFound
+from tether.errors import Conflict, SessionNotFound
 from tether.records import (
     AgentRef,
     CancelStatus,
+    Decision,
     Event,
     Idempotency,
     Item,
@@ -28,6 +30,7 @@ from tether.records import (
     SessionKey,
     Turn,
     TurnEnding,
+    Usage,
 )
 from tether.store import rules
 from tether.store.postgres import queries as q
@@ -35,7 +38,17 @@ from tether.store.postgres import steps
 from tether.store.postgres.connection import Connection
 from tether.store.postgres.recall_steps import apply_writes
 from tether.store.postgres.steps import lock_session
-from tether.store.rows import cancel_json, cancel_of, events_of, key_args, turn_row
+from tether.store.rows import (
+    cancel_json,
+    cancel_of,
+    decision_row,
+    decision_values,
+    events_of,
+    item_row,
+    key_args,
+    turn_row,
+    usage_json,
+)
 from tether.store.rules import DEFAULT_MAX_QUEUE
 
 
@@ -107,15 +120,34 @@ class Turns(Connection):
     async def active_turns(self, key: SessionKey) -> list[Turn]:
         return [turn_row(r) for r in await self._rows_of(key, q.ACTIVE_TURNS)]
 
-    async def end_waiting_turn(self, key: SessionKey, turn_id: str, reason: Reason) -> Turn | None:
+    async def end_waiting_turn(
+        self,
+        key: SessionKey,
+        turn_id: str,
+        reason: Reason,
+        *,
+        status: CancelStatus = "cancelled",
+    ) -> Turn | None:
         async with self._tx() as conn:
-            # Locked like a fenced write, so the turn cannot start between the check and the end.
+            # Locked like a fenced write, so the turn cannot start, resume or be decided between
+            # the check and the end.
             pk = int((await lock_session(conn, key))[0])
-            row = await conn.fetchrow(q.GET_TURN, pk, turn_id)
-            if row is None or row[7] != "queued":
+            row = await conn.fetchrow(q.WAITING_TURN, pk, turn_id)
+            if row is None:
                 return None
-            ending = rules.cancelled_in_queue(reason)
-            return await steps.finish(conn, pk, turn_row(row), ending, terminal=True)
+            now = time.time()
+            ending = rules.waiting_ending(status, reason, turn_row(tuple(row)))
+            expired = await conn.fetch(q.EXPIRE_OF_TURN, turn_id, reason, now)
+            for d in sorted((decision_row(key, r) for r in expired), key=lambda d: d.created_at):
+                await steps.decision_made(conn, d, now)
+            orphans = await conn.fetch(q.ORPHAN_CALLS, pk, turn_id)
+            aborted = rules.aborted_results((call_id, tool) for call_id, tool in orphans)
+            await steps.add(conn, pk, turn_id, aborted, [])
+            done = await steps.finish(conn, pk, turn_row(tuple(row)), ending, terminal=True)
+            held = rules.held_memory(row[-1])
+            if held and rules.keeps_memory(status):
+                await apply_writes(conn, held)
+            return done
 
     # -- leases --------------------------------------------------------------------------------
     async def acquire_lease(self, key: SessionKey, owner: str, ttl: float) -> Lease | None:
@@ -212,6 +244,42 @@ class Turns(Connection):
             if memory and rules.keeps_memory(ending.status):
                 await apply_writes(conn, memory)
             return done
+
+    async def park_turn(
+        self,
+        lease: Lease,
+        turn_id: str,
+        items: Sequence[NewItem],
+        events: Sequence[NewEvent],
+        decision: Decision,
+        *,
+        usage: Usage,
+        memory: MemoryWrites | None = None,
+    ) -> Turn:
+        stored = replace(decision, key=lease.key, turn_id=turn_id)
+        async with self._tx() as conn:
+            pk = await steps.fenced_pk(conn, lease)
+            held = rules.held_memory_json(memory)
+            # Conditional on running; the rest rolls back with it when a later step refuses.
+            row = await conn.fetchrow(q.PARK_TURN, pk, turn_id, usage_json(usage), held)
+            if row is None:
+                raise rules.not_in_status(turn_id, "running")
+            await steps.add(conn, pk, turn_id, items, events)
+            if await conn.fetchval(q.INSERT_DECISION, pk, *decision_values(stored)) is None:
+                raise Conflict(f"turn {turn_id} already has a decision on call {stored.call_id}")
+            return turn_row(tuple(row))
+
+    async def resume_turn(
+        self, lease: Lease, turn_id: str, events: Sequence[NewEvent]
+    ) -> tuple[list[Item], MemoryWrites | None]:
+        async with self._tx() as conn:
+            pk = await steps.fenced_pk(conn, lease)
+            row = await conn.fetchrow(q.RESUME_TURN, pk, turn_id)
+            if row is None:  # not decided, or never started (start_turn's, not ours)
+                raise rules.not_in_status(turn_id, "queued")
+            await steps.add(conn, pk, turn_id, [], events)
+            items = [item_row(r) for r in await conn.fetch(q.TURN_ITEMS, pk, turn_id)]
+            return items, rules.held_memory(row[0])
 
     async def recover(self, lease: Lease) -> list[Turn]:
         async with self._tx() as conn:

@@ -7,7 +7,7 @@ being set in the lease and update statements). Memory statements are in :mod:`.r
 
 from __future__ import annotations
 
-from tether.store.rows import API_KEY_COLS
+from tether.store.rows import API_KEY_COLS, DECISION_COLS, JOINED_DECISION_COLS
 
 SESSION_COLS = (
     "tenant, owner, session_id, agent, metadata, state, created_at, updated_at, expires_at,"
@@ -28,13 +28,17 @@ TURNS_FROM = "FROM turns t JOIN sessions s ON s.pk = t.session_pk"
 # -- sessions --------------------------------------------------------------------------------------
 SESSION_PK = f"SELECT pk FROM sessions WHERE {KEY_WHERE}"
 SESSION_FOR_ENQUEUE = f"SELECT pk, expires_at FROM sessions WHERE {KEY_WHERE}"
-# The owner's active turns: sessions with one under way, and the active turns in all. CROSS
-# JOIN keeps the partial index of active turns (few, however many sessions there are) as the
-# outer loop; left to itself the planner walks every session of the owner instead.
+# Turns not ended. Statements that mean them spell ACTIVE exactly, since SQLite uses the
+# partial index turns_active only when a query's WHERE holds its very term.
+ACTIVE = "status IN ('queued', 'running', 'awaiting_input')"
+# The owner's turns under way: sessions with one, and those turns in all. A parked turn holds
+# no worker, so it counts for neither (rules.admit_for_principal). CROSS JOIN keeps the partial
+# index of active turns (few, however many sessions there are) as the outer loop; left to
+# itself the planner walks every session of the owner instead.
 OWNER_ACTIVE = (
     "SELECT COUNT(DISTINCT t.session_pk), COUNT(*)"
     " FROM turns t INDEXED BY turns_active CROSS JOIN sessions s ON s.pk = t.session_pk"
-    " WHERE t.status IN ('queued', 'running') AND s.tenant = ? AND s.owner = ?"
+    f" WHERE t.{ACTIVE} AND t.status <> 'awaiting_input' AND s.tenant = ? AND s.owner = ?"
 )
 OWNER_SESSIONS = "SELECT COUNT(*) FROM sessions WHERE tenant = ? AND owner = ?"
 FENCE = f"SELECT pk, lease_token FROM sessions WHERE {KEY_WHERE}"
@@ -54,23 +58,23 @@ UPDATE_SESSION = (
 )
 DELETE_SESSION = f"DELETE FROM sessions WHERE {KEY_WHERE} RETURNING pk"
 COUNT_ITEMS = "SELECT COUNT(*) FROM items WHERE session_pk = ?"
-COUNT_TURNS = (
-    "SELECT COUNT(*), COALESCE(SUM(status IN ('queued', 'running')), 0) FROM turns"
-    " WHERE session_pk = ?"
-)
-# Idle and expired: no queued or running turn and no unexpired lease (rules.is_expired and
-# the sweep rule of protocol.Maintenance), so a sweep never pulls a session from under a turn.
+COUNT_TURNS = f"SELECT COUNT(*), COALESCE(SUM({ACTIVE}), 0) FROM turns WHERE session_pk = ?"
+# Idle and expired: no active turn (a parked one included) and no unexpired lease
+# (rules.is_expired and rules.sweepable), so a sweep never pulls a session from under a turn.
 SWEEP_EXPIRED = (
     "DELETE FROM sessions WHERE pk IN (SELECT s.pk FROM sessions s"
     " WHERE s.expires_at IS NOT NULL AND s.expires_at <= ?"
     " AND (s.lease_owner IS NULL OR s.lease_expires_at <= ?)"
     " AND NOT EXISTS (SELECT 1 FROM turns t WHERE t.session_pk = s.pk"
-    "  AND t.status IN ('queued', 'running')) LIMIT ?)"
+    f"  AND t.{ACTIVE}) LIMIT ?)"
     " RETURNING tenant, owner, session_id"
 )
+# A session with a parked turn has nothing to run until the decision is made.
 SESSIONS_NEEDING_WORK = (
     "SELECT DISTINCT s.tenant, s.owner, s.session_id FROM turns t"
-    " JOIN sessions s ON s.pk = t.session_pk WHERE t.status IN ('queued', 'running')"
+    f" JOIN sessions s ON s.pk = t.session_pk WHERE t.{ACTIVE}"
+    " AND NOT EXISTS (SELECT 1 FROM turns p WHERE p.session_pk = t.session_pk"
+    "  AND p.status = 'awaiting_input')"
     " AND (? IS NULL OR s.lease_owner IS NULL OR s.lease_expires_at <= ?)"
 )
 
@@ -85,8 +89,9 @@ LATEST_SUMMARY = (
     " AND excluded = 0 ORDER BY seq DESC LIMIT 1"
 )
 CLEAR_ITEMS = "DELETE FROM items WHERE session_pk = ?"
-# Clearing is refused while a turn is active, so these are all of its turns (events cascade).
-CLEAR_TURNS = "DELETE FROM turns WHERE session_pk = ? AND status NOT IN ('queued', 'running')"
+# Clearing is refused while a turn is active, so these are all of its turns (their events and
+# decisions cascade).
+CLEAR_TURNS = f"DELETE FROM turns WHERE session_pk = ? AND NOT {ACTIVE}"
 NEXT_ITEM_SEQS = (
     "UPDATE sessions SET next_item_seq = next_item_seq + ?, updated_at = ?"
     " WHERE pk = ? RETURNING next_item_seq - ?"
@@ -106,14 +111,8 @@ ORPHAN_CALLS = (
 )
 
 # -- turns -----------------------------------------------------------------------------------------
-FIRST_ACTIVE_TURN = (
-    "SELECT id FROM turns WHERE session_pk = ? AND status IN ('queued', 'running')"
-    " ORDER BY seq LIMIT 1"
-)
-ACTIVE_TURN_IDS = (
-    "SELECT id, status FROM turns WHERE session_pk = ? AND status IN ('queued', 'running')"
-    " ORDER BY seq"
-)
+FIRST_ACTIVE_TURN = f"SELECT id FROM turns WHERE session_pk = ? AND {ACTIVE} ORDER BY seq LIMIT 1"
+ACTIVE_TURN_IDS = f"SELECT id, status FROM turns WHERE session_pk = ? AND {ACTIVE} ORDER BY seq"
 NEXT_TURN_SEQ = (
     "UPDATE sessions SET next_turn_seq = next_turn_seq + 1 WHERE pk = ? RETURNING next_turn_seq - 1"
 )
@@ -133,8 +132,12 @@ LIST_TURNS = (
     f"SELECT {TURN_COLS} {TURNS_FROM} WHERE t.session_pk = ? AND t.seq > ? ORDER BY t.seq LIMIT ?"
 )
 ACTIVE_TURNS = (
-    f"SELECT {TURN_COLS} {TURNS_FROM}"
-    " WHERE t.session_pk = ? AND t.status IN ('queued', 'running') ORDER BY t.seq"
+    f"SELECT {TURN_COLS} {TURNS_FROM} WHERE t.session_pk = ? AND t.{ACTIVE} ORDER BY t.seq"
+)
+# A turn nobody runs, to end it: with the memory it holds.
+WAITING_TURN = (
+    f"SELECT {TURN_COLS}, t.held_memory {TURNS_FROM}"
+    " WHERE t.id = ? AND t.session_pk = ? AND t.status IN ('queued', 'awaiting_input')"
 )
 RUNNING_TURNS = (
     f"SELECT {TURN_COLS} {TURNS_FROM} WHERE t.session_pk = ? AND t.status = 'running'"
@@ -143,13 +146,22 @@ RUNNING_TURNS = (
 ANY_RUNNING = "SELECT 1 FROM turns WHERE session_pk = ? AND status = 'running' LIMIT 1"
 START_TURN = (
     "UPDATE turns SET status = 'running', started_at = ?"
-    " WHERE id = ? AND session_pk = ? AND status = 'queued'"
+    " WHERE id = ? AND session_pk = ? AND status = 'queued' AND started_at IS NULL"
 )
 TURN_IS_RUNNING = "SELECT 1 FROM turns WHERE id = ? AND session_pk = ? AND status = 'running'"
+# An ended turn holds no memory writes any more: they were applied or dropped.
 FINISH_TURN = (
     "UPDATE turns SET status = ?, reason = ?, error = ?, output = ?, complete = ?,"
-    " usage = ?, ended_at = ? WHERE id = ?"
+    " usage = ?, ended_at = ?, held_memory = NULL WHERE id = ?"
 )
+PARK_TURN = (
+    "UPDATE turns SET status = 'awaiting_input', usage = ?, held_memory = ?"
+    " WHERE id = ? AND status = 'running'"
+)
+RESUMABLE = "SELECT status, started_at, held_memory FROM turns WHERE id = ? AND session_pk = ?"
+RESUME_TURN = "UPDATE turns SET status = 'running', held_memory = NULL WHERE id = ?"
+REQUEUE_TURN = "UPDATE turns SET status = 'queued' WHERE id = ? AND status = 'awaiting_input'"
+TURN_ITEMS = f"SELECT {ITEM_COLS} FROM items WHERE session_pk = ? AND turn_id = ? ORDER BY seq"
 REQUEST_CANCEL = (
     "UPDATE turns SET cancel_request = ? WHERE id = ? AND session_pk = ?"
     " AND status = 'running' AND cancel_request IS NULL"
@@ -199,3 +211,35 @@ API_KEY_BY_HASH = f"SELECT {API_KEY_COLS} FROM api_keys WHERE hash = ?"
 LIST_API_KEYS = f"SELECT {API_KEY_COLS} FROM api_keys ORDER BY created_at"
 REVOKE_API_KEY = "UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL"
 COUNT_API_KEYS = "SELECT COUNT(*) FROM api_keys WHERE revoked_at IS NULL"
+
+# -- decisions -------------------------------------------------------------------------------------
+INSERT_DECISION = (
+    f"INSERT INTO decisions (session_pk, {DECISION_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+)
+GET_DECISION = (
+    f"SELECT {DECISION_COLS} FROM decisions WHERE session_pk = ? AND turn_id = ? AND call_id = ?"
+)
+LIST_DECISIONS = (
+    f"SELECT {DECISION_COLS} FROM decisions WHERE session_pk = ?"
+    " AND (? IS NULL OR turn_id = ?) AND (? IS NULL OR status = ?)"
+    " ORDER BY created_at, turn_id, call_id LIMIT ?"
+)
+PENDING_OF_TURN = (
+    f"SELECT {DECISION_COLS} FROM decisions WHERE turn_id = ? AND status = 'pending'"
+    " ORDER BY created_at, call_id"
+)
+# Conditional on still being pending: a decision ends once.
+CLOSE_DECISION = (
+    "UPDATE decisions SET status = ?, answer = ?, decided_by = ?, decided_at = ?"
+    " WHERE turn_id = ? AND call_id = ? AND status = 'pending'"
+)
+DUE_DECISIONS = (
+    f"SELECT s.tenant, s.owner, s.session_id, {JOINED_DECISION_COLS}"
+    " FROM decisions d JOIN sessions s ON s.pk = d.session_pk"
+    " WHERE d.status = 'pending' AND d.deadline <= ? ORDER BY d.deadline LIMIT ?"
+)
+NEXT_DECISION_DEADLINE = "SELECT MIN(deadline) FROM decisions WHERE status = 'pending'"
+SESSION_STATE = "SELECT state FROM sessions WHERE pk = ?"
+SET_SESSION_STATE = (
+    "UPDATE sessions SET state = ?, updated_at = ?, revision = revision + 1 WHERE pk = ?"
+)

@@ -13,10 +13,22 @@ import time
 from collections.abc import Sequence
 
 from tether.errors import Conflict, SessionNotFound, StaleLease
-from tether.records import Item, Lease, NewEvent, NewItem, SessionKey, Turn, TurnEnding
+from tether.records import (
+    CancelStatus,
+    Decision,
+    Item,
+    Lease,
+    NewEvent,
+    NewItem,
+    Reason,
+    SessionKey,
+    Turn,
+    TurnEnding,
+)
 from tether.store import rules
-from tether.store.rows import event_rows, key_args, turn_row, usage_json
+from tether.store.rows import decision_row, event_rows, key_args, turn_row, usage_json
 from tether.store.sqlite import queries as q
+from tether.store.sqlite.recall_steps import apply_writes
 
 
 def session_pk(c: sqlite3.Connection, key: SessionKey) -> int:
@@ -139,3 +151,45 @@ def recover(c: sqlite3.Connection, pk: int) -> list[Turn]:
         add_rows(c, pk, turn.id, rules.aborted_results((o[0], o[1]) for o in orphans), [])
         out.append(finish(c, pk, turn, rules.OWNER_LOST, terminal=True))
     return out
+
+
+def close_decision(c: sqlite3.Connection, done: Decision, now: float, *, requeue: bool) -> None:
+    """Write a decision's end and its ``decision.made`` event; with ``requeue``, the parked turn
+    goes back to the queue for the session's next owner. The caller has read it pending in this
+    transaction (the write lock is held, so it still is)."""
+    c.execute(
+        q.CLOSE_DECISION,
+        (done.status, done.answer, done.decided_by, done.decided_at, done.turn_id, done.call_id),
+    )
+    event = rules.decision_made_event(done, last_event_seq(c, done.turn_id))
+    write_event(c, done.turn_id, event, now)
+    if requeue:
+        c.execute(q.REQUEUE_TURN, (done.turn_id,))
+
+
+def end_waiting(
+    c: sqlite3.Connection,
+    pk: int,
+    key: SessionKey,
+    turn_id: str,
+    status: CancelStatus,
+    reason: Reason,
+) -> Turn | None:
+    """End a turn nobody runs (queued, or parked on a decision); None when it is not such a
+    turn. Its pending decisions expire, its calls are all paired, its held memory is applied
+    when the ending keeps its items."""
+    row = c.execute(q.WAITING_TURN, (turn_id, pk)).fetchone()
+    if row is None:
+        return None
+    now = time.time()
+    ending = rules.waiting_ending(status, reason, turn_row(row))
+    for pending in c.execute(q.PENDING_OF_TURN, (turn_id,)).fetchall():
+        done = rules.expired(decision_row(key, pending), now, by=ending.reason)
+        close_decision(c, done, now, requeue=False)
+    orphans = c.execute(q.ORPHAN_CALLS, (pk, turn_id)).fetchall()
+    add_rows(c, pk, turn_id, rules.aborted_results((o[0], o[1]) for o in orphans), [])
+    done_turn = finish(c, pk, turn_row(row), ending, terminal=True)
+    held = rules.held_memory(row[-1])
+    if held and rules.keeps_memory(ending.status):
+        apply_writes(c, held)
+    return done_turn

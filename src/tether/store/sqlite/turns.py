@@ -11,11 +11,13 @@ import json
 import sqlite3
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
-from tether.errors import SessionNotFound
+from tether.errors import Conflict, SessionNotFound
 from tether.records import (
     AgentRef,
     CancelStatus,
+    Decision,
     Event,
     Idempotency,
     Item,
@@ -29,9 +31,19 @@ from tether.records import (
     SessionKey,
     Turn,
     TurnEnding,
+    Usage,
 )
 from tether.store import rules
-from tether.store.rows import cancel_json, cancel_of, events_of, key_args, turn_row
+from tether.store.rows import (
+    cancel_json,
+    cancel_of,
+    decision_values,
+    events_of,
+    item_row,
+    key_args,
+    turn_row,
+    usage_json,
+)
 from tether.store.rules import DEFAULT_MAX_QUEUE
 from tether.store.sqlite import queries as q
 from tether.store.sqlite import steps
@@ -121,15 +133,17 @@ class Turns(Connection):
 
         return await self._run(do)
 
-    async def end_waiting_turn(self, key: SessionKey, turn_id: str, reason: Reason) -> Turn | None:
-        def do(c: sqlite3.Connection) -> Turn | None:
-            pk = session_pk(c, key)
-            turn = steps.get_turn(c, pk, turn_id)
-            if turn is None or turn.status != "queued":
-                return None
-            return steps.finish(c, pk, turn, rules.cancelled_in_queue(reason), terminal=True)
-
-        return await self._write(do)
+    async def end_waiting_turn(
+        self,
+        key: SessionKey,
+        turn_id: str,
+        reason: Reason,
+        *,
+        status: CancelStatus = "cancelled",
+    ) -> Turn | None:
+        return await self._write(
+            lambda c: steps.end_waiting(c, session_pk(c, key), key, turn_id, status, reason)
+        )
 
     # -- leases --------------------------------------------------------------------------------
     async def acquire_lease(self, key: SessionKey, owner: str, ttl: float) -> Lease | None:
@@ -225,6 +239,53 @@ class Turns(Connection):
             if memory and rules.keeps_memory(ending.status):
                 apply_writes(c, memory)
             return done
+
+        return await self._write(do)
+
+    async def park_turn(
+        self,
+        lease: Lease,
+        turn_id: str,
+        items: Sequence[NewItem],
+        events: Sequence[NewEvent],
+        decision: Decision,
+        *,
+        usage: Usage,
+        memory: MemoryWrites | None = None,
+    ) -> Turn:
+        stored = replace(decision, key=lease.key, turn_id=turn_id)
+
+        def do(c: sqlite3.Connection) -> Turn:
+            pk = steps.fenced_pk(c, lease)
+            turn = steps.get_turn(c, pk, turn_id)
+            if turn is None or turn.status != "running":
+                raise rules.not_in_status(turn_id, "running")
+            steps.add_rows(c, pk, turn_id, items, events)
+            try:
+                c.execute(q.INSERT_DECISION, (pk, *decision_values(stored)))
+            except sqlite3.IntegrityError as exc:
+                msg = f"turn {turn_id} already has a decision on call {stored.call_id}"
+                raise Conflict(msg) from exc
+            held = rules.held_memory_json(memory)
+            c.execute(q.PARK_TURN, (usage_json(usage), held, turn_id))
+            return rules.parked(turn, usage)
+
+        return await self._write(do)
+
+    async def resume_turn(
+        self, lease: Lease, turn_id: str, events: Sequence[NewEvent]
+    ) -> tuple[list[Item], MemoryWrites | None]:
+        def do(c: sqlite3.Connection) -> tuple[list[Item], MemoryWrites | None]:
+            pk = steps.fenced_pk(c, lease)
+            row = c.execute(q.RESUMABLE, (turn_id, pk)).fetchone()
+            if row is None or row[0] != "queued":
+                raise rules.not_in_status(turn_id, "queued")
+            if row[1] is None:  # never started: start_turn's, not a decided turn going on
+                raise rules.not_in_status(turn_id, "awaiting_input")
+            steps.add_rows(c, pk, turn_id, [], events)
+            c.execute(q.RESUME_TURN, (turn_id,))
+            items = [item_row(r) for r in c.execute(q.TURN_ITEMS, (pk, turn_id))]
+            return items, rules.held_memory(row[2])
 
         return await self._write(do)
 

@@ -32,6 +32,7 @@ from tether.records import (
     MemoryWrites,
     Namespace,
     NewDecision,
+    NewItem,
     PrincipalLimits,
     SessionKey,
     TurnEnding,
@@ -269,6 +270,16 @@ class DecisionsConformance:
         with pytest.raises(Conflict):
             await store.resume_turn(lease, "t1", [ev(2)])
 
+    async def test_a_decided_turn_does_not_start_again(self, store: Store) -> None:
+        k = await new_session(store)
+        await parked(store, k)
+        await store.decide(k, "t1", "c2", "approve", by="alice")
+        lease = await acquire(store, k, "node-b")
+        before = await snapshot(store, k)
+        with pytest.raises(Conflict):  # it goes on (resume_turn); a start would repeat its input
+            await store.start_turn(lease, "t1", [NewItem("user", "hello")], [ev(5)])
+        assert await snapshot(store, k) == before
+
     async def test_deadlines_expire_decisions(self, store: Store) -> None:
         k = await new_session(store)
         assert await store.next_decision_deadline() is None
@@ -292,6 +303,7 @@ class DecisionsConformance:
         await parked(store, k, memory=held(k))
         done = await store.end_waiting_turn(k, "t1", "cancelled")
         assert done is not None and (done.status, done.reason) == ("cancelled", "cancelled")
+        assert done.usage == USAGE  # what it spent before it parked is still its usage
         items = await store.list_items(k)
         assert (items[-1].kind, items[-1].call_id, items[-1].content) == (
             "tool_result",
