@@ -13,6 +13,12 @@
 
     remote = Session(agent_url="http://host:8000", timeout=60)
     remote.chat("hi")                     # TimeoutError / ConnectionError on transport trouble
+
+    session.chat("deploy it", on_decision=lambda d: input(f"{d.payload}? ") == "y")
+    try:                                  # or: nobody to ask now, decide later (any process)
+        session.chat("deploy it")
+    except DecisionRequired as waiting:
+        reply = session.decide(waiting.decision, "approve")   # or answer="…" for ask_user
 """
 
 from __future__ import annotations
@@ -20,20 +26,35 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from tether import _wire
 from tether.agent import Agent as AgentTemplate
 from tether.embedded import EmbeddedRuntime, default_runtime
-from tether.errors import ConfigError, SessionClosed, SessionNotFound, TetherError
+from tether.errors import (
+    ConfigError,
+    DecisionNotFound,
+    SessionClosed,
+    SessionNotFound,
+    TetherError,
+    TurnFailed,
+)
 from tether.records import (
+    Decision,
+    DecisionStatus,
     Hit,
     Item,
     Principal,
     SessionKey,
     SessionRecord,
+    Verdict,
     new_session_id,
     validate_session_id,
 )
+from tether.runtime import OnDecision
+
+if TYPE_CHECKING:
+    from tether.client import AsyncClient
 
 DEFAULT_COLLECTION = "knowledge"
 NO_AGENT = ""
@@ -66,7 +87,7 @@ class Session:
         self._agent: AgentTemplate | None = None
         self._closed = False
         if agent_url:
-            from tether.client import AsyncClient, Client
+            from tether.client import Client
 
             self._client: Client | None = Client(
                 agent_url, api_key=api_key, timeout=timeout, headers=headers
@@ -76,7 +97,7 @@ class Session:
                 "timeout": timeout,
                 "headers": headers,
             }
-            self._async_client_type = AsyncClient
+            self._async_client_type = _async_client_class()
         else:
             self._client = None
 
@@ -152,29 +173,38 @@ class Session:
         ``agent_name``), or None: calls that run no turn never make one up."""
         return self._agent.name if self._agent is not None else self.agent_name
 
-    def chat(self, message: str) -> str:
-        """One turn with this session's agent (or the remote server's)."""
+    def chat(self, message: str, *, on_decision: OnDecision | None = None) -> str:
+        """One turn with this session's agent (or the remote server's).
+
+        What the turn asks a human (a tool approval, ``ask_user``) goes to ``on_decision``
+        (sync or async; see :data:`tether.runtime.DecisionAnswer`). Without one,
+        :class:`~tether.errors.DecisionRequired` carries the decision and the turn waits:
+        :meth:`decide` it and get the reply.
+        """
         self._check_open()
         if self._client is not None:
             reply = self._client.chat(
-                message, session_id=self.session_id, agent_name=self.agent_name
+                message,
+                session_id=self.session_id,
+                agent_name=self.agent_name,
+                on_decision=on_decision,
             )
             return str(reply["response"])
         agent = self._chat_agent()
         self._check_alive(self._ensure(agent.name))
-        return agent.chat(message)
+        return agent.chat(message, on_decision=on_decision)
 
-    async def achat(self, message: str) -> str:
+    async def achat(self, message: str, *, on_decision: OnDecision | None = None) -> str:
+        """See :meth:`chat`."""
         self._check_open()
         if self.is_remote:
-            assert self.agent_url is not None
-            client = self._async_client_type(self.agent_url, **self._aclient_args)
-            try:
+            async with self._async_client() as client:
                 reply = await client.chat(
-                    message, session_id=self.session_id, agent_name=self.agent_name
+                    message,
+                    session_id=self.session_id,
+                    agent_name=self.agent_name,
+                    on_decision=on_decision,
                 )
-            finally:
-                await client.aclose()
             return str(reply["response"])
         agent = self._chat_agent()
         rt = self._rt()
@@ -182,7 +212,100 @@ class Session:
             rt.runtime.ensure_session(self.key, agent.name, ttl_seconds=self.session_ttl)
         )
         self._check_alive(record)
-        return await agent.achat(message)
+        return await agent.achat(message, on_decision=on_decision)
+
+    def _async_client(self) -> AsyncClient:
+        assert self.agent_url is not None
+        return self._async_client_type(self.agent_url, **self._aclient_args)
+
+    # -- decisions -------------------------------------------------------------------------------
+    def decisions(self, status: DecisionStatus | None = "pending") -> list[Decision]:
+        """This session's decisions, oldest first: by default those waiting for a human now
+        (``status=None``: all of them)."""
+        self._check_open()
+        if self._client is not None:
+            return self._client.decisions(self.session_id, status=status)
+        rt = self._rt()
+        found: list[Decision] = rt.call(rt.runtime.decisions(self.key, status=status))
+        return found
+
+    def decide(
+        self,
+        decision: Decision | str,
+        verdict: Verdict | None = None,
+        answer: str | None = None,
+        *,
+        on_decision: OnDecision | None = None,
+    ) -> str:
+        """Decide what a waiting turn asks (a :class:`Decision`, or its ``call_id``) and get the
+        turn's reply once it ends.
+
+        ``verdict`` is approve (the default), deny or always for an approval; a question is
+        answered with ``answer`` (the verdict is then ``answer``). What the turn asks next goes
+        to ``on_decision``, else :class:`~tether.errors.DecisionRequired` again;
+        :class:`~tether.errors.TurnFailed` when the turn does not complete.
+        """
+        self._check_open()
+        d = self._pending(decision)
+        chosen = _verdict(verdict, answer)
+        if self._client is not None:
+            self._client.decide(self.session_id, d.turn_id, d.call_id, chosen, answer)
+            turn = self._client.settle(self.session_id, d.turn_id, on_decision=on_decision)
+            return _wire.output_of(turn)
+        rt = self._rt()
+        return rt.call(self._decided(d.turn_id, d.call_id, chosen, answer, on_decision))
+
+    async def adecide(
+        self,
+        decision: Decision | str,
+        verdict: Verdict | None = None,
+        answer: str | None = None,
+        *,
+        on_decision: OnDecision | None = None,
+    ) -> str:
+        """See :meth:`decide`."""
+        self._check_open()
+        chosen = _verdict(verdict, answer)
+        if self.is_remote:
+            async with self._async_client() as client:
+                d = await self._apending(decision, client)
+                await client.decide(self.session_id, d.turn_id, d.call_id, chosen, answer)
+                turn = await client.settle(self.session_id, d.turn_id, on_decision=on_decision)
+            return _wire.output_of(turn)
+        rt = self._rt()
+        if isinstance(decision, str):
+            d = _named(decision, await rt.acall(rt.runtime.decisions(self.key, status="pending")))
+        else:
+            d = decision
+        return await rt.acall(self._decided(d.turn_id, d.call_id, chosen, answer, on_decision))
+
+    def _pending(self, decision: Decision | str) -> Decision:
+        if isinstance(decision, Decision):
+            return decision
+        return _named(decision, self.decisions("pending"))
+
+    async def _apending(self, decision: Decision | str, client: AsyncClient) -> Decision:
+        if isinstance(decision, Decision):
+            return decision
+        return _named(decision, await client.decisions(self.session_id, status="pending"))
+
+    async def _decided(
+        self,
+        turn_id: str,
+        call_id: str,
+        verdict: Verdict,
+        answer: str | None,
+        on_decision: OnDecision | None,
+    ) -> str:
+        """On the runtime's loop: decide, then wait for the turn as ``Runtime.chat`` does."""
+        runtime = self._rt().runtime
+        await runtime.decide(self.key, turn_id, call_id, verdict, answer=answer)
+        # The decision queued the turn again: this returns once it waits again or has ended.
+        turn = await runtime.scheduler.wait(self.key, turn_id, until_input=True)
+        done = await runtime.settle(turn, on_decision)
+        if done.status != "completed":
+            raise TurnFailed(done)
+        return done.output or ""
 
     @staticmethod
     def _check_alive(record: SessionRecord) -> None:
@@ -382,6 +505,27 @@ class Session:
         if self._client is not None:
             client, self._client = self._client, None
             client.close()
+
+
+def _async_client_class() -> type[AsyncClient]:
+    # Imported when a remote session is made: embedded use never loads httpx.
+    from tether.client import AsyncClient
+
+    return AsyncClient
+
+
+def _verdict(verdict: Verdict | None, answer: str | None) -> Verdict:
+    """As ``POST …/decisions`` reads it: an answer answers, else the default is approve."""
+    if verdict is not None:
+        return verdict
+    return "answer" if answer is not None else "approve"
+
+
+def _named(call_id: str, pending: list[Decision]) -> Decision:
+    for d in pending:
+        if d.call_id == call_id:
+            return d
+    raise DecisionNotFound(f"no pending decision on call {call_id!r} in this session")
 
 
 _DOCUMENT_SUFFIXES = (".txt", ".text", ".md", ".markdown", ".html", ".htm", ".pdf")

@@ -1,8 +1,9 @@
 """Apps the server tests run in a real ``tether serve`` subprocess.
 
 Models are chosen so outcomes are deterministic: an echo model that shows what it was sent, a
-slow streaming model for cancellation, a tool-calling one that needs approval, and an OpenAI
-provider pointed at a fake server whose URL comes from ``FAKE_OPENAI_URL``.
+slow streaming model for cancellation, a tool-calling one that needs approval, one that asks the
+user (``ask_user``), and an OpenAI provider pointed at a fake server whose URL comes from
+``FAKE_OPENAI_URL``.
 """
 
 from __future__ import annotations
@@ -67,6 +68,19 @@ def approve_flow(request: ModelRequest) -> str | ToolCalls:
     return ToolCalls(Call("launch", {"target": "rocket"}))
 
 
+def ask_flow(request: ModelRequest) -> str | ToolCalls:
+    """Asks the user (``ask_user``): to pick a planet when told to pick, else for a name; then
+    says what the answer was."""
+    if request.messages[-1].role == "tool":
+        return f"noted: {request.messages[-1].content}"
+    users = [m.content for m in request.messages if m.role == "user"]
+    if "pick" in users[-1]:
+        return ToolCalls(
+            Call("ask_user", {"question": "Which planet?", "choices": ["Mars", "Venus"]})
+        )
+    return ToolCalls(Call("ask_user", {"question": "What is your name?"}))
+
+
 agents = [
     Agent(
         name="echo",
@@ -103,6 +117,8 @@ agents = [
         model=ScriptedModel(default=system_prompt),
         memory={"auto": True},
     ),
+    # Asks the user a question (the built-in ask_user tool).
+    Agent(name="asker", model=ScriptedModel(default=ask_flow), ask_user=True, approval_timeout=30),
     # Short steady turns (~0.2 s): load that spans an outage.
     Agent(name="steady", model=ScriptedModel(default=Slow("s " * 10, delay=0.02))),
 ]

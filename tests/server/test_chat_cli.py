@@ -25,6 +25,7 @@ from tether.tools.approval import REFUSED_RESULT
 TETHER = [sys.executable, "-m", "tether"]
 PROMPT = "you> "
 TIMEOUT = 30
+APPROVE_LAUNCH = 'approve launch({"target": "rocket"})? [y/n/always] '
 
 
 def spawn(*args: str, env: dict[str, str] | None = None) -> pexpect.spawn:
@@ -167,7 +168,7 @@ def test_remote_chat_with_an_unreachable_server_fails_cleanly(
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("answer", "result"),
-    [("y", "launched rocket"), ("n", REFUSED_RESULT)],
+    [("y", "launched rocket"), ("n", REFUSED_RESULT), ("sure", REFUSED_RESULT)],
 )
 def test_remote_chat_asks_for_approval_and_sends_the_answer(
     server: Server, children: list[pexpect.spawn], answer: str, result: str
@@ -179,7 +180,7 @@ def test_remote_chat_asks_for_approval_and_sends_the_answer(
     child.expect_exact(PROMPT)
     began = time.monotonic()
     child.sendline("launch it")
-    child.expect_exact('approve launch({"target": "rocket"})? [y/N] ')
+    child.expect_exact(APPROVE_LAUNCH)
     child.sendline(answer)
     child.expect_exact(f"tool said: {result}")
     child.expect_exact(PROMPT)
@@ -260,7 +261,7 @@ def test_local_chat_asks_for_approval(
     children.append(child)
     child.expect_exact(PROMPT)
     child.sendline("launch it")
-    child.expect_exact('approve launch({"target": "rocket"})? [y/N] ')
+    child.expect_exact(APPROVE_LAUNCH)
     child.sendline(answer)
     child.expect_exact(f"tool said: {result}")
     child.expect_exact(PROMPT)
@@ -276,14 +277,14 @@ def test_local_ctrl_c_at_an_approval_question_cancels_and_keeps_the_next_line(
     children.append(child)
     child.expect_exact(PROMPT)
     child.sendline("launch it")
-    child.expect_exact("[y/N] ")
+    child.expect_exact("[y/n/always] ")
     child.sendintr()
     child.expect_exact("turn cancelled")
     child.expect_exact(PROMPT)
     assert plain(child.before) == "", child.before
     # The line typed next is the next message (the abandoned question does not eat it).
     child.sendline("again")
-    child.expect_exact("[y/N] ")
+    child.expect_exact("[y/n/always] ")
     child.sendline("y")
     child.expect_exact("tool said: launched rocket")
     child.expect_exact(PROMPT)
@@ -389,6 +390,79 @@ def test_chat_with_an_openai_model_prints_no_request_log(
     say(child, "hi there", "echo: hi there")
     leave(child)
     assert "HTTP Request" not in screen.getvalue() and "httpx" not in screen.getvalue()
+
+
+@pytest.mark.slow
+def test_chat_asks_the_models_question_and_the_turn_goes_on(start_chat: Start) -> None:
+    child = start_chat("--agent", "asker")
+    child.expect_exact(PROMPT)
+    child.sendline("pick one")
+    child.expect_exact("? Which planet?")
+    child.expect_exact("1. Mars")
+    child.expect_exact("2. Venus")
+    child.expect_exact(CHOOSE)
+    child.sendline("7")  # not a choice: asked again, nothing sent
+    child.expect_exact("pick 1-2 or type one of the choices (empty declines)")
+    child.expect_exact(CHOOSE)
+    child.sendline("2")
+    child.expect_exact("noted: The user answered: Venus")
+    child.expect_exact(PROMPT)
+    # The text of a choice picks it too; a question without choices takes free text.
+    child.sendline("pick again")
+    child.expect_exact(CHOOSE)
+    child.sendline("mars")
+    child.expect_exact("noted: The user answered: Mars")
+    child.expect_exact(PROMPT)
+    child.sendline("hello")
+    child.expect_exact("? What is your name?")
+    child.expect_exact(FREE_TEXT)
+    child.sendline("Ada Lovelace")
+    child.expect_exact("noted: The user answered: Ada Lovelace")
+    child.expect_exact(PROMPT)
+    # An empty answer declines: the model is told so, and the turn still completes.
+    child.sendline("hello again")
+    child.expect_exact(FREE_TEXT)
+    child.sendline("")
+    child.expect_exact("noted: The user did not answer the question")
+    child.expect_exact(PROMPT)
+    leave(child)
+
+
+@pytest.mark.slow
+def test_always_approves_the_tool_for_the_rest_of_the_session(start_chat: Start) -> None:
+    child = start_chat("--agent", "approver")
+    sid = session_of_any(child)
+    child.sendline("launch it")
+    child.expect_exact(APPROVE_LAUNCH)
+    child.sendline("always")
+    child.expect_exact("tool said: launched rocket")
+    child.expect_exact(PROMPT)
+    child.sendline("and again")
+    child.expect_exact("tool said: launched rocket")
+    shown = plain(child.before)
+    assert "→ launch" in shown and "approve" not in shown, shown  # not asked the second time
+    child.expect_exact(PROMPT)
+    leave(child)
+    # A new session of the same agent asks again.
+    other = start_chat("--agent", "approver")
+    assert session_of_any(other) != sid
+    other.sendline("launch it")
+    other.expect_exact(APPROVE_LAUNCH)
+    other.sendline("n")
+    other.expect_exact(f"tool said: {REFUSED_RESULT}")
+    other.expect_exact(PROMPT)
+    leave(other)
+
+
+CHOOSE = "answer (a number or the text; empty declines): "
+FREE_TEXT = "answer (empty declines): "
+
+
+def session_of_any(child: pexpect.spawn) -> str:
+    child.expect(r"session (\S+) with")
+    sid: str = child.match.group(1)
+    child.expect_exact(PROMPT)
+    return sid
 
 
 # -- help ----------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from typing import Any
 from rich.console import Console
 
 from tether import events
+from tether.store.rules import DECISION_EXPIRED_BY
 
 # Cancellations the user asked for need no reason; the others say who ended the turn.
 _ASKED = {None, "cancelled", "caller_cancelled", "client_disconnected"}
@@ -52,17 +53,11 @@ def show_event(out: Console, kind: str, data: dict[str, Any]) -> None:
     elif kind == events.TOOL_RESULT:
         text = str(data.get("output", ""))
         out.print(f"← {text[:200]}", style="yellow", markup=False)
-    # tool.approval_requested: the chat asks the user (see approval_question), nothing to show.
+    # decision.requested: the chat asks the user (see _chat_decisions), nothing more to show.
+    elif kind == events.DECISION_MADE and data.get("decided_by") == DECISION_EXPIRED_BY:
+        out.print("nobody decided in time: refused", style="red", markup=False)
     elif kind == events.TURN_ENDED:
         out.print()
         line = ending(data.get("status"), data.get("reason"), data.get("error"))
         if line:
             out.print(line, style="red", markup=False)
-
-
-def approval_question(name: object, arguments: object) -> str:
-    return f"approve {name}({arguments})? [y/N] "
-
-
-def approves(answer: str) -> bool:
-    return answer.strip().lower() in ("y", "yes")

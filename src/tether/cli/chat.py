@@ -2,12 +2,15 @@
 
 Both ends read the same prompt: a message goes to the agent, a ``/command`` never does
 (see _chat_commands). Ctrl-C cancels a reply while it streams, and leaves at the prompt.
+What a turn asks a human (a tool approval, the model's question) is asked inline, decided,
+and the same turn streams on to its end (see _chat_decisions).
 """
 
 from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -22,17 +25,18 @@ from tether.cli._chat_commands import (
     parse,
     unknown,
 )
+from tether.cli._chat_decisions import again, as_answer, asking, reading
 from tether.cli._chat_history import Exchanges, HistoryItem, show
-from tether.cli._chat_view import approval_question, approves, ending, show_event
+from tether.cli._chat_view import ending, show_event
 from tether.cli._options import DataDirOpt, KeyOpt, ModelOpt, UrlOpt, settings
 from tether.cli._output import errors, out
 from tether.cli._terminal import Interrupted, Terminal, read_prompt
-from tether.errors import ConfigError, TetherError
-from tether.records import LOCAL_PRINCIPAL, SessionKey, new_session_id
+from tether.errors import ConfigError, DecisionMade, TetherError
+from tether.records import LOCAL_PRINCIPAL, Decision, Event, SessionKey, Verdict, new_session_id
 
 if TYPE_CHECKING:
     from tether.client import Client
-    from tether.runtime import Runtime
+    from tether.runtime import DecisionAnswer, Runtime
     from tether.server.settings import Settings
 
 PROMPT = "you> "
@@ -91,6 +95,23 @@ def _left(out: Console, sid: str) -> int:
     return INTERRUPTED_EXIT
 
 
+def _pending(data: dict[str, Any]) -> bool:
+    return data.get("status") == "pending"
+
+
+def _settles(event: Event, asked: dict[str, Any]) -> bool:
+    """Whether ``event`` means the question ``asked`` is no longer the user's to answer."""
+    if event.type == events.TURN_ENDED:
+        return True
+    return event.type == events.DECISION_MADE and event.data.get("call_id") == asked.get("call_id")
+
+
+async def _abandon(future: asyncio.Future[Any] | None) -> None:
+    if future is not None and not future.done():
+        future.cancel()
+        await asyncio.wait({future})
+
+
 def _without_session(out: Console, command: Command) -> bool:
     """Handle what needs no session (/help, unknown commands); True when it was one of those."""
     if command.name == "/help":
@@ -104,10 +125,11 @@ def _without_session(out: Console, command: Command) -> bool:
 
 # -- local: an in-process runtime on the local store -------------------------------------------
 class _LocalChat:
-    def __init__(self, out: Console, runtime: Runtime, agent: str) -> None:
+    def __init__(self, out: Console, runtime: Runtime, agent: str, terminal: Terminal) -> None:
         self.out = out
         self.runtime = runtime
         self.agent = agent
+        self.terminal = terminal
         self.key = SessionKey.of(LOCAL_PRINCIPAL, "-")
         self._cancels: set[asyncio.Future[Any]] = set()  # keeps cancel tasks referenced
 
@@ -146,16 +168,77 @@ class _LocalChat:
 
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGINT, cancel_turn)
+        stream = self.runtime.scheduler.events(key, turn.id)
         try:
-            async for event in self.runtime.scheduler.events(key, turn.id):
-                show_event(self.out, event.type, event.data)
+            await self._follow(stream)
         finally:
             loop.remove_signal_handler(signal.SIGINT)
+            await stream.aclose()
 
-    async def run(self, terminal: Terminal) -> int:
+    async def _follow(self, stream: AsyncGenerator[Event, None]) -> None:
+        """Show the turn's events; a question it asks is read while its events go on being
+        awaited, so a turn that goes on without the answer (Ctrl-C cancelled it, its deadline
+        passed, someone decided elsewhere) takes the question away."""
+        upcoming = asyncio.ensure_future(anext(stream, None))
+        asking: asyncio.Future[tuple[Verdict, str | None]] | None = None
+        about: dict[str, Any] = {}
+        try:
+            while True:
+                waits: set[asyncio.Future[Any]] = (
+                    {upcoming} if asking is None else {upcoming, asking}
+                )
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                if asking is not None and asking.done():
+                    await self._decide(about, *asking.result())
+                    asking = None
+                    continue
+                event = upcoming.result()
+                if event is None:
+                    return
+                upcoming = asyncio.ensure_future(anext(stream, None))
+                if asking is not None and _settles(event, about):
+                    await _abandon(asking)  # its read stays in flight for the next prompt
+                    asking = None
+                show_event(self.out, event.type, event.data)
+                if event.type == events.DECISION_REQUESTED and _pending(event.data):
+                    about = event.data
+                    asking = asyncio.ensure_future(self._ask(about))
+        finally:
+            await _abandon(asking)
+            await _abandon(upcoming)  # the stream is then free to be closed
+
+    async def _decide(self, data: dict[str, Any], verdict: Verdict, answer: str | None) -> None:
+        try:
+            await self.runtime.decide(
+                self.key,
+                str(data["turn_id"]),
+                str(data["call_id"]),
+                verdict,
+                answer=answer,
+                principal=LOCAL_PRINCIPAL,
+            )
+        except DecisionMade as exc:
+            self.out.print(f"too late: it was {exc.decision.status} meanwhile", style="red")
+
+    async def _ask(self, data: dict[str, Any]) -> tuple[Verdict, str | None]:
+        kind, payload = data.get("kind"), data.get("payload") or {}
+        question = asking(kind, payload)
+        for line in question.lines:
+            self.out.print(line, markup=False, highlight=False)
         while True:
             try:
-                line = parse(await read_prompt(terminal, PROMPT))
+                line = await self.terminal.read(question.prompt)
+            except EOFError:
+                return "deny", None
+            verdict = reading(kind, payload, line)
+            if verdict is not None:
+                return verdict
+            self.out.print(again(payload), style="yellow", markup=False)
+
+    async def run(self) -> int:
+        while True:
+            try:
+                line = parse(await read_prompt(self.terminal, PROMPT))
             except EOFError:
                 self.out.print()
                 return 0
@@ -186,34 +269,25 @@ def chat_local(
     from tether.runtime import Runtime
     from tether.server.app import default_agent
     from tether.store import open_store_url
-    from tether.tools.approval import ApprovalRequest
 
     agents = load_agents(target) if target else [default_agent(settings)]
     agent = next((a for a in agents if a.name == (agent_name or agents[0].name)), None)
     if agent is None:
         known = ", ".join(a.name for a in agents)
         raise ConfigError(f"no agent named {agent_name!r} (the agents here: {known})")
-    terminal = Terminal(out)
-
-    async def ask(request: ApprovalRequest) -> bool:
-        try:
-            answer = await terminal.read(approval_question(request.tool_name, request.arguments))
-        except EOFError:
-            return False
-        return approves(answer)
 
     async def main() -> int:
+        # No on_decision: what a turn asks parks it, and the chat asks (see _LocalChat._decide).
         runtime = Runtime(
             open_store_url(settings.store_url),
             data_dir=settings.data_dir,
             agents=agents,
             default_model=settings.model,
-            approver=ask,
         )
         async with runtime:
-            chat = _LocalChat(out, runtime, agent.name)
+            chat = _LocalChat(out, runtime, agent.name, Terminal(out))
             await chat.open(session_id or new_session_id())
-            return await chat.run(terminal)
+            return await chat.run()
 
     return asyncio.run(main())
 
@@ -249,10 +323,8 @@ class _RemoteChat:
 
     def send(self, text: str) -> None:
         try:
-            for event in self.client.stream_turn(self.sid, text):
+            for event in self.client.stream_turn(self.sid, text, on_decision=self._ask):
                 show_event(self.out, event.type, event.data)
-                if event.type == events.TOOL_APPROVAL_REQUESTED:
-                    self._decide(event.id, event.data)
         except KeyboardInterrupt:
             # Closing the stream cancels the turn (on_disconnect=cancel).
             self.out.print()
@@ -260,15 +332,20 @@ class _RemoteChat:
         except TetherError as exc:
             self.out.print(str(exc), style="red", markup=False)
 
-    def _decide(self, event_id: str, data: dict[str, Any]) -> None:
-        """Ask the user, and send the answer to the server, which is waiting for it."""
-        try:
-            approve = approves(input(approval_question(data.get("name"), data.get("arguments"))))
-        except EOFError:
-            approve = False
-        turn_id = event_id.rpartition(":")[0]
-        if not self.client.decide(self.sid, turn_id, str(data.get("call_id")), approve):
-            self.out.print("too late: the server had already refused the call", style="red")
+    def _ask(self, d: Decision) -> DecisionAnswer:
+        """Ask the user; the client sends the answer to the server, where the turn waits."""
+        question = asking(d.kind, d.payload)
+        for line in question.lines:
+            self.out.print(line, markup=False, highlight=False)
+        while True:
+            try:
+                line = input(question.prompt)
+            except EOFError:
+                return False
+            verdict = reading(d.kind, d.payload, line)
+            if verdict is not None:
+                return as_answer(*verdict)
+            self.out.print(again(d.payload), style="yellow", markup=False)
 
     def run(self) -> int:
         while True:

@@ -5,41 +5,71 @@ session id continues (or mints) that session *in the caller's namespace* and is 
 an omitted, null or empty one starts a fresh session (as PraisonAI clients expect), and any other
 invalid one is a 400: ids are never silently rewritten. Unlike the original, history persists,
 turns on one session are serialized, and nobody reaches anybody else's session.
+
+A turn that waits for a human (a tool approval, ``ask_user``: DESIGN §7) answers 202 with
+``{status: "awaiting_input", turn_id, session_id, agent_name, decisions}``, which PraisonAI's
+contract has no word for; decide through ``POST /v1/sessions/{sid}/turns/{tid}/decisions`` and
+follow the turn (``GET …/turns/{tid}`` or its ``/events``) to its reply.
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 from fastapi import APIRouter, Request
+from pydantic import BaseModel, Field
 from starlette.responses import JSONResponse, Response
 
 from tether.errors import InvalidInput
-from tether.records import SessionKey, new_session_id
+from tether.records import SessionKey, Turn, new_session_id
 from tether.server.deps import Caller, State, check_message
 from tether.server.problems import responses
 from tether.server.routes.outcomes import turn_problem
 from tether.server.routes.turns import wait_for_turn
-from tether.server.schemas import ChatRequest, ChatResponse
+from tether.server.schemas import ChatRequest, ChatResponse, DecisionOut
+from tether.server.state import ServerState
 
 router = APIRouter(tags=["compatibility"])
+
+
+class ChatAwaitingInput(BaseModel):
+    """The turn waits for a human: decide it, then follow the turn to its reply."""
+
+    status: Literal["awaiting_input"] = "awaiting_input"
+    turn_id: str
+    session_id: str
+    agent_name: str
+    decisions: list[DecisionOut] = Field(
+        ...,
+        description="What the turn waits for: decide each with POST "
+        "/v1/sessions/{session_id}/turns/{turn_id}/decisions.",
+    )
 
 
 @router.post(
     "/api/chat",
     response_model=ChatResponse,
-    responses=responses(
-        429,
-        502,
-        e400="malformed JSON, an invalid session id, or a server with no agents",
-        e404="no such agent",
-        e409="the turn was cancelled or interrupted",
-        e413="the body or message is over its size bound",
-        e422="the body does not match the schema, or the turn hit a limit",
-        e500="the turn failed inside the server",
-        e503="the store is unreachable, or the server running the turn stopped",
-    ),
+    responses={
+        202: {
+            "description": "the turn waits for a decision (a tool approval, a question)",
+            "model": ChatAwaitingInput,
+        },
+        **responses(
+            429,
+            502,
+            e400="malformed JSON, an invalid session id, or a server with no agents",
+            e404="no such agent",
+            e409="the turn was cancelled or interrupted",
+            e413="the body or message is over its size bound",
+            e422="the body does not match the schema, or the turn hit a limit",
+            e500="the turn failed inside the server",
+            e503="the store is unreachable, or the server running the turn stopped",
+        ),
+    },
 )
 async def chat(body: ChatRequest, request: Request, st: State, caller: Caller) -> Response:
-    """Send a message and get the agent's reply."""
+    """Send a message and get the agent's reply; 202 when the turn waits for a human decision
+    (decide it through ``/v1/sessions/{sid}/turns/{tid}/decisions``)."""
     if not st.agents:
         raise InvalidInput("this server has no agents")
     agent = st.runtime.served(body.agent_name or st.agents[0].name)
@@ -59,7 +89,23 @@ async def chat(body: ChatRequest, request: Request, st: State, caller: Caller) -
     done = await wait_for_turn(st, request, turn, "continue")
     if done is None:
         return Response(status_code=499)
+    if not done.ended:
+        return await _awaiting_input(st, done, agent_name)
     if done.status != "completed":
         return turn_problem(done, agent_name=agent_name, session_id=session_id)
     out = ChatResponse(response=done.output or "", agent_name=agent_name, session_id=session_id)
     return JSONResponse(out.model_dump())
+
+
+async def _awaiting_input(st: ServerState, turn: Turn, agent_name: str) -> JSONResponse:
+    pending = await st.runtime.scheduler.decisions(turn.key, turn_id=turn.id, status="pending")
+    out = ChatAwaitingInput(
+        turn_id=turn.id,
+        session_id=turn.key.session_id,
+        agent_name=agent_name,
+        decisions=[DecisionOut.of(d) for d in pending],
+    )
+    location = f"/v1/sessions/{turn.key.session_id}/turns/{turn.id}"
+    return JSONResponse(
+        out.model_dump(mode="json"), status_code=202, headers={"Location": location}
+    )
