@@ -444,6 +444,41 @@ def test_a_client_that_re_attaches_sees_the_pending_decision(server: Server) -> 
         assert [f.event for f in rest][:2] == ["decision.made", "turn.resumed"]
 
 
+def test_ask_user_over_sse_with_a_reconnect(server: Server) -> None:
+    """The stream of an ask_user turn is cut at the question; the client reconnects with
+    Last-Event-ID, answers over the plain API, and reads the answer's result to the end."""
+    with server.client() as c:
+        sid = new_session(c, "asker")
+        body = {"input": "pick one", "stream": True}
+        with c.stream("POST", f"/v1/sessions/{sid}/turns", json=body) as r:
+            for frame in read_frames(r):
+                if frame.event == "decision.requested":
+                    asked = frame
+                    break  # the client goes away (the turn goes on waiting: on_disconnect)
+        assert asked.data["kind"] == "question"
+        assert asked.data["payload"] == {"question": "Which planet?", "choices": ["Mars", "Venus"]}
+        tid = asked.turn_id
+        url = f"/v1/sessions/{sid}/turns/{tid}/events"
+        with c.stream("GET", url, headers={"Last-Event-ID": asked.id}) as r:
+            frames = read_frames(r)
+            assert next(frames).event == "turn.awaiting_input"
+            wrong = c.post(
+                f"/v1/sessions/{sid}/turns/{tid}/decisions",
+                json={"call_id": asked.data["call_id"], "answer": "Pluto"},
+            )
+            assert wrong.status_code == 400  # not one of the choices: nothing decided
+            right = c.post(
+                f"/v1/sessions/{sid}/turns/{tid}/decisions",
+                json={"call_id": asked.data["call_id"], "answer": "Venus"},
+            )
+            assert right.status_code == 200 and right.json()["status"] == "answered"
+            rest = list(frames)
+        result = next(f for f in rest if f.event == "tool.result")
+        assert result.data["output"] == "The user answered: Venus"
+        assert rest[-1].event == "turn.ended"
+        assert rest[-1].data["output"] == "noted: The user answered: Venus"
+
+
 def test_decisions_for_unknown_calls_and_strangers_are_404(server: Server) -> None:
     with server.client() as c:
         sid = new_session(c, "echo")
