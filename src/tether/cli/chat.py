@@ -72,6 +72,10 @@ def chat(
     Ctrl-C while a reply streams cancels it. A line starting with / is never sent to the agent
     (type //text to send "/text").
     """
+    # Ctrl-C is how a user stops a reply or leaves, so it must reach us even when whoever
+    # started this process ignored SIGINT (a job started with & from a script): Python then
+    # keeps the ignore, and KeyboardInterrupt would never come.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     with errors():
         if url:
             code = chat_remote(out, url, key, agent, session)
