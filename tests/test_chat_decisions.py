@@ -86,8 +86,8 @@ def test_a_verdict_survives_the_on_decision_convention(
 
 def test_a_deadline_that_passed_is_said() -> None:
     console = Console(file=io.StringIO(), width=200, color_system=None)
-    show_event(console, "decision.made", {"status": "expired", "decided_by": "deadline"})
-    show_event(console, "decision.made", {"status": "expired", "decided_by": "cancelled"})
+    show_event(console, "decision.made", {"status": "expired", "decided_by": None})
+    show_event(console, "decision.made", {"status": "cancelled", "decided_by": None})
     show_event(console, "decision.made", {"status": "approved", "decided_by": "local"})
     shown = console.file.getvalue()  # type: ignore[attr-defined]
     assert shown.strip() == "nobody decided in time: refused"

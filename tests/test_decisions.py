@@ -164,7 +164,7 @@ async def test_interrupt_and_rollback_end_a_parked_turn(
         items = await all_items(rt, parked.key)
         assert_paired(items)
         [d] = await rt.decisions(parked.key, turn_id=parked.id)
-        assert d.status == "expired"
+        assert (d.status, d.decided_by) == ("cancelled", None)
     assert launched == []
 
 
@@ -191,7 +191,7 @@ async def test_a_deadline_refuses_and_late_decisions_are_conflicts(store: Store)
         assert time.monotonic() - started < 5  # the sweep sleeps towards the deadline
         assert done.output == f"tool said: {EXPIRED_RESULT}"
         [expired] = await rt.decisions(parked.key, turn_id=parked.id)
-        assert (expired.status, expired.decided_by) == ("expired", "deadline")
+        assert (expired.status, expired.decided_by) == ("expired", None)
         with pytest.raises(DecisionMade) as late:
             await rt.decide(parked.key, parked.id, d.call_id, "approve")
         assert late.value.decision.status == "expired"
@@ -446,3 +446,23 @@ async def test_a_preemption_that_arrives_as_the_turn_parks_ends_it(store: Store)
         done = await rt.scheduler.runner._honour_late_cancel(parked)
         assert (done.status, done.reason) == ("interrupted", "interrupt")
         assert_paired(await all_items(rt, k))
+
+
+async def test_a_turn_queued_behind_a_waiting_one_is_told_so(store: Store) -> None:
+    """A chat behind a turn that waits for a human does not hang until the deadline: it gets
+    the decision it waits behind (DecisionRequired, or its on_decision decides it)."""
+    agent = _agent()
+    plain = Agent(name="plain", model=ScriptedModel(default="after"))
+    async with Runtime(store, agents=[agent, plain]) as rt:
+        parked = await _parked(rt, agent)
+        d = await _pending(rt, parked)
+        async with asyncio.timeout(10):
+            with pytest.raises(DecisionRequired) as behind:
+                await rt.chat(plain, "next", session_id="s")
+        assert behind.value.decision == d  # the earlier turn's decision
+        assert behind.value.turn is not None and behind.value.turn.status == "queued"
+        # With a decider, it decides the one ahead and gets its own reply.
+        async with asyncio.timeout(10):
+            reply = await rt.chat(plain, "and then", session_id="s", on_decision=lambda d: True)
+        assert reply == "after"
+    assert launched == ["rocket"]

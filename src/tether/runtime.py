@@ -296,14 +296,18 @@ class Runtime:
             done = await self.wait_or_cancel(turn, until_input=True)
             if done.ended:
                 return done
-            for d in await self.scheduler.decisions(turn.key, turn_id=turn.id, status="pending"):
+            # Its own decision, or (queued) that of the earlier turn it waits behind: the same
+            # owner's session, and nothing of it runs until that one is decided.
+            ahead = await self.scheduler.parked_ahead(done)
+            asking = ahead.id if ahead is not None else turn.id
+            for d in await self.scheduler.decisions(turn.key, turn_id=asking, status="pending"):
                 verdict = await _ask(decider, d) if decider is not None else None
                 if verdict is None:
                     raise DecisionRequired(d, done)
                 try:
                     await self.scheduler.decide(
                         turn.key,
-                        turn.id,
+                        d.turn_id,
                         d.call_id,
                         verdict[0],
                         answer=verdict[1],

@@ -38,7 +38,8 @@ def test_api_chat_answers_202_while_the_turn_waits(server: Server) -> None:
         r = c.post("/api/chat", json={"message": "pick", "agent_name": "asker", "session_id": "ac"})
         assert r.status_code == 202, r.text
         body = r.json()
-        assert set(body) == {"status", "turn_id", "session_id", "agent_name", "decisions"}
+        assert set(body) == {"status", "turn_id", "session_id", "agent_name", "decisions", "behind"}
+        assert body["behind"] is None  # it asks itself (not queued behind another that asks)
         assert (body["status"], body["session_id"], body["agent_name"]) == (
             "awaiting_input",
             "ac",

@@ -479,6 +479,25 @@ def test_ask_user_over_sse_with_a_reconnect(server: Server) -> None:
         assert rest[-1].data["output"] == "noted: The user answered: Venus"
 
 
+def test_a_waiting_request_behind_a_waiting_turn_is_answered_at_once(server: Server) -> None:
+    """POST …/turns and /api/chat behind a turn that waits for a human answer 202 (queued,
+    behind it, with its decisions) rather than holding the request until the deadline."""
+    with server.client(timeout=10) as c:
+        sid = new_session(c, "approver")
+        first = c.post(f"/v1/sessions/{sid}/turns", json={"input": "one"})
+        assert first.status_code == 202 and first.json()["status"] == "awaiting_input"
+        [asked] = first.json()["decisions"]
+        second = c.post(f"/v1/sessions/{sid}/turns", json={"input": "two"})
+        assert second.status_code == 202, second.text
+        body = second.json()
+        assert (body["status"], body["behind"]) == ("queued", first.json()["id"])
+        assert body["decisions"] == [asked]
+        chat = c.post("/api/chat", json={"message": "three", "session_id": sid})
+        assert chat.status_code == 202, chat.text
+        assert (chat.json()["status"], chat.json()["behind"]) == ("queued", first.json()["id"])
+        assert chat.json()["decisions"] == [asked]
+
+
 def test_decisions_for_unknown_calls_and_strangers_are_404(server: Server) -> None:
     with server.client() as c:
         sid = new_session(c, "echo")

@@ -7,7 +7,6 @@ from typing import Any
 from rich.console import Console
 
 from tether import events
-from tether.store.rules import DECISION_EXPIRED_BY
 
 # Cancellations the user asked for need no reason; the others say who ended the turn.
 _ASKED = {None, "cancelled", "caller_cancelled", "client_disconnected"}
@@ -54,7 +53,7 @@ def show_event(out: Console, kind: str, data: dict[str, Any]) -> None:
         text = str(data.get("output", ""))
         out.print(f"← {text[:200]}", style="yellow", markup=False)
     # decision.requested: the chat asks the user (see _chat_decisions), nothing more to show.
-    elif kind == events.DECISION_MADE and data.get("decided_by") == DECISION_EXPIRED_BY:
+    elif kind == events.DECISION_MADE and data.get("status") == "expired":
         out.print("nobody decided in time: refused", style="red", markup=False)
     elif kind == events.TURN_ENDED:
         out.print()

@@ -157,7 +157,11 @@ class Lease:
 
 
 DecisionKind = Literal["approval", "question"]
-DecisionStatus = Literal["pending", "approved", "denied", "always", "answered", "expired"]
+DecisionStatus = Literal[
+    "pending", "approved", "denied", "always", "answered", "expired", "cancelled"
+]
+"""``expired``: nobody decided before the deadline; ``cancelled``: the turn ended first (cancel,
+interrupt, rollback); both refuse, and neither names a decider (``decided_by`` is None)."""
 Verdict = Literal["approve", "deny", "always", "answer"]
 """What a human says to a pending decision (``answer`` carries the text of a question's answer)."""
 VERDICTS: Final[tuple[Verdict, ...]] = ("approve", "deny", "always", "answer")

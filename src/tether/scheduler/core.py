@@ -298,8 +298,9 @@ class Scheduler:
     async def wait(self, key: SessionKey, turn_id: str, *, until_input: bool = False) -> Turn:
         """The turn once it has ended (bound it with ``asyncio.timeout``).
 
-        With ``until_input``, also as soon as it waits for a decision (``awaiting_input``): a
-        caller that can decide it (or tell someone who can) gets it then.
+        With ``until_input``, also as soon as it waits for a decision (``awaiting_input``), or
+        waits in the queue behind a turn that does (:meth:`parked_ahead`): a caller that can
+        decide it (or tell someone who can) gets it then, rather than after the deadline.
         """
         waiters = self.local.waiters
         read_store = turn_id not in waiters
@@ -313,6 +314,8 @@ class Scheduler:
                     return turn
                 if until_input and turn.status == "awaiting_input":
                     return turn
+                if until_input and turn.status == "queued" and await self.parked_ahead(turn):
+                    return turn  # it waits behind a human too: the caller should know
             local = waiters.get(turn_id)
             if local is None or local[0] != key:
                 # Not accepted here (or not under this key): poll the store.
@@ -365,6 +368,16 @@ class Scheduler:
             # It parked on a decision before the request reached it: end it parked.
 
     # -- decisions -------------------------------------------------------------------------------
+    async def parked_ahead(self, turn: Turn) -> Turn | None:
+        """The turn awaiting input that ``turn`` (queued) waits behind, if any: nothing of the
+        session runs before a human decides it."""
+        if turn.status != "queued":
+            return None
+        active = await self.store.active_turns(turn.key)
+        if active and active[0].status == "awaiting_input" and active[0].id != turn.id:
+            return active[0]
+        return None
+
     async def decide(
         self,
         key: SessionKey,

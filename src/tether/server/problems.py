@@ -149,7 +149,10 @@ def install(app: FastAPI) -> None:
         errors = []
         for e in exc.errors():
             loc = ".".join(str(p) for p in e.get("loc", ()) if p != "body")
-            errors.append({"field": loc or "body", "message": str(e.get("msg", "invalid"))})
+            message = str(e.get("msg", "invalid"))
+            # A model's own check says its words; pydantic's prefix for them says nothing.
+            message = message.removeprefix("Value error, ")
+            errors.append({"field": loc or "body", "message": message})
         malformed = any(e.get("type") == "json_invalid" for e in exc.errors())
         if malformed:
             return problem_response(

@@ -198,13 +198,22 @@ class TurnOut(BaseModel):
     agent: str | None = Field(None, description="The agent the turn was submitted for.")
     decisions: list[DecisionOut] = Field(
         default_factory=list,
-        description="What a turn awaiting input waits for: decide it with POST …/decisions.",
+        description="Pending decisions this turn waits for — its own when it is awaiting_input, "
+        "or those of the turn named in behind — to decide with POST …/turns/{turn_id}/decisions "
+        "(each names its turn). Empty otherwise: GET …/turns/{tid}/decisions lists them all.",
+    )
+    behind: str | None = Field(
+        None,
+        description="The turn awaiting input that this queued turn waits behind (202 answers).",
     )
 
     @classmethod
-    def of(cls, t: Turn, decisions: list[Decision] | None = None) -> TurnOut:
+    def of(
+        cls, t: Turn, decisions: list[Decision] | None = None, *, behind: str | None = None
+    ) -> TurnOut:
         return cls(
             decisions=[DecisionOut.of(d) for d in decisions or []],
+            behind=behind,
             id=t.id,
             session_id=t.key.session_id,
             seq=t.seq,

@@ -328,7 +328,7 @@ class FencedWrites(Protocol):
         """Under a freshly acquired lease: end turns left ``running`` as failed/``owner_lost``.
 
         Unanswered tool calls get an aborted result, and each such turn gets its terminal event
-        (:data:`tether.store.rules.OWNER_LOST`, :func:`tether.store.rules.aborted_results`).
+        (:func:`tether.store.rules.owner_lost`, :func:`tether.store.rules.aborted_results`).
         """
         ...
 

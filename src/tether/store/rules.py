@@ -349,6 +349,12 @@ OWNER_LOST: Final = TurnEnding(
 """How a turn left ``running`` by a process that lost its lease ends (DESIGN §4)."""
 
 
+def owner_lost(turn: Turn) -> TurnEnding:
+    """:data:`OWNER_LOST` for ``turn``, keeping the usage stored with it (what a turn spent
+    before it parked on a decision is known; what its lost process spent since is not)."""
+    return replace(OWNER_LOST, usage=turn.usage)
+
+
 def unanswered_calls(items: Iterable[Item]) -> list[tuple[str | None, str | None]]:
     """``(call_id, tool_name)`` of the tool calls among ``items`` (one turn's, in seq order)
     that have no result."""
@@ -453,8 +459,6 @@ _IMPLIED_REASON: Final[dict[str, Reason]] = {
 
 
 # -- decisions -------------------------------------------------------------------------------------
-DECISION_EXPIRED_BY: Final = "deadline"
-"""``decided_by`` of a decision its deadline refused."""
 ALWAYS_KEY: Final = "always_approve"
 """The session state key listing the tools a human approved for the rest of the session
 (``always``): visible in the session's state, revocable by writing the state without them."""
@@ -517,10 +521,10 @@ def settle(d: Decision, verdict: Verdict, answer: str | None, by: str, now: floa
         status, answer = "denied", None
     elif verdict == "answer":
         if answer is None or not answer.strip():
-            raise InvalidInput("a question's answer is text; give answer")
+            raise InvalidInput("the answer is empty: give its text (or deny the question)")
         choices = d.payload.get("choices")
         if choices and answer not in choices:
-            raise InvalidInput(f"the answer must be one of {list(choices)}")
+            raise InvalidInput(f"the answer must be one of: {', '.join(map(str, choices))}")
         status = "answered"
     else:
         raise InvalidInput("a question takes an answer (or deny), not approve or always")
@@ -534,9 +538,14 @@ _APPROVAL_STATUS: Final[dict[str, DecisionStatus]] = {
 }
 
 
-def expired(d: Decision, now: float, by: str = DECISION_EXPIRED_BY) -> Decision:
-    """A pending decision refused because nobody decided in time (or its turn ended)."""
-    return replace(d, status="expired", decided_by=by, decided_at=now)
+def expired(d: Decision, now: float) -> Decision:
+    """A pending decision refused because nobody decided in time: nobody decided it."""
+    return replace(d, status="expired", decided_by=None, decided_at=now)
+
+
+def dropped(d: Decision, now: float) -> Decision:
+    """A pending decision whose turn ended first (cancelled, interrupted, rolled back)."""
+    return replace(d, status="cancelled", decided_by=None, decided_at=now)
 
 
 def always_approved(state: dict[str, Any]) -> frozenset[str]:

@@ -8,8 +8,10 @@ turns on one session are serialized, and nobody reaches anybody else's session.
 
 A turn that waits for a human (a tool approval, ``ask_user``: DESIGN §7) answers 202 with
 ``{status: "awaiting_input", turn_id, session_id, agent_name, decisions}``, which PraisonAI's
-contract has no word for; decide through ``POST /v1/sessions/{sid}/turns/{tid}/decisions`` and
-follow the turn (``GET …/turns/{tid}`` or its ``/events``) to its reply.
+contract has no word for (``status: "queued"`` and ``behind`` when it waits behind an earlier
+turn of the session that asks, whose decisions are then listed); decide through
+``POST /v1/sessions/{sid}/turns/{tid}/decisions`` and follow the turn (``GET …/turns/{tid}``
+or its ``/events``) to its reply.
 """
 
 from __future__ import annotations
@@ -35,15 +37,20 @@ router = APIRouter(tags=["compatibility"])
 class ChatAwaitingInput(BaseModel):
     """The turn waits for a human: decide it, then follow the turn to its reply."""
 
-    status: Literal["awaiting_input"] = "awaiting_input"
+    status: Literal["awaiting_input", "queued"] = Field(
+        "awaiting_input",
+        description="awaiting_input: the turn itself asks; queued: it waits behind a turn of "
+        "the session that asks (behind).",
+    )
     turn_id: str
     session_id: str
     agent_name: str
     decisions: list[DecisionOut] = Field(
         ...,
         description="What the turn waits for: decide each with POST "
-        "/v1/sessions/{session_id}/turns/{turn_id}/decisions.",
+        "/v1/sessions/{session_id}/turns/{decision.turn_id}/decisions.",
     )
+    behind: str | None = Field(None, description="The turn awaiting input it waits behind.")
 
 
 @router.post(
@@ -98,12 +105,17 @@ async def chat(body: ChatRequest, request: Request, st: State, caller: Caller) -
 
 
 async def _awaiting_input(st: ServerState, turn: Turn, agent_name: str) -> JSONResponse:
-    pending = await st.runtime.scheduler.decisions(turn.key, turn_id=turn.id, status="pending")
+    scheduler = st.runtime.scheduler
+    ahead = await scheduler.parked_ahead(turn)
+    waits_on = ahead.id if ahead is not None else turn.id
+    pending = await scheduler.decisions(turn.key, turn_id=waits_on, status="pending")
     out = ChatAwaitingInput(
+        status="queued" if ahead is not None else "awaiting_input",
         turn_id=turn.id,
         session_id=turn.key.session_id,
         agent_name=agent_name,
         decisions=[DecisionOut.of(d) for d in pending],
+        behind=ahead.id if ahead is not None else None,
     )
     location = f"/v1/sessions/{turn.key.session_id}/turns/{turn.id}"
     return JSONResponse(

@@ -175,7 +175,8 @@ async def list_decisions(
     key: Key,
     _: OwnSession,
     status: Annotated[
-        Literal["pending", "approved", "denied", "always", "answered", "expired"] | None,
+        Literal["pending", "approved", "denied", "always", "answered", "expired", "cancelled"]
+        | None,
         Query(description="Only decisions in this status (pending: what waits for you now)."),
     ] = None,
 ) -> DecisionList:

@@ -113,8 +113,9 @@ IdempotencyHeader = Annotated[
     responses={
         200: {"description": "the completed turn (wait=true)", "content": SSE},
         202: {
-            "description": "queued (wait=false), or waiting for a human decision (wait=true: "
-            "status awaiting_input, with the decisions it waits for)",
+            "description": "queued (wait=false); or (wait=true) waiting for a human decision: "
+            "status awaiting_input with its decisions, or queued behind a turn awaiting input "
+            "(behind) with that turn's decisions",
             "model": TurnOut,
         },
         409: {"description": "policy=reject and the session is busy; or the turn was cancelled"},
@@ -174,12 +175,16 @@ async def create_turn(
 
 
 async def parked_response(st: ServerState, turn: Turn, location: str) -> JSONResponse:
-    """A turn awaiting input: 202 with what it waits for (decide it, then follow or wait)."""
-    pending = await st.runtime.scheduler.decisions(turn.key, turn_id=turn.id, status="pending")
+    """A turn that waits for a human: 202 with what it waits for — its own decisions, or, when
+    it is queued behind a turn awaiting input (``behind``), that turn's. Decide them, then
+    follow or wait for the turn."""
+    scheduler = st.runtime.scheduler
+    ahead = await scheduler.parked_ahead(turn)
+    waits_on = ahead.id if ahead is not None else turn.id
+    pending = await scheduler.decisions(turn.key, turn_id=waits_on, status="pending")
+    out = TurnOut.of(turn, pending, behind=ahead.id if ahead is not None else None)
     return JSONResponse(
-        TurnOut.of(turn, pending).model_dump(mode="json"),
-        status_code=202,
-        headers={"Location": location},
+        out.model_dump(mode="json"), status_code=202, headers={"Location": location}
     )
 
 

@@ -123,7 +123,7 @@ class Turns(State):
         now = time.time()
         for slot, d in list(s.decisions.items()):
             if slot[0] == turn_id and d.pending:
-                s.decisions[slot] = done = rules.expired(d, now, by=reason)
+                s.decisions[slot] = done = rules.dropped(d, now)
                 event = rules.decision_made_event(done, s.last_event_seq(turn_id))
                 self._add_events(s, turn_id, [event], now)
         calls = rules.unanswered_calls(i for i in s.items if i.turn_id == turn_id)
@@ -281,7 +281,7 @@ class Turns(State):
                 continue
             calls = rules.unanswered_calls(i for i in s.items if i.turn_id == tid)
             self._add_items(s, tid, rules.aborted_results(calls), time.time())
-            out.append(self._finish(s, turn, rules.OWNER_LOST, terminal=True))
+            out.append(self._finish(s, turn, rules.owner_lost(turn), terminal=True))
         return out
 
     @staticmethod

@@ -272,9 +272,9 @@ LIST_DECISIONS = (
     " AND ($2::text IS NULL OR turn_id = $2) AND ($3::text IS NULL OR status = $3)"
     " ORDER BY created_at, turn_id, call_id LIMIT $4"
 )
-# A turn's pending decisions, ended (as expired) because the turn ends.
-EXPIRE_OF_TURN = (
-    "UPDATE decisions SET status = 'expired', decided_by = $2, decided_at = $3"
+# A turn's pending decisions, ended (cancelled, decided by nobody) because the turn ends.
+DROP_OF_TURN = (
+    "UPDATE decisions SET status = 'cancelled', decided_by = NULL, decided_at = $2"
     f" WHERE turn_id = $1 AND status = 'pending' RETURNING {DECISION_COLS}"
 )
 # Conditional on still being pending: a decision ends once.

@@ -136,7 +136,7 @@ async def recover(conn: Conn, pk: int) -> list[Turn]:
         orphans = await conn.fetch(q.ORPHAN_CALLS, pk, turn.id)
         aborted = rules.aborted_results((call_id, tool) for call_id, tool in orphans)
         await add(conn, pk, turn.id, aborted, [])
-        out.append(await finish(conn, pk, turn, rules.OWNER_LOST, terminal=True))
+        out.append(await finish(conn, pk, turn, rules.owner_lost(turn), terminal=True))
     return out
 
 

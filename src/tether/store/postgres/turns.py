@@ -137,8 +137,8 @@ class Turns(Connection):
                 return None
             now = time.time()
             ending = rules.waiting_ending(status, reason, turn_row(tuple(row)))
-            expired = await conn.fetch(q.EXPIRE_OF_TURN, turn_id, reason, now)
-            for d in sorted((decision_row(key, r) for r in expired), key=lambda d: d.created_at):
+            dropped = await conn.fetch(q.DROP_OF_TURN, turn_id, now)
+            for d in sorted((decision_row(key, r) for r in dropped), key=lambda d: d.created_at):
                 await steps.decision_made(conn, d, now)
             orphans = await conn.fetch(q.ORPHAN_CALLS, pk, turn_id)
             aborted = rules.aborted_results((call_id, tool) for call_id, tool in orphans)

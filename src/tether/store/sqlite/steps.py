@@ -149,7 +149,7 @@ def recover(c: sqlite3.Connection, pk: int) -> list[Turn]:
     for turn in map(turn_row, c.execute(q.RUNNING_TURNS, (pk,)).fetchall()):
         orphans = c.execute(q.ORPHAN_CALLS, (pk, turn.id)).fetchall()
         add_rows(c, pk, turn.id, rules.aborted_results((o[0], o[1]) for o in orphans), [])
-        out.append(finish(c, pk, turn, rules.OWNER_LOST, terminal=True))
+        out.append(finish(c, pk, turn, rules.owner_lost(turn), terminal=True))
     return out
 
 
@@ -184,7 +184,7 @@ def end_waiting(
     now = time.time()
     ending = rules.waiting_ending(status, reason, turn_row(row))
     for pending in c.execute(q.PENDING_OF_TURN, (turn_id,)).fetchall():
-        done = rules.expired(decision_row(key, pending), now, by=ending.reason)
+        done = rules.dropped(decision_row(key, pending), now)
         close_decision(c, done, now, requeue=False)
     orphans = c.execute(q.ORPHAN_CALLS, (pk, turn_id)).fetchall()
     add_rows(c, pk, turn_id, rules.aborted_results((o[0], o[1]) for o in orphans), [])

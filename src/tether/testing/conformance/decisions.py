@@ -263,6 +263,18 @@ class DecisionsConformance:
         assert done.status == "completed"
         assert [r.id for r in await store.list_memory([Namespace.session(k)])] == ["n1"]
 
+    async def test_a_resumed_turn_whose_owner_dies_keeps_its_usage(self, store: Store) -> None:
+        k = await new_session(store)
+        await parked(store, k)
+        await store.decide(k, "t1", "c2", "approve", by="alice")
+        doomed = await acquire(store, k, "node-b", ttl=0.05)
+        await store.resume_turn(doomed, "t1", [ev(5)])
+        await asyncio.sleep(0.15)  # node-b dies mid-tool; its lease runs out
+        [lost] = await store.recover(await acquire(store, k, "node-c"))
+        assert (lost.status, lost.reason) == ("failed", "owner_lost")
+        assert lost.usage == USAGE
+        assert rules.unanswered_calls(await store.list_items(k)) == []
+
     async def test_a_turn_that_never_started_does_not_resume(self, store: Store) -> None:
         k = await new_session(store)
         await store.enqueue_turn(k, turn_id="t1", input="hi", policy="enqueue")
@@ -290,7 +302,7 @@ class DecisionsConformance:
         assert await store.expire_decisions(time.time()) == [k]
         assert await store.expire_decisions(time.time()) == []  # each ends once
         [done] = await store.list_decisions(k)
-        assert (done.status, done.decided_by) == ("expired", rules.DECISION_EXPIRED_BY)
+        assert (done.status, done.decided_by) == ("expired", None)
         turn = await store.get_turn(k, "t1")
         assert turn is not None and turn.status == "queued"
         assert (await store.list_events(k, "t1"))[-1].data["status"] == "expired"
@@ -312,7 +324,7 @@ class DecisionsConformance:
         )
         assert rules.unanswered_calls(items) == []
         [d] = await store.list_decisions(k)
-        assert (d.status, d.decided_by) == ("expired", "cancelled")
+        assert (d.status, d.decided_by) == ("cancelled", None)
         events = await store.list_events(k, "t1")
         assert [e.type for e in events][-2:] == [DECISION_MADE, TURN_ENDED]
         assert [e.seq for e in events] == sorted({e.seq for e in events})
