@@ -112,7 +112,7 @@ def test_session_agents_take_turns_with_their_own_instructions(data_dir: Path) -
     assert researcher.chat("find sources") == "You research topics."
     assert writer.chat("write it up") == "You write articles."
     assert session.chat("and now?") == "You write articles."  # the session's latest agent
-    history = [m["content"] for m in session.get_context() if m["role"] == "user"]
+    history = [m["content"] for m in session.get_context()["messages"] if m["role"] == "user"]
     assert history == ["find sources", "write it up", "and now?"]
 
 

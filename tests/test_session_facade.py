@@ -38,12 +38,17 @@ def test_session_agent_persists_state_and_context(data_dir: Path) -> None:
     helper = session.Agent(name="Assistant", instructions="be brief", model=EchoModel())
     assert helper.chat("hello") == "user:hello"
     assert helper.chat("again") == "user:hello | assistant:user:hello | user:again"
-    assert session.get_context() == [
+    context = session.get_context()
+    assert context["messages"] == [
         {"role": "user", "content": "hello"},
         {"role": "assistant", "content": "user:hello"},
         {"role": "user", "content": "again"},
         {"role": "assistant", "content": "user:hello | assistant:user:hello | user:again"},
     ]
+    assert (context["session_id"], context["user_id"]) == ("chat_123", "user_456")
+    assert (context["message_count"], context["agents"]) == (4, ["Assistant"])
+    assert context["created_at"] <= context["updated_at"]
+    assert context["expires_at"] == pytest.approx(context["created_at"] + 3600, abs=5)
     session.save_state({"step": 2, "topic": "greetings"})
     assert Session(session_id="chat_123", user_id="user_456").restore_state() == {
         "step": 2,
@@ -54,7 +59,9 @@ def test_session_agent_persists_state_and_context(data_dir: Path) -> None:
     assert not session.is_expired()
     # Another user's session with the same id is another conversation.
     other = Session(session_id="chat_123", user_id="someone_else")
-    assert other.get_context() == [] and other.restore_state() == {}
+    nothing = other.get_context()
+    assert nothing["messages"] == [] and nothing["message_count"] == 0
+    assert nothing["created_at"] is None and other.restore_state() == {}
     session.close()
 
 
@@ -97,7 +104,12 @@ def test_memory_and_knowledge_as_the_first_calls_of_a_process(
         session.add_knowledge("handbok.md")
     with pytest.raises(FileNotFoundError):
         session.add_knowledge("docs/handbok")
-    assert session.add_knowledge("Meals and/or taxis are reimbursed.")["name"] == "text"
+    # Each text is a document of its own, named by its content: two texts keep both.
+    meals = session.add_knowledge("Meals and/or taxis are reimbursed.")
+    hotels = session.add_knowledge("Hotels are booked by the travel desk.")
+    assert meals["name"].startswith("text-") and meals["name"] != hotels["name"]
+    assert "travel desk" in session.search_knowledge("who books hotels")[0]["content"]
+    assert "taxis" in session.search_knowledge("are taxis reimbursed")[0]["content"]
     # Another user sees none of it.
     stranger = Session(session_id="first-1", user_id="someone-else")
     assert stranger.search_memory("units") == []
@@ -138,7 +150,7 @@ def test_a_closed_session_refuses_every_use(data_dir: Path, tmp_path: Path) -> N
     # Nothing was written by the refused calls; the stored conversation is intact.
     again = Session(session_id="closing", user_id="u-close")
     assert again.restore_state() == {}
-    assert again.get_context() == [
+    assert again.get_context()["messages"] == [
         {"role": "user", "content": "hello"},
         {"role": "assistant", "content": "user:hello"},
     ]
@@ -221,11 +233,40 @@ def test_get_context_returns_the_newest_messages_in_order(data_dir: Path) -> Non
     assert agent.chat("m2") == "a2"
     assert agent.chat("m3") == "a3"
     # The newest messages, oldest first; the failed turn's and the tool items left out.
-    assert session.get_context(limit=3) == [
+    assert session.get_context(limit=3)["messages"] == [
         {"role": "assistant", "content": "a2"},
         {"role": "user", "content": "m3"},
         {"role": "assistant", "content": "a3"},
     ]
-    assert [m["content"] for m in session.get_context()] == ["m0", "a0", "m2", "a2", "m3", "a3"]
+    context = session.get_context()
+    assert [m["content"] for m in context["messages"]] == ["m0", "a0", "m2", "a2", "m3", "a3"]
+    assert context["message_count"] == 6  # the failed turn's items do not count
     with pytest.raises(ConfigError):
         session.get_context(limit=0)
+
+
+def test_session_options_are_checked_when_the_session_is_made(data_dir: Path) -> None:
+    for bad in (-1, 0, float("nan"), float("inf"), "3600", True):
+        with pytest.raises(ValueError, match="session_ttl"):
+            Session(session_id="ttl", session_ttl=bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):  # the same error, tether's own type
+        Session(session_id="ttl", session_ttl=-5)
+    assert Session(session_id="ttl-default").time_to_expiry() is None
+
+
+def test_time_to_expiry_never_goes_below_zero(data_dir: Path) -> None:
+    session = Session(session_id="short", user_id="u-short", session_ttl=0.2)
+    session.save_state({"x": 1})  # stores the session, and its expiry
+    time.sleep(0.4)
+    assert session.time_to_expiry() == 0.0
+    assert session.is_expired()
+
+
+def test_a_session_is_a_context_manager(data_dir: Path) -> None:
+    with Session(session_id="with", user_id="u-with") as session:
+        helper = session.Agent(name="A", model=EchoModel())
+        assert helper.chat("hi") == "user:hi"
+    with pytest.raises(SessionClosed):
+        session.chat("more")
+    with Session(session_id="with", user_id="u-with") as again:
+        assert again.get_context()["message_count"] == 2

@@ -3,7 +3,7 @@
 ::
 
     TetherError
-    ├── ConfigError              bad configuration or arguments (typed, never ValueError)
+    ├── ConfigError              bad configuration or arguments (also a ValueError)
     ├── InvalidInput             a caller's input is malformed (HTTP 400)
     │   └── InvalidSessionId     a session id outside 1-128 of [A-Za-z0-9._:-]
     ├── TooLarge                 a size bound was exceeded (HTTP 413)
@@ -56,8 +56,11 @@ class TetherError(Exception):
     """Base of every error tether raises on purpose."""
 
 
-class ConfigError(TetherError):
-    """Configuration or arguments that cannot work."""
+class ConfigError(TetherError, ValueError):
+    """Configuration or arguments that cannot work.
+
+    Also a ValueError, which is what the APIs tether implements document for a bad argument
+    (``Session(session_ttl=-1)``): code written against them catches it either way."""
 
 
 class InvalidInput(TetherError):

@@ -11,7 +11,7 @@
     session.is_expired(); session.time_to_expiry()
     session.close()                       # this object is done; the conversation stays stored
 
-    remote = Session(agent_url="http://host:8000", timeout=60)
+    remote = Session(agent_url="http://host:8000", timeout=30)
     remote.chat("hi")                     # TimeoutError / ConnectionError on transport trouble
 
     session.chat("deploy it", on_decision=lambda d: input(f"{d.payload}? ") == "y")
@@ -23,6 +23,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import math
 import time
 from collections.abc import Awaitable
 from pathlib import Path
@@ -74,14 +76,14 @@ class Session:
         session_ttl: float | None = None,
         *,
         agent_url: str | None = None,
-        timeout: float = 60.0,
+        timeout: float = 30.0,
         headers: dict[str, str] | None = None,
         api_key: str | None = None,
         agent_name: str | None = None,
     ) -> None:
         self.session_id = validate_session_id(session_id) if session_id else new_session_id()
         self.user_id = user_id or "local"
-        self.session_ttl = session_ttl
+        self.session_ttl = _checked_ttl(session_ttl)
         self.agent_url = agent_url
         self.agent_name = agent_name
         self._agent: AgentTemplate | None = None
@@ -325,22 +327,57 @@ class Session:
         record = self._record()
         return dict(record.state) if record else {}
 
-    def get_context(self, limit: int = 1000) -> list[dict[str, Any]]:
-        """The newest ``limit`` chat messages of the conversation, oldest first (failed turns'
-        items, tool calls and summaries left out)."""
+    def get_context(self, limit: int = 1000) -> dict[str, Any]:
+        """What the session is: ``session_id``, ``user_id``, ``created_at``, ``updated_at``,
+        ``message_count`` (its chat messages), ``agents`` (those that ran its turns, in order),
+        ``expires_at``, ``state``, and ``messages``: the newest ``limit`` chat messages, oldest
+        first (failed turns' items, tool calls and summaries left out). A session not stored
+        yet has no times, no messages and no agents."""
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ConfigError(f"get_context takes a positive limit, not {limit!r}")
-        if self._record() is None:
-            return []
+        record = self._record()
+        context: dict[str, Any] = {
+            "session_id": self.session_id,
+            "user_id": self.user_id,
+            "created_at": record.created_at if record else None,
+            "updated_at": record.updated_at if record else None,
+            "message_count": 0,
+            "agents": [],
+            "expires_at": record.expires_at if record else None,
+            "state": dict(record.state) if record else {},
+            "messages": [],
+        }
+        if record is None:
+            return context
         rt = self._rt()
         messages: list[Item] = rt.call(self._newest_messages(limit))
-        out: list[dict[str, Any]] = []
         for i in reversed(messages):
             entry: dict[str, Any] = {"role": i.kind, "content": i.content}
             if not i.complete:
                 entry["complete"] = False
-            out.append(entry)
-        return out
+            context["messages"].append(entry)
+        context["message_count"], context["agents"] = rt.call(self._counted())
+        return context
+
+    async def _counted(self) -> tuple[int, list[str]]:
+        """Chat messages that may reach a model, and the agents of the turns, in order."""
+        sessions = self._rt().runtime.sessions
+        count, after = 0, 0
+        while True:
+            page = await sessions.items(self.key, after=after, limit=CONTEXT_PAGE)
+            count += sum(1 for i in page if i.kind in ("user", "assistant") and not i.excluded)
+            if len(page) < CONTEXT_PAGE:
+                break
+            after = page[-1].seq
+        agents: dict[str, None] = {}
+        after = 0
+        while True:
+            turns = await sessions.turns(self.key, after=after, limit=CONTEXT_PAGE)
+            agents.update((t.agent.name, None) for t in turns if t.agent is not None)
+            if len(turns) < CONTEXT_PAGE:
+                break
+            after = turns[-1].seq
+        return count, list(agents)
 
     async def _newest_messages(self, limit: int) -> list[Item]:
         """Up to ``limit`` user and assistant items, newest first, paging backwards: the cost
@@ -425,7 +462,9 @@ class Session:
         if path is not None:
             data, doc_name = path.read_bytes(), name or path.name
         else:
-            data, doc_name = str(source).encode(), name or "text"
+            # Named by its content: two texts are two documents (the same text twice, one).
+            data = str(source).encode()
+            doc_name = name or f"text-{hashlib.sha256(data).hexdigest()[:12]}"
         if self._client is not None:
             files = {"file": (doc_name, data)}
             out: dict[str, Any] = self._client.request(
@@ -485,7 +524,7 @@ class Session:
             if self.session_ttl is None or record is not None:
                 return None
             return self.session_ttl  # not created yet: the whole TTL is ahead
-        return expires - time.time()
+        return max(0.0, expires - time.time())  # an expired session has none left, not less
 
     def clear(self) -> None:
         """Delete this session's history (the session itself stays)."""
@@ -493,6 +532,12 @@ class Session:
             raise SessionNotFound("session not found")
         rt = self._rt()
         rt.call(rt.runtime.sessions.clear(self.key))
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def close(self) -> None:
         """Done with this object: a remote session's connection is closed, and every later
@@ -505,6 +550,18 @@ class Session:
         if self._client is not None:
             client, self._client = self._client, None
             client.close()
+
+
+def _checked_ttl(ttl: object) -> float | None:
+    """A session TTL in seconds, checked when the Session is made (a ValueError there, as
+    documented, rather than at the first turn)."""
+    if ttl is None:
+        return None
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not math.isfinite(ttl):
+        raise ConfigError(f"session_ttl is a number of seconds, not {ttl!r}")
+    if ttl <= 0:
+        raise ConfigError(f"session_ttl must be positive (seconds), not {ttl!r}")
+    return float(ttl)
 
 
 def _async_client_class() -> type[AsyncClient]:
