@@ -219,6 +219,7 @@ def chat_reply(parked: dict[str, Any], turn: dict[str, Any]) -> dict[str, Any]:
         "response": output_of(turn),
         "agent_name": parked["agent_name"],
         "session_id": parked["session_id"],
+        "turn_id": turn.get("id"),
     }
 
 

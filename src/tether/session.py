@@ -85,6 +85,11 @@ class Session:
         self.user_id = user_id or "local"
         self.session_ttl = _checked_ttl(session_ttl)
         self.agent_url = agent_url
+        if agent_url:
+            # The remote-agent contract names an agent's URL (…/agent, …/agents/<name>); the
+            # client talks to the server it lives on.
+            agent_url, named = _server_of(agent_url)
+            agent_name = agent_name or named
         self.agent_name = agent_name
         self._agent: AgentTemplate | None = None
         self._closed = False
@@ -175,7 +180,7 @@ class Session:
         ``agent_name``), or None: calls that run no turn never make one up."""
         return self._agent.name if self._agent is not None else self.agent_name
 
-    def chat(self, message: str, *, on_decision: OnDecision | None = None) -> str:
+    def chat(self, message: str, *, on_decision: OnDecision | None = None) -> Response:
         """One turn with this session's agent (or the remote server's).
 
         What the turn asks a human (a tool approval, ``ask_user``) goes to ``on_decision``
@@ -191,12 +196,12 @@ class Session:
                 agent_name=self.agent_name,
                 on_decision=on_decision,
             )
-            return str(reply["response"])
+            return Response.of_reply(reply)
         agent = self._chat_agent()
         self._check_alive(self._ensure(agent.name))
-        return agent.chat(message, on_decision=on_decision)
+        return Response.local(agent.chat(message, on_decision=on_decision), agent.name, self)
 
-    async def achat(self, message: str, *, on_decision: OnDecision | None = None) -> str:
+    async def achat(self, message: str, *, on_decision: OnDecision | None = None) -> Response:
         """See :meth:`chat`."""
         self._check_open()
         if self.is_remote:
@@ -207,14 +212,15 @@ class Session:
                     agent_name=self.agent_name,
                     on_decision=on_decision,
                 )
-            return str(reply["response"])
+            return Response.of_reply(reply)
         agent = self._chat_agent()
         rt = self._rt()
         record = await rt.acall(
             rt.runtime.ensure_session(self.key, agent.name, ttl_seconds=self.session_ttl)
         )
         self._check_alive(record)
-        return await agent.achat(message, on_decision=on_decision)
+        text = await agent.achat(message, on_decision=on_decision)
+        return Response.local(text, agent.name, self)
 
     def _async_client(self) -> AsyncClient:
         assert self.agent_url is not None
@@ -550,6 +556,77 @@ class Session:
         if self._client is not None:
             client, self._client = self._client, None
             client.close()
+
+
+class Response(str):
+    """A chat reply: the text itself (a ``str``), and as the remote-agent contract has it,
+    ``response["content"]`` and ``response["metadata"]`` (``agent_name``, ``session_id``,
+    ``turn_id``, ``timestamp``, ``status``); ``response.turn`` is the turn's id."""
+
+    metadata: dict[str, Any]
+
+    def __new__(cls, content: str, metadata: dict[str, Any]) -> Response:
+        made = super().__new__(cls, content)
+        made.metadata = metadata
+        return made
+
+    @classmethod
+    def of_reply(cls, reply: dict[str, Any]) -> Response:
+        """From ``/api/chat``'s answer."""
+        return cls(
+            str(reply["response"]),
+            {
+                "agent_name": reply.get("agent_name"),
+                "session_id": reply.get("session_id"),
+                "turn_id": reply.get("turn_id"),
+                "timestamp": time.time(),
+                "status": "completed",
+            },
+        )
+
+    @classmethod
+    def local(cls, text: str, agent_name: str, session: Session) -> Response:
+        return cls(
+            text,
+            {
+                "agent_name": agent_name,
+                "session_id": session.session_id,
+                "turn_id": None,
+                "timestamp": time.time(),
+                "status": "completed",
+            },
+        )
+
+    @property
+    def content(self) -> str:
+        return str(self)
+
+    @property
+    def turn(self) -> str | None:
+        turn_id = self.metadata.get("turn_id")
+        return str(turn_id) if turn_id is not None else None
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, str):
+            if key == "content":
+                return str(self)
+            if key == "metadata":
+                return self.metadata
+            raise KeyError(key)
+        return str.__getitem__(self, key)  # an index or a slice: the text's
+
+
+def _server_of(url: str) -> tuple[str, str | None]:
+    """``(server base URL, agent name or None)`` of a Session's ``agent_url``: the server's
+    own URL, or an agent's (``…/agent``, ``…/agents/<name>``)."""
+    base = url.rstrip("/")
+    head, _, last = base.rpartition("/")
+    if last == "agent" and "://" in head:
+        return head, None
+    parent, _, agents = head.rpartition("/")
+    if agents == "agents" and last and "://" in parent:
+        return parent, last
+    return base, None
 
 
 def _checked_ttl(ttl: object) -> float | None:

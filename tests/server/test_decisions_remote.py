@@ -59,7 +59,8 @@ def test_api_chat_answers_202_while_the_turn_waits(server: Server) -> None:
         # A turn that asks nothing answers as PraisonAI's contract says, on the same session.
         r = c.post("/api/chat", json={"message": "hi", "agent_name": "echo", "session_id": "ac"})
         assert r.status_code == 200, r.text
-        assert set(r.json()) == {"response", "agent_name", "session_id"}
+        # (and names the turn that answered: tether's one addition)
+        assert set(r.json()) == {"response", "agent_name", "session_id", "turn_id"}
 
 
 def test_the_client_answers_ask_user_with_on_decision(server: Server) -> None:
@@ -75,7 +76,9 @@ def test_the_client_answers_ask_user_with_on_decision(server: Server) -> None:
             "response": "noted: The user answered: Venus",
             "agent_name": "asker",
             "session_id": "cq",
+            "turn_id": reply["turn_id"],
         }
+        assert reply["turn_id"].startswith("t_")
         [d] = asked
         assert (d.kind, d.payload, d.key.session_id) == ("question", PICK, "cq")
         # Free text for a question without choices.

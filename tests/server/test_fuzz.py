@@ -148,6 +148,8 @@ ROUTES = {
     ("get", "/v1/sessions/{sid}/turns/{tid}/decisions"): "200",
     ("get", "/v1/sessions/{sid}/decisions"): "200",
     ("post", "/api/chat"): "200",
+    ("post", "/agent"): "200",
+    ("post", "/agents/{name}"): "200",
 }
 
 

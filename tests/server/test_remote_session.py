@@ -90,3 +90,43 @@ def test_remote_session_sends_its_headers_sync_and_async(tmp_path: Path) -> None
     finally:
         sessions.close()
         srv.stop()
+
+
+@pytest.mark.slow
+def test_the_remote_agent_contract(server: Server) -> None:
+    """``POST /agent`` / ``/agents/{name}`` answer ``{content, session_id, metadata}``; a
+    Session given such a URL talks to that agent and its reply is a str with the same keys."""
+    import httpx
+
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        first = c.post("/agents/echo", json={"message": "hi", "session_id": "contract-1"})
+        assert first.status_code == 200, first.text
+        body = first.json()
+        assert body["content"] == "saw [] then hi" and body["session_id"] == "contract-1"
+        meta = body["metadata"]
+        assert (meta["agent_name"], meta["status"]) == ("echo", "completed")
+        assert meta["turn_id"].startswith("t_") and meta["timestamp"] > 0
+        again = c.post("/agents/echo", json={"message": "again", "session_id": "contract-1"})
+        assert again.json()["content"] == "saw [hi] then again"
+        fresh = c.post("/agent", json={"message": "hello"})  # the server's first agent
+        assert fresh.status_code == 200 and fresh.json()["session_id"]
+        assert fresh.json()["metadata"]["agent_name"] == "echo"
+        assert c.post("/agents/nope", json={"message": "x"}).status_code == 404
+    for n, url in enumerate((f"{server.url}/agents/echo", f"{server.url}/agent/")):
+        with closing(Session(agent_url=url, session_id=f"contract-s{n}")) as remote:
+            reply = remote.chat("one")
+            assert reply == "saw [] then one" and reply["content"] == reply
+            assert reply["metadata"]["agent_name"] == "echo"
+            assert reply.turn is not None and reply.turn == reply["metadata"]["turn_id"]
+            assert remote.chat("two")["content"] == "saw [one] then two"  # one conversation
+            assert reply[0:3] == "saw"  # still a str
+
+
+def test_agent_urls_name_their_server_and_agent() -> None:
+    from tether.session import _server_of
+
+    assert _server_of("http://h:8000") == ("http://h:8000", None)
+    assert _server_of("http://h:8000/") == ("http://h:8000", None)
+    assert _server_of("http://h:8000/agent") == ("http://h:8000", None)
+    assert _server_of("http://h:8000/agents/billing") == ("http://h:8000", "billing")
+    assert _server_of("https://h/prefix/agents/tech/") == ("https://h/prefix", "tech")

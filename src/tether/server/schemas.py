@@ -329,6 +329,39 @@ class ChatResponse(BaseModel):
     response: str
     agent_name: str
     session_id: str
+    turn_id: str | None = Field(None, description="The turn that answered (tether's addition).")
+
+
+class AgentRequest(Wire):
+    """The remote-agent contract's request (``POST /agent``)."""
+
+    model_config = ConfigDict(extra="ignore")
+    message: str = Field(
+        ...,
+        min_length=1,
+        description="The user's message (user role only; no NUL characters).",
+        json_schema_extra=_MESSAGE_DOC,
+    )
+    session_id: str | None = Field(
+        None,
+        description="Continue (or start) this session of yours; omit (or empty) for a fresh one.",
+        json_schema_extra={"pattern": "^[A-Za-z0-9._:-]{0,128}$", "maxLength": 128},
+    )
+
+
+class AgentMetadata(BaseModel):
+    agent_name: str
+    timestamp: float = Field(..., description="When the turn ended (seconds since the epoch).")
+    turn_id: str
+    status: str = Field(..., description="The turn's status: completed.")
+
+
+class AgentReply(BaseModel):
+    """The remote-agent contract's answer: ``{content, session_id, metadata}``."""
+
+    content: str
+    session_id: str
+    metadata: AgentMetadata
 
 
 class ProblemOut(BaseModel):

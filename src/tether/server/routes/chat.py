@@ -16,6 +16,7 @@ or its ``/events``) to its reply.
 
 from __future__ import annotations
 
+import time
 from typing import Literal
 
 from fastapi import APIRouter, Request
@@ -23,12 +24,19 @@ from pydantic import BaseModel, Field
 from starlette.responses import JSONResponse, Response
 
 from tether.errors import InvalidInput
-from tether.records import SessionKey, Turn, new_session_id
+from tether.records import Principal, SessionKey, Turn, new_session_id
 from tether.server.deps import Caller, State, check_message
 from tether.server.problems import responses
 from tether.server.routes.outcomes import turn_problem
 from tether.server.routes.turns import wait_for_turn
-from tether.server.schemas import ChatRequest, ChatResponse, DecisionOut
+from tether.server.schemas import (
+    AgentMetadata,
+    AgentReply,
+    AgentRequest,
+    ChatRequest,
+    ChatResponse,
+    DecisionOut,
+)
 from tether.server.state import ServerState
 
 router = APIRouter(tags=["compatibility"])
@@ -53,42 +61,94 @@ class ChatAwaitingInput(BaseModel):
     behind: str | None = Field(None, description="The turn awaiting input it waits behind.")
 
 
-@router.post(
-    "/api/chat",
-    response_model=ChatResponse,
-    responses={
-        202: {
-            "description": "the turn waits for a decision (a tool approval, a question)",
-            "model": ChatAwaitingInput,
-        },
-        **responses(
-            429,
-            502,
-            e400="malformed JSON, an invalid session id, or a server with no agents",
-            e404="no such agent",
-            e409="the turn was cancelled or interrupted",
-            e413="the body or message is over its size bound",
-            e422="the body does not match the schema, or the turn hit a limit",
-            e500="the turn failed inside the server",
-            e503="the store is unreachable, or the server running the turn stopped",
-        ),
+_CHAT_RESPONSES = {
+    202: {
+        "description": "the turn waits for a decision (a tool approval, a question)",
+        "model": ChatAwaitingInput,
     },
-)
+    **responses(
+        429,
+        502,
+        e400="malformed JSON, an invalid session id, or a server with no agents",
+        e404="no such agent",
+        e409="the turn was cancelled or interrupted",
+        e413="the body or message is over its size bound",
+        e422="the body does not match the schema, or the turn hit a limit",
+        e500="the turn failed inside the server",
+        e503="the store is unreachable, or the server running the turn stopped",
+    ),
+}
+
+
+@router.post("/api/chat", response_model=ChatResponse, responses=_CHAT_RESPONSES)
 async def chat(body: ChatRequest, request: Request, st: State, caller: Caller) -> Response:
     """Send a message and get the agent's reply; 202 when the turn waits for a human decision
     (decide it through ``/v1/sessions/{sid}/turns/{tid}/decisions``)."""
+    done = await _turn(st, request, caller, body.message, body.session_id, body.agent_name)
+    if not isinstance(done, Turn):
+        return done
+    agent_name = done.agent.name if done.agent else ""
+    out = ChatResponse(
+        response=done.output or "",
+        agent_name=agent_name,
+        session_id=done.key.session_id,
+        turn_id=done.id,
+    )
+    return JSONResponse(out.model_dump())
+
+
+@router.post("/agent", response_model=AgentReply, responses=_CHAT_RESPONSES)
+async def agent(body: AgentRequest, request: Request, st: State, caller: Caller) -> Response:
+    """The remote-agent contract: ``{message, session_id?}`` → ``{content, session_id,
+    metadata: {agent_name, timestamp, turn_id, status}}``, with the server's first agent."""
+    return await _agent_reply(st, request, caller, body, None)
+
+
+@router.post("/agents/{name}", response_model=AgentReply, responses=_CHAT_RESPONSES)
+async def named_agent(
+    name: str, body: AgentRequest, request: Request, st: State, caller: Caller
+) -> Response:
+    """``POST /agent`` for the agent named ``name`` (a server that serves several)."""
+    return await _agent_reply(st, request, caller, body, name)
+
+
+async def _agent_reply(
+    st: ServerState, request: Request, caller: Principal, body: AgentRequest, name: str | None
+) -> Response:
+    done = await _turn(st, request, caller, body.message, body.session_id, name)
+    if not isinstance(done, Turn):
+        return done
+    metadata = AgentMetadata(
+        agent_name=done.agent.name if done.agent else "",
+        timestamp=done.ended_at or time.time(),
+        turn_id=done.id,
+        status=done.status,
+    )
+    out = AgentReply(content=done.output or "", session_id=done.key.session_id, metadata=metadata)
+    return JSONResponse(out.model_dump())
+
+
+async def _turn(
+    st: ServerState,
+    request: Request,
+    caller: Principal,
+    message: str,
+    session_id: str | None,
+    agent_name: str | None,
+) -> Turn | Response:
+    """Run one turn on the caller's session (made if need be): the completed turn, or the
+    response to give instead (499 gone, 202 waiting for a human, a problem)."""
     if not st.agents:
         raise InvalidInput("this server has no agents")
-    agent = st.runtime.served(body.agent_name or st.agents[0].name)
-    agent_name = agent.name
-    check_message(st, body.message)
-    session_id = body.session_id or new_session_id()
+    agent = st.runtime.served(agent_name or st.agents[0].name)
+    check_message(st, message)
+    session_id = session_id or new_session_id()
     key = SessionKey.of(caller, session_id)
     # A session may be served by several of the app's agents: the turn names its own.
-    await st.runtime.sessions.create(key, agent_name, exist_ok=True, replace_expired=True)
+    await st.runtime.sessions.create(key, agent.name, exist_ok=True, replace_expired=True)
     turn = await st.runtime.scheduler.submit(
         key,
-        body.message,
+        message,
         principal=caller,
         wait_for_slot=st.settings.admission_wait,
         agent=agent.ref,
@@ -97,11 +157,10 @@ async def chat(body: ChatRequest, request: Request, st: State, caller: Caller) -
     if done is None:
         return Response(status_code=499)
     if not done.ended:
-        return await _awaiting_input(st, done, agent_name)
+        return await _awaiting_input(st, done, agent.name)
     if done.status != "completed":
-        return turn_problem(done, agent_name=agent_name, session_id=session_id)
-    out = ChatResponse(response=done.output or "", agent_name=agent_name, session_id=session_id)
-    return JSONResponse(out.model_dump())
+        return turn_problem(done, agent_name=agent.name, session_id=session_id)
+    return done
 
 
 async def _awaiting_input(st: ServerState, turn: Turn, agent_name: str) -> JSONResponse:
