@@ -29,6 +29,7 @@ def test_public_api_is_small_and_exact() -> None:
             "InvalidInput",
             "InvalidSessionId",
             "Item",
+            "MemoryConfig",
             "MemoryPolicy",
             "ModelError",
             "NotFound",

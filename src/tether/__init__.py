@@ -7,7 +7,7 @@ facade load when first used, so ``import tether`` stays light and loads no datab
 
 from typing import TYPE_CHECKING, Any
 
-from tether.agent import Agent, MemoryPolicy, RetryPolicy
+from tether.agent import Agent, MemoryConfig, MemoryPolicy, RetryPolicy
 from tether.errors import (
     AgentNotFound,
     ConfigError,
@@ -83,6 +83,7 @@ __all__ = [
     "InvalidSessionId",
     "Item",
     "LimitExceeded",
+    "MemoryConfig",
     "MemoryPolicy",
     "ModelError",
     "NotFound",

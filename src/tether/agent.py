@@ -11,8 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+import warnings
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from tether.errors import ConfigError
@@ -37,6 +38,8 @@ _MEMORY_OPTIONS = frozenset(
         "knowledge_tool",
         "summarize",
         "notes",
+        "history",
+        "auto_save",
     }
 )
 _SCOPES = ("session", "user", "agent", "tenant")
@@ -74,6 +77,9 @@ class MemoryPolicy:
     in the prompt before each turn."""
     summarize: bool = True
     """Summarise history that falls out of the prompt's window into a stored summary item."""
+    history: bool = True
+    """Send the conversation's earlier messages to the model (PraisonAI's ``history``); False:
+    each turn sees only its own message (the history is still stored)."""
 
     @property
     def note_scope(self) -> str:
@@ -91,6 +97,10 @@ class MemoryPolicy:
         if unknown:
             raise ConfigError(f"unknown memory options: {', '.join(sorted(unknown))}")
         sid = value.get("session_id")
+        saved = value.get("auto_save")  # PraisonAI's name for the same thing
+        if saved is not None and sid is not None and saved != sid:
+            raise ConfigError("memory auto_save and session_id name two sessions; give one")
+        sid = sid if sid is not None else saved
         if sid is not None:
             validate_session_id(sid)
         ttl = value.get("session_ttl")
@@ -122,7 +132,42 @@ class MemoryPolicy:
             knowledge=tuple(str(k) for k in knowledge),
             knowledge_tool=bool(value.get("knowledge_tool", False)),
             summarize=bool(value.get("summarize", True)),
+            history=bool(value.get("history", True)),
         )
+
+
+def MemoryConfig(
+    *,
+    auto_save: str | None = None,
+    history: bool = True,
+    user_id: str | None = None,
+    **options: Any,
+) -> MemoryPolicy:
+    """PraisonAI's memory options, as tether's :class:`MemoryPolicy`: ``auto_save`` keeps the
+    conversation under that session id (a new process resumes it), ``history`` sends earlier
+    messages to the model (the default), ``user_id`` owns it; any other option of
+    :class:`MemoryPolicy` (``scopes``, ``remember``, ``knowledge``…) too."""
+    values = dict(options)
+    if auto_save is not None:
+        values["auto_save"] = auto_save
+    if user_id is not None:
+        values["user_id"] = user_id
+    values["history"] = history
+    return MemoryPolicy.coerce(values)
+
+
+def _with_auto_save(policy: MemoryPolicy, auto_save: str | None) -> MemoryPolicy:
+    """``Agent(auto_save=…)``, the older spelling of ``memory=MemoryConfig(auto_save=…)``."""
+    if auto_save is None:
+        return policy
+    warnings.warn(
+        "Agent(auto_save=...) is deprecated: use Agent(memory=MemoryConfig(auto_save=...))",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    if policy.session_id is not None and policy.session_id != auto_save:
+        raise ConfigError("auto_save and memory session_id name two sessions; give one")
+    return replace(policy, session_id=validate_session_id(auto_save))
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +308,7 @@ class Agent:
         approval_timeout: float = 600.0,
         memory: MemoryPolicy | Mapping[str, Any] | bool | None = None,
         description: str = "",
+        auto_save: str | None = None,
     ) -> None:
         if not name or not isinstance(name, str):
             raise ConfigError("an agent needs a non-empty name")
@@ -299,7 +345,7 @@ class Agent:
             "retry": retry or RetryPolicy(),
             "tool_timeout": tool_timeout,
             "approval_timeout": approval_timeout,
-            "memory": MemoryPolicy.coerce(memory),
+            "memory": _with_auto_save(MemoryPolicy.coerce(memory), auto_save),
             "description": description,
             "_default_session_id": "agent_" + secrets.token_urlsafe(16),
         }

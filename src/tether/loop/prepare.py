@@ -15,7 +15,7 @@ from tether.events import MEMORY_RECALLED
 from tether.loop.compact import summarise, summary_tokens
 from tether.loop.context import TurnContext
 from tether.loop.state import TurnState
-from tether.loop.window import estimate_tokens, render, select_window
+from tether.loop.window import Window, estimate_tokens, render, select_window
 from tether.memory import prompt
 from tether.models.base import Message
 
@@ -67,7 +67,11 @@ async def prepare(ctx: TurnContext, state: TurnState, *, resumed: bool = False) 
     # (see LocalModel).
     near_question = bool(recalled) and getattr(ctx.model, "recall_near_question", False)
     budget = context_budget(ctx, f"{instructions}\n\n{recalled}" if recalled else instructions)
-    window = await select_window(ctx.history, ctx.input_seq, budget)
+    if not ctx.agent.memory.history:
+        # The conversation is kept, but this agent answers each message on its own.
+        window = Window([], False)
+    else:
+        window = await select_window(ctx.history, ctx.input_seq, budget)
     summary = None
     if window.truncated:
         # Only a conversation that outgrew the window has a summary to place (or to make): the
