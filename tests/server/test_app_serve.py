@@ -76,6 +76,7 @@ def test_serve_from_a_script_answers_http_and_exits_cleanly(tmp_path: Path, cls:
                 "response": "reply to: hi",
                 "agent_name": "greeter",
                 "session_id": "app-1",
+                "turn_id": first.json()["turn_id"],
             }
             c.post("/api/chat", json={"message": "again", "session_id": "app-1"})
             items = c.get("/v1/sessions/app-1/items").json()["data"]

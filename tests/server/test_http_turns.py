@@ -29,7 +29,10 @@ def test_two_turn_continuity_on_api_chat(server: Server) -> None:
             "response": "saw [] then I am Ada",
             "agent_name": "echo",
             "session_id": "cont-chat",
+            "turn_id": first.json()["turn_id"],  # tether's addition to PraisonAI's shape
         }
+        turn = c.get(f"/v1/sessions/cont-chat/turns/{first.json()['turn_id']}").json()
+        assert turn["output"] == "saw [] then I am Ada"
         second = c.post(
             "/api/chat", json={"message": "who?", "session_id": "cont-chat", "agent_name": "echo"}
         ).json()
