@@ -13,6 +13,7 @@ from tether import (
     Agent,
     ConfigError,
     InvalidInput,
+    MemoryConfig,
     Principal,
     Session,
     SessionClosed,
@@ -20,6 +21,7 @@ from tether import (
     TurnFailed,
     tool,
 )
+from tether.errors import MiddlewareFailed
 from tether.models.base import ModelRequest
 from tether.records import SessionRecord
 from tether.testing import EchoModel, ScriptedModel
@@ -270,3 +272,69 @@ def test_a_session_is_a_context_manager(data_dir: Path) -> None:
         session.chat("more")
     with Session(session_id="with", user_id="u-with") as again:
         assert again.get_context()["message_count"] == 2
+
+
+def test_middleware_runs_after_every_turn_of_every_agent(data_dir: Path) -> None:
+    seen: list[tuple[str, str]] = []
+
+    def log(message: str, response: str) -> str:
+        seen.append((message, response))
+        return response
+
+    async def shout(message: str, response: str) -> str:
+        return response.upper()
+
+    model = EchoModel()
+    with Session(session_id="mw", user_id="u-mw", middleware=[log, shout]) as session:
+        researcher = session.Agent(name="researcher", model=model)
+        writer = session.Agent(name="writer", model=model)
+        assert researcher.chat("find") == "USER:FIND"
+        # The writer sees the conversation as stored (not as the middleware changed it).
+        assert writer.chat("write") == "USER:FIND | ASSISTANT:USER:FIND | USER:WRITE"
+        assert seen == [
+            ("find", "user:find"),
+            ("write", "user:find | assistant:user:find | user:write"),
+        ]
+        # The stored history holds what the agents said; middleware shapes the caller's copy.
+        assert session.get_context()["messages"][1]["content"] == "user:find"
+
+
+async def test_middleware_in_the_async_path(data_dir: Path) -> None:
+    async def tag(message: str, response: str) -> str:
+        return f"[{response}]"
+
+    with Session(session_id="mw-async", user_id="u-mw", middleware=[tag]) as session:
+        agent = session.Agent(name="A", model=EchoModel())
+        assert await agent.achat("hi") == "[user:hi]"
+        assert await session.achat("again") == f"[{'user:hi | assistant:user:hi | user:again'}]"
+
+
+def test_a_failing_middleware_is_a_clear_error_that_loses_nothing(data_dir: Path) -> None:
+    def broken(message: str, response: str) -> str:
+        raise RuntimeError("the audit log is down")
+
+    with Session(session_id="mw-broken", user_id="u-mw", middleware=[broken]) as session:
+        agent = session.Agent(name="A", model=EchoModel())
+        with pytest.raises(MiddlewareFailed, match="broken") as failed:
+            agent.chat("hi")
+        assert failed.value.reply == "user:hi"
+        assert isinstance(failed.value.__cause__, RuntimeError)
+        assert session.get_context()["message_count"] == 2  # the turn is stored
+    with pytest.raises(ConfigError):
+        Session(session_id="mw-bad", middleware=["not a function"])  # type: ignore[list-item]
+
+
+def test_session_agents_take_memory_and_knowledge_as_documented(data_dir: Path) -> None:
+    session = Session(session_id="opts", user_id="u-opts")
+    plain = session.Agent(name="A", model=EchoModel(), memory=True, knowledge=True)
+    assert plain.memory.session_id == "opts" and plain.memory.knowledge == ("knowledge",)
+    quiet = session.Agent(name="B", model=EchoModel(), memory=False, knowledge=False)
+    assert quiet.memory.scopes == () and quiet.memory.knowledge == ()
+    configured = session.Agent(
+        name="C", model=EchoModel(), memory=MemoryConfig(remember=True), knowledge=["handbook"]
+    )
+    assert configured.memory.remember and configured.memory.knowledge == ("handbook",)
+    assert configured.memory.session_id == "opts"  # the session's, whatever the config says
+    with pytest.raises(ConfigError):
+        session.Agent(name="D", memory="yes please")
+    session.close()

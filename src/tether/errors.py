@@ -32,6 +32,7 @@
     │   ├── ModelRequestsForbidden  a real provider was called while tests forbid it
     │   └── ScriptExhausted      a ScriptedModel was asked for more than its script holds
     ├── TurnFailed               a turn ended in a status other than completed (carries the turn)
+    ├── MiddlewareFailed         a Session's middleware raised after the turn was committed
     ├── DecisionRequired         a turn waits for a human and nobody was there to ask
     ├── RemoteError              a tether server answered a problem the client has no class for
     └── SyncInAsyncContext       a blocking method was called from inside a running event loop
@@ -237,6 +238,18 @@ class DecisionRequired(TetherError):
         )
         self.decision = decision
         self.turn = turn
+
+
+class MiddlewareFailed(TetherError):
+    """A ``Session(middleware=[...])`` function raised. The turn had ended and is stored: only
+    the middleware's work is missing. ``reply`` is the agent's reply as it stood (after the
+    middleware before it), ``middleware`` the function, and the cause is chained."""
+
+    def __init__(self, middleware: object, reply: str) -> None:
+        name = getattr(middleware, "__name__", repr(middleware))
+        super().__init__(f"middleware {name} raised; the turn itself is stored")
+        self.middleware = middleware
+        self.reply = reply
 
 
 class RemoteError(TetherError):

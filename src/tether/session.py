@@ -23,19 +23,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import inspect
 import math
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tether import _wire
 from tether.agent import Agent as AgentTemplate
+from tether.agent import MemoryPolicy
 from tether.embedded import EmbeddedRuntime, default_runtime
 from tether.errors import (
     ConfigError,
     DecisionNotFound,
+    MiddlewareFailed,
     SessionClosed,
     SessionNotFound,
     TetherError,
@@ -80,8 +85,13 @@ class Session:
         headers: dict[str, str] | None = None,
         api_key: str | None = None,
         agent_name: str | None = None,
+        middleware: Sequence[Middleware] = (),
     ) -> None:
         self.session_id = validate_session_id(session_id) if session_id else new_session_id()
+        self.middleware: tuple[Middleware, ...] = tuple(middleware)
+        for fn in self.middleware:
+            if not callable(fn):
+                raise ConfigError(f"middleware must be functions (message, response), not {fn!r}")
         self.user_id = user_id or "local"
         self.session_ttl = _checked_ttl(session_ttl)
         self.agent_url = agent_url
@@ -146,12 +156,22 @@ class Session:
     def Agent(
         self, name: str, instructions: str = "You are a helpful assistant.", **options: Any
     ) -> AgentTemplate:
-        """An agent whose conversation is this session (PraisonAI's ``session.Agent``)."""
+        """An agent whose conversation is this session (PraisonAI's ``session.Agent``).
+
+        ``memory=True`` (or a dict, or a ``MemoryConfig``) and ``knowledge=True`` (or collection
+        names) are accepted as documented; the session sets the ids. Its replies pass through
+        the session's middleware.
+        """
         self._check_open()
-        extra = options.pop("memory", None) or {}
-        if not isinstance(extra, dict):
-            raise ConfigError("Session.Agent takes memory options as a dict (the session sets ids)")
-        agent = AgentTemplate(
+        extra = _memory_options(options.pop("memory", None))
+        knowledge = options.pop("knowledge", None)
+        if knowledge is False:
+            extra["knowledge"] = []
+        elif isinstance(knowledge, str):
+            extra["knowledge"] = [knowledge]
+        elif isinstance(knowledge, list | tuple):
+            extra["knowledge"] = [str(k) for k in knowledge]
+        agent = SessionAgent(
             name=name,
             instructions=instructions,
             memory={
@@ -165,8 +185,33 @@ class Session:
             },
             **options,
         )
+        object.__setattr__(agent, "_session", self)
         self._agent = agent
         return agent
+
+    def after_turn(self, message: str, reply: str) -> str:
+        """Run the session's middleware over a reply, in order (a coroutine's result is awaited
+        on a loop of its own: this is the blocking path)."""
+        for fn in self.middleware:
+            try:
+                out = fn(message, reply)
+                if inspect.isawaitable(out):
+                    out = asyncio.run(_awaited(out))
+            except Exception as exc:
+                raise MiddlewareFailed(fn, reply) from exc
+            reply = str(out)
+        return reply
+
+    async def aafter_turn(self, message: str, reply: str) -> str:
+        for fn in self.middleware:
+            try:
+                out = fn(message, reply)
+                if inspect.isawaitable(out):
+                    out = await out
+            except Exception as exc:
+                raise MiddlewareFailed(fn, reply) from exc
+            reply = str(out)
+        return reply
 
     def _chat_agent(self) -> AgentTemplate:
         """The agent ``chat`` talks to: the latest made here, else one named ``agent_name``
@@ -196,7 +241,7 @@ class Session:
                 agent_name=self.agent_name,
                 on_decision=on_decision,
             )
-            return Response.of_reply(reply)
+            return Response.of_reply(reply, self.after_turn(message, str(reply["response"])))
         agent = self._chat_agent()
         self._check_alive(self._ensure(agent.name))
         return Response.local(agent.chat(message, on_decision=on_decision), agent.name, self)
@@ -212,7 +257,8 @@ class Session:
                     agent_name=self.agent_name,
                     on_decision=on_decision,
                 )
-            return Response.of_reply(reply)
+            text = await self.aafter_turn(message, str(reply["response"]))
+            return Response.of_reply(reply, text)
         agent = self._chat_agent()
         rt = self._rt()
         record = await rt.acall(
@@ -558,6 +604,48 @@ class Session:
             client.close()
 
 
+Middleware = Callable[[str, str], "str | Awaitable[str]"]
+"""``fn(message, response) -> response``, sync or async: run after every turn of every agent of
+the session, in order, each given the reply the one before returned."""
+
+
+class SessionAgent(AgentTemplate):
+    """An agent made by :meth:`Session.Agent`: a template like any other (the same fingerprint,
+    served the same way), whose ``chat`` replies pass through its session's middleware."""
+
+    _session: Session
+
+    def chat(self, message: str, **kw: Any) -> str:
+        reply = super().chat(message, **kw)
+        return self._session.after_turn(message, reply)
+
+    async def achat(self, message: str, **kw: Any) -> str:
+        reply = await super().achat(message, **kw)
+        return await self._session.aafter_turn(message, reply)
+
+
+async def _awaited(value: Awaitable[Any]) -> Any:
+    return await value
+
+
+def _memory_options(memory: object) -> dict[str, Any]:
+    """``Session.Agent``'s ``memory=``: True or None (the session's defaults), False (no
+    recall, no notes), a dict or a MemoryPolicy/MemoryConfig (its options; the ids are the
+    session's)."""
+    if memory is None or memory is True:
+        return {}
+    if memory is False:
+        return {"scopes": [], "auto": False}
+    if isinstance(memory, MemoryPolicy):
+        chosen = {k: v for k, v in asdict(memory).items() if v != getattr(MemoryPolicy(), k)}
+        for owned in ("session_id", "user_id", "session_ttl"):
+            chosen.pop(owned, None)
+        return chosen
+    if isinstance(memory, dict):
+        return dict(memory)
+    raise ConfigError(f"memory must be True, False, a dict or a MemoryConfig, not {memory!r}")
+
+
 class Response(str):
     """A chat reply: the text itself (a ``str``), and as the remote-agent contract has it,
     ``response["content"]`` and ``response["metadata"]`` (``agent_name``, ``session_id``,
@@ -571,10 +659,10 @@ class Response(str):
         return made
 
     @classmethod
-    def of_reply(cls, reply: dict[str, Any]) -> Response:
-        """From ``/api/chat``'s answer."""
+    def of_reply(cls, reply: dict[str, Any], text: str) -> Response:
+        """From ``/api/chat``'s answer (``text``: its reply, through the middleware)."""
         return cls(
-            str(reply["response"]),
+            text,
             {
                 "agent_name": reply.get("agent_name"),
                 "session_id": reply.get("session_id"),
