@@ -25,7 +25,7 @@ from tether.errors import MiddlewareFailed
 from tether.models.base import ModelRequest
 from tether.records import SessionRecord
 from tether.testing import EchoModel, ScriptedModel
-from tether.testing.scripted import Call, Fail, ToolCalls
+from tether.testing.scripted import Call, Fail, Slow, ToolCalls
 
 
 @pytest.fixture
@@ -338,3 +338,61 @@ def test_session_agents_take_memory_and_knowledge_as_documented(data_dir: Path) 
     with pytest.raises(ConfigError):
         session.Agent(name="D", memory="yes please")
     session.close()
+
+
+def test_close_waits_for_a_turn_under_way_then_cancels_past_its_bound(data_dir: Path) -> None:
+    import threading
+
+    session = Session(session_id="closing-wait", user_id="u-cw")
+    agent = session.Agent(name="A", model=ScriptedModel(default=Slow("w " * 10, delay=0.05)))
+    replies: list[str] = []
+    worker = threading.Thread(target=lambda: replies.append(agent.chat("go")))
+    worker.start()
+    time.sleep(0.2)  # the reply streams (0.5 s in all)
+    session.close()  # waits for it
+    worker.join(5)
+    assert replies == ["w " * 10]
+    with pytest.raises(SessionClosed):
+        session.get_context()
+    # Past its bound, a turn still under way is cancelled, not abandoned.
+    slow = Session(session_id="closing-cancel", user_id="u-cw")
+    stuck = slow.Agent(name="B", model=ScriptedModel(default=Slow("w " * 200, delay=0.05)))
+    failures: list[BaseException] = []
+
+    def chat() -> None:
+        try:
+            stuck.chat("go")
+        except TurnFailed as exc:
+            failures.append(exc)
+
+    worker = threading.Thread(target=chat)
+    worker.start()
+    time.sleep(0.2)
+    slow.close(wait=0.2)
+    worker.join(10)
+    [failed] = failures
+    assert isinstance(failed, TurnFailed) and failed.turn.status == "cancelled"
+
+
+def test_save_state_without_arguments_saves_what_the_session_is(data_dir: Path) -> None:
+    session = Session(session_id="bundle", user_id="u-b", session_ttl=600)
+    session.save_state({"step": 1})
+    session.Agent(name="helper", instructions="be brief", model="openai:gpt-4o-mini")
+    session.save_state()
+    first = session.restore_state()
+    session.save_state()  # idempotent
+    assert session.restore_state() == first
+    assert first["step"] == 1  # what the state held stays
+    bundle = first["session"]
+    assert (bundle["session_id"], bundle["user_id"], bundle["session_ttl"]) == (
+        "bundle",
+        "u-b",
+        600,
+    )
+    [helper] = bundle["agents"]
+    assert (helper["name"], helper["instructions"], helper["model"]) == (
+        "helper",
+        "be brief",
+        "openai:gpt-4o-mini",
+    )
+    assert Session(session_id="bundle", user_id="u-b").restore_state() == first

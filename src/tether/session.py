@@ -24,6 +24,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import inspect
 import math
@@ -43,6 +44,7 @@ from tether.errors import (
     MiddlewareFailed,
     SessionClosed,
     SessionNotFound,
+    SyncInAsyncContext,
     TetherError,
     TurnFailed,
 )
@@ -68,6 +70,8 @@ NO_AGENT = ""
 """The agent a session is created with when state or memory comes before any agent: none. A
 session's agent is only the default for turns that name none, and every turn of this facade
 names its own, so nothing is bound to an agent nobody made (the store keeps a name, not NULL)."""
+CLOSE_WAIT = 30.0
+"""Seconds ``close()`` waits for a turn of the session still under way before cancelling it."""
 CONTEXT_PAGE = 200
 """Items read per step when ``get_context`` pages backwards from the newest."""
 T = TypeVar("T")
@@ -103,6 +107,7 @@ class Session:
         self.agent_name = agent_name
         self._agent: AgentTemplate | None = None
         self._closed = False
+        self._used = False  # whether this object reached the embedded runtime (close() looks)
         if agent_url:
             from tether.client import Client
 
@@ -138,6 +143,7 @@ class Session:
         self._check_open()
         if self.is_remote:
             raise ConfigError("this is a remote session: state lives on the server")
+        self._used = True
         return default_runtime()
 
     def _record(self) -> SessionRecord | None:
@@ -187,6 +193,7 @@ class Session:
         )
         object.__setattr__(agent, "_session", self)
         self._agent = agent
+        self._used = True  # its turns run on the embedded runtime: close() waits for them
         return agent
 
     def after_turn(self, message: str, reply: str) -> str:
@@ -369,11 +376,41 @@ class Session:
     chat_async = achat
 
     # -- state and history -----------------------------------------------------------------------
-    def save_state(self, state: dict[str, Any]) -> None:
-        """Replace the session's small JSON state (creating the session if need be)."""
+    def save_state(self, state: dict[str, Any] | None = None) -> None:
+        """Replace the session's small JSON state (creating the session if need be).
+
+        With no argument, save what the session is, as PraisonAI documents: its metadata, its
+        memory and knowledge references and its agents' configurations, under ``session``
+        next to what the state already holds (saving it again changes nothing)."""
         rt = self._rt()
-        self._ensure(self._named_agent() or NO_AGENT)
+        record = self._ensure(self._named_agent() or NO_AGENT)
+        if state is None:
+            state = {**record.state, "session": self._bundle(record)}
         rt.call(rt.runtime.sessions.update(self.key, state=dict(state)))
+
+    def _bundle(self, record: SessionRecord) -> dict[str, Any]:
+        agents = [] if self._agent is None else [self._agent]
+        return {
+            "session_id": self.session_id,
+            "user_id": self.user_id,
+            "session_ttl": self.session_ttl,
+            "metadata": dict(record.metadata),
+            "memory": {"scopes": ["session", "user", "agent", "tenant"], "user_id": self.user_id},
+            "knowledge": {"collections": [DEFAULT_COLLECTION]},
+            "agents": [
+                {
+                    "name": a.name,
+                    "instructions": a.instructions,
+                    "model": a.model if isinstance(a.model, str | None) else type(a.model).__name__,
+                    "tools": [t.name for t in a.tools],
+                    "memory": {
+                        "scopes": list(a.memory.scopes),
+                        "knowledge": list(a.memory.knowledge),
+                    },
+                }
+                for a in agents
+            ],
+        }
 
     def restore_state(self) -> dict[str, Any]:
         record = self._record()
@@ -591,12 +628,54 @@ class Session:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def close(self) -> None:
+    async def _finish_turns(self, wait: float) -> None:
+        runtime = default_runtime().runtime
+        await runtime.start()
+        try:
+            active = await runtime.sessions.active_turns(self.key)
+        except SessionNotFound:
+            return  # never stored: no turn ever ran
+        for turn in active:
+            try:
+                async with asyncio.timeout(wait):
+                    await runtime.scheduler.wait(turn.key, turn.id, until_input=True)
+            except TimeoutError:
+                await runtime.scheduler.cancel(turn.key, turn.id, "caller_cancelled")
+
+    def close(self, wait: float = CLOSE_WAIT) -> None:
         """Done with this object: a remote session's connection is closed, and every later
         call on it raises :class:`SessionClosed`. Closing again does nothing.
 
-        The conversation itself stays stored (``Session(session_id=...)`` opens it again), and
-        agents made with :meth:`Agent` are templates of their own that keep working."""
+        A turn of the session still under way is waited for, up to ``wait`` seconds, then
+        cancelled (one that waits for a human decision is left waiting: the decision may come
+        from anywhere). The conversation itself stays stored (``Session(session_id=...)`` opens
+        it again), and agents made with :meth:`Agent` are templates of their own that keep
+        working."""
+        if self._closed:
+            return
+        if self._used and self._client is None:
+            rt = default_runtime()
+            # Inside an event loop nothing may block it: aclose() waits there.
+            with contextlib.suppress(SyncInAsyncContext):
+                rt.call(self._finish_turns(wait))
+        self._mark_closed()
+
+    async def aclose(self, wait: float = CLOSE_WAIT) -> None:
+        """:meth:`close` for async code: waits for the session's turns without blocking."""
+        if self._closed:
+            return
+        if self._used and self._client is None:
+            rt = default_runtime()
+            await rt.acall(self._finish_turns(wait))
+        self._mark_closed()
+
+    async def __aenter__(self) -> Session:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def _mark_closed(self) -> None:
         self._closed = True
         self._agent = None
         if self._client is not None:

@@ -105,6 +105,10 @@ class SessionService:
     async def turn(self, key: SessionKey, turn_id: str) -> Turn | None:
         return await self._store.get_turn(key, turn_id)
 
+    async def active_turns(self, key: SessionKey) -> list[Turn]:
+        """The session's turns not ended (queued, running, awaiting input), in order."""
+        return await self._store.active_turns(key)
+
     # -- changing ----------------------------------------------------------------------------------
     async def create(
         self,
