@@ -396,3 +396,24 @@ def test_save_state_without_arguments_saves_what_the_session_is(data_dir: Path) 
         "openai:gpt-4o-mini",
     )
     assert Session(session_id="bundle", user_id="u-b").restore_state() == first
+
+
+def test_session_memory_and_knowledge_options(data_dir: Path, tmp_path: Path) -> None:
+    research = {"vector_store": {"provider": "chroma", "config": {"collection_name": "research"}}}
+    session = Session(session_id="kn", user_id="u-kn", knowledge=research, memory=True)
+    assert session.collection == "research"
+    agent = session.Agent(name="A", model=EchoModel(), knowledge=True)
+    assert agent.memory.knowledge == ("research",)
+    session.add_knowledge("Important finding: the moon has quakes.")
+    session.add_knowledge("Important finding: Mars has dust storms.")
+    hits = session.search_knowledge("dust storms")
+    assert "Mars" in hits[0]["content"]
+    assert session.search_knowledge("moon quakes", collection="knowledge") == []
+    remembering = Session(session_id="mem", user_id="u-kn", memory=MemoryConfig(remember=True))
+    assert remembering.Agent(name="B", model=EchoModel()).memory.remember
+    forgetful = Session(session_id="none", user_id="u-kn", memory=False, knowledge=False)
+    quiet = forgetful.Agent(name="C", model=EchoModel())
+    assert quiet.memory.scopes == () and quiet.memory.knowledge == ()
+    bad = {"vector_store": {"config": {"collection_name": "no spaces please"}}}
+    with pytest.raises(ConfigError):
+        Session(session_id="bad", knowledge=bad)

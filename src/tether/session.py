@@ -41,6 +41,7 @@ from tether.embedded import EmbeddedRuntime, default_runtime
 from tether.errors import (
     ConfigError,
     DecisionNotFound,
+    InvalidInput,
     MiddlewareFailed,
     SessionClosed,
     SessionNotFound,
@@ -48,6 +49,7 @@ from tether.errors import (
     TetherError,
     TurnFailed,
 )
+from tether.memory.knowledge import check_collection
 from tether.records import (
     Decision,
     DecisionStatus,
@@ -90,9 +92,15 @@ class Session:
         api_key: str | None = None,
         agent_name: str | None = None,
         middleware: Sequence[Middleware] = (),
+        memory: bool | dict[str, Any] | MemoryPolicy | None = None,
+        knowledge: bool | dict[str, Any] | None = None,
     ) -> None:
         self.session_id = validate_session_id(session_id) if session_id else new_session_id()
         self.middleware: tuple[Middleware, ...] = tuple(middleware)
+        self._memory = _memory_options(memory)
+        """Memory options every agent of the session starts from (its own ``memory=`` adds)."""
+        self.collection: str | None = _collection_of(knowledge)
+        """The knowledge collection the session adds to and its agents read (None: none)."""
         for fn in self.middleware:
             if not callable(fn):
                 raise ConfigError(f"middleware must be functions (message, response), not {fn!r}")
@@ -169,7 +177,7 @@ class Session:
         the session's middleware.
         """
         self._check_open()
-        extra = _memory_options(options.pop("memory", None))
+        extra = {**self._memory, **_memory_options(options.pop("memory", None))}
         knowledge = options.pop("knowledge", None)
         if knowledge is False:
             extra["knowledge"] = []
@@ -186,7 +194,7 @@ class Session:
                 "session_ttl": self.session_ttl,
                 # A Session names its user, so its memory and knowledge follow that user.
                 "scopes": ["session", "user", "agent", "tenant"],
-                "knowledge": [DEFAULT_COLLECTION],
+                "knowledge": [self.collection] if self.collection else [],
                 **extra,
             },
             **options,
@@ -542,11 +550,13 @@ class Session:
         return [_hit_dict(h) for h in found]
 
     def add_knowledge(
-        self, source: str | Path, *, collection: str = DEFAULT_COLLECTION, name: str | None = None
+        self, source: str | Path, *, collection: str | None = None, name: str | None = None
     ) -> dict[str, Any]:
         """Index a file (text, Markdown, HTML, PDF) or, if ``source`` is not a file, the text
-        itself, into this user's ``collection``; this session's agents retrieve from it."""
+        itself, into this user's ``collection`` (default: the session's); this session's agents
+        retrieve from it."""
         self._check_open()
+        collection = collection or self.collection or DEFAULT_COLLECTION
         path = _as_path(source)
         if path is not None:
             data, doc_name = path.read_bytes(), name or path.name
@@ -569,9 +579,10 @@ class Session:
         return {"id": doc.id, "name": doc.name, "chunks": doc.chunks, "collection": collection}
 
     def search_knowledge(
-        self, query: str, *, collection: str = DEFAULT_COLLECTION, limit: int = 5
+        self, query: str, *, collection: str | None = None, limit: int = 5
     ) -> list[dict[str, Any]]:
         self._check_open()
+        collection = collection or self.collection or DEFAULT_COLLECTION
         if self._client is not None:
             body = {"query": query, "limit": limit}
             hits = self._client.request("POST", f"/v1/knowledge/{collection}/search", json=body)[
@@ -705,6 +716,28 @@ class SessionAgent(AgentTemplate):
 
 async def _awaited(value: Awaitable[Any]) -> Any:
     return await value
+
+
+def _collection_of(knowledge: object) -> str | None:
+    """The collection a Session's ``knowledge=`` names: True or None the default one, False
+    none, or PraisonAI's ``{"vector_store": {"provider": …, "config": {"collection_name": …,
+    "path": …}}}`` — the collection name names tether's collection; provider and path are
+    accepted and mean nothing here (tether keeps knowledge in its own store, the session's)."""
+    if knowledge is None or knowledge is True:
+        return DEFAULT_COLLECTION
+    if knowledge is False:
+        return None
+    if not isinstance(knowledge, dict):
+        raise ConfigError(f"knowledge must be True, False or a dict, not {knowledge!r}")
+    store = knowledge.get("vector_store", knowledge)
+    config = store.get("config", {}) if isinstance(store, dict) else {}
+    if not isinstance(config, dict):
+        raise ConfigError("knowledge vector_store config must be a dict")
+    name = config.get("collection_name") or knowledge.get("collection") or DEFAULT_COLLECTION
+    try:
+        return check_collection(name)
+    except InvalidInput as exc:
+        raise ConfigError(f"knowledge collection_name {name!r}: {exc}") from None
 
 
 def _memory_options(memory: object) -> dict[str, Any]:
