@@ -21,24 +21,20 @@ from typing import TYPE_CHECKING, Any, cast
 
 from tether.errors import (
     AgentNotFound,
-    Conflict,
     DecisionMade,
     DecisionRequired,
-    Forbidden,
-    IdempotencyKeyReused,
-    InvalidInput,
-    LimitExceeded,
-    ModelError,
     NotFound,
+    RemoteConflict,
     RemoteError,
+    RemoteForbidden,
+    RemoteInvalidInput,
+    RemoteLimitExceeded,
+    RemoteModelError,
+    RemoteTooLarge,
+    RemoteUnauthorized,
+    RemoteUnavailable,
     SessionBusy,
-    ShuttingDown,
-    StorageQuotaExceeded,
-    StoreError,
-    TetherError,
-    TooLarge,
     TurnFailed,
-    Unauthorized,
 )
 from tether.events import DECISION_REQUESTED
 from tether.records import (
@@ -184,44 +180,35 @@ def raise_for(response: httpx.Response) -> None:
     if response.status_code == 401:
         detail = f"{detail}: this server wants an API key (Session(api_key=…), or headers=)"
     error = remote_error(kind.rpartition("/")[2])(response.status_code, kind, detail, body)
-    if isinstance(error, LimitExceeded):
+    if isinstance(error, RemoteLimitExceeded):
         retry = response.headers.get("Retry-After", "")
         error.retry_after = float(retry) if retry.isdigit() else error.retry_after
     raise error
 
 
-# Problem types with a tether error of their own: the client raises a RemoteError that is
-# also that error, so ``except Unauthorized`` works remotely as it does embedded.
-_PROBLEM_ERRORS: dict[str, type[TetherError]] = {
-    "unauthorized": Unauthorized,
-    "forbidden": Forbidden,
-    "conflict": Conflict,
-    "idempotency-key-reused": IdempotencyKeyReused,
-    "limit-exceeded": LimitExceeded,
-    "too-large": TooLarge,
-    "storage-quota": StorageQuotaExceeded,
-    "invalid-input": InvalidInput,
-    "malformed-json": InvalidInput,
-    "validation": InvalidInput,
-    "store-unavailable": StoreError,
-    "shutting-down": ShuttingDown,
-    "model-error": ModelError,
+# The problem types a client has a class for (the last part of a problem's ``type``).
+_PROBLEM_ERRORS: dict[str, type[RemoteError]] = {
+    "unauthorized": RemoteUnauthorized,
+    "forbidden": RemoteForbidden,
+    "conflict": RemoteConflict,
+    "idempotency-key-reused": RemoteInvalidInput,
+    "invalid-input": RemoteInvalidInput,
+    "malformed-json": RemoteInvalidInput,
+    "validation": RemoteInvalidInput,
+    "turn-limit-reached": RemoteInvalidInput,
+    "limit-exceeded": RemoteLimitExceeded,
+    "queue-full": RemoteLimitExceeded,
+    "too-large": RemoteTooLarge,
+    "storage-quota": RemoteTooLarge,
+    "model-error": RemoteModelError,
+    "store-unavailable": RemoteUnavailable,
+    "shutting-down": RemoteUnavailable,
 }
-_REMOTE_ERRORS: dict[str, type[RemoteError]] = {}
 
 
 def remote_error(kind: str) -> type[RemoteError]:
-    """The RemoteError subclass for a problem ``kind`` (the last part of its ``type``):
-    ``RemoteUnauthorized`` is a RemoteError and an Unauthorized; an unknown kind is a plain
-    RemoteError."""
-    base = _PROBLEM_ERRORS.get(kind)
-    if base is None:
-        return RemoteError
-    made = _REMOTE_ERRORS.get(kind)
-    if made is None:
-        made = type(f"Remote{base.__name__}", (RemoteError, base), {"__module__": __name__})
-        _REMOTE_ERRORS[kind] = made
-    return made
+    """The RemoteError subclass for a problem ``kind``; an unknown kind is a plain one."""
+    return _PROBLEM_ERRORS.get(kind, RemoteError)
 
 
 def headers(api_key: str | None, extra: dict[str, str] | None) -> dict[str, str]:

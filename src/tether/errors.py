@@ -34,7 +34,15 @@
     ├── TurnFailed               a turn ended in a status other than completed (carries the turn)
     ├── MiddlewareFailed         a Session's middleware raised after the turn was committed
     ├── DecisionRequired         a turn waits for a human and nobody was there to ask
-    ├── RemoteError              a tether server answered a problem the client has no class for
+    ├── RemoteError              a tether server answered a problem (its status, type, detail)
+    │   ├── RemoteUnauthorized   401: the server wants an API key, or a valid one
+    │   ├── RemoteForbidden      403
+    │   ├── RemoteConflict       409 (a conflict the client has no own class for)
+    │   ├── RemoteInvalidInput   400 or 422: the request was malformed or refused
+    │   ├── RemoteTooLarge       413
+    │   ├── RemoteLimitExceeded  429 (``retry_after`` from the server)
+    │   ├── RemoteModelError     502: the server's model provider failed
+    │   └── RemoteUnavailable    503: the server's store is down, or it is shutting down
     └── SyncInAsyncContext       a blocking method was called from inside a running event loop
 
 The tree above is checked against the classes by a test: a new error is drawn here or the
@@ -261,6 +269,42 @@ class RemoteError(TetherError):
         self.type = type
         self.detail = detail
         self.body = body
+
+
+class RemoteUnauthorized(RemoteError):
+    """The server refused the credentials (none, unknown or revoked): give ``api_key=``."""
+
+
+class RemoteForbidden(RemoteError):
+    """The server's principal may read this but not change it."""
+
+
+class RemoteConflict(RemoteError):
+    """The server said 409 for something the client has no class of its own for."""
+
+
+class RemoteInvalidInput(RemoteError):
+    """The server refused the request as malformed (400) or as not what its schema takes (422;
+    ``body["errors"]`` says where)."""
+
+
+class RemoteTooLarge(RemoteError):
+    """The request (or a quota) was over a size bound on the server."""
+
+
+class RemoteLimitExceeded(RemoteError):
+    """Over a per-caller bound on the server; try again after ``retry_after`` seconds."""
+
+    retry_after: float = 1.0
+
+
+class RemoteModelError(RemoteError):
+    """The server's model provider failed (the turn is in the body)."""
+
+
+class RemoteUnavailable(RemoteError):
+    """The server's store is unreachable, or the server is shutting down: retry later or
+    elsewhere."""
 
 
 class SyncInAsyncContext(TetherError):

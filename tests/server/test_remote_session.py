@@ -13,7 +13,7 @@ import pytest
 from tests.server.cli_keys import create_key
 from tests.server.conftest import Server, ServerFactory, free_port, start_server
 from tether import Session
-from tether.errors import AgentNotFound, RemoteError, Unauthorized
+from tether.errors import AgentNotFound, RemoteError, RemoteUnauthorized
 
 
 @pytest.mark.slow
@@ -71,8 +71,8 @@ def test_remote_session_sends_its_headers_sync_and_async(tmp_path: Path) -> None
         with pytest.raises(RemoteError) as info:
             anonymous.chat("hi")
         assert info.value.status == 401
-        # Typed as what it is, as an embedded caller would get it, and it says what to do.
-        assert isinstance(info.value, Unauthorized)
+        # Typed as what it is, and it says what to do.
+        assert isinstance(info.value, RemoteUnauthorized)
         assert "API key" in str(info.value)
         with pytest.raises(RemoteError) as info:
             asyncio.run(anonymous.chat_async("hi"))
@@ -135,19 +135,17 @@ def test_agent_urls_name_their_server_and_agent() -> None:
     assert _server_of("https://h/prefix/agents/tech/") == ("https://h/prefix", "tech")
 
 
-def test_problem_types_map_onto_tether_errors() -> None:
+def test_problem_types_map_onto_remote_errors() -> None:
     from tether import _wire
-    from tether.errors import InvalidInput, LimitExceeded, TooLarge
+    from tether.errors import RemoteInvalidInput, RemoteLimitExceeded, RemoteTooLarge
 
-    for kind, base in [
-        ("unauthorized", Unauthorized),
-        ("too-large", TooLarge),
-        ("validation", InvalidInput),
-        ("limit-exceeded", LimitExceeded),
+    for kind, cls in [
+        ("unauthorized", RemoteUnauthorized),
+        ("too-large", RemoteTooLarge),
+        ("validation", RemoteInvalidInput),
+        ("limit-exceeded", RemoteLimitExceeded),
     ]:
-        cls = _wire.remote_error(kind)
-        assert issubclass(cls, RemoteError) and issubclass(cls, base)
+        assert _wire.remote_error(kind) is cls and issubclass(cls, RemoteError)
         error = cls(400, f"https://tether.dev/problems/{kind}", "detail", {})
         assert (error.status, error.detail) == (400, "detail")
     assert _wire.remote_error("something-new") is RemoteError
-    assert _wire.remote_error("unauthorized") is _wire.remote_error("unauthorized")
