@@ -112,6 +112,7 @@ class Session:
             # client talks to the server it lives on.
             agent_url, named = _server_of(agent_url)
             agent_name = agent_name or named
+        self._server_url = agent_url
         self.agent_name = agent_name
         self._agent: AgentTemplate | None = None
         self._closed = False
@@ -284,8 +285,8 @@ class Session:
         return Response.local(text, agent.name, self)
 
     def _async_client(self) -> AsyncClient:
-        assert self.agent_url is not None
-        return self._async_client_type(self.agent_url, **self._aclient_args)
+        assert self._server_url is not None
+        return self._async_client_type(self._server_url, **self._aclient_args)
 
     # -- decisions -------------------------------------------------------------------------------
     def decisions(self, status: DecisionStatus | None = "pending") -> list[Decision]:

@@ -123,6 +123,8 @@ def test_the_remote_agent_contract(server: Server) -> None:
             assert reply.turn is not None and reply.turn == reply["metadata"]["turn_id"]
             assert remote.chat("two")["content"] == "saw [one] then two"  # one conversation
             assert reply[0:3] == "saw"  # still a str
+            later = asyncio.run(remote.chat_async("three"))  # the async twin, same agent URL
+            assert later["content"] == "saw [one, two] then three"
 
 
 def test_agent_urls_name_their_server_and_agent() -> None:
