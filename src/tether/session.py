@@ -27,10 +27,8 @@ import asyncio
 import contextlib
 import hashlib
 import inspect
-import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -41,7 +39,6 @@ from tether.embedded import EmbeddedRuntime, default_runtime
 from tether.errors import (
     ConfigError,
     DecisionNotFound,
-    InvalidInput,
     MiddlewareFailed,
     SessionClosed,
     SessionNotFound,
@@ -49,7 +46,6 @@ from tether.errors import (
     TetherError,
     TurnFailed,
 )
-from tether.memory.knowledge import check_collection
 from tether.records import (
     Decision,
     DecisionStatus,
@@ -62,12 +58,19 @@ from tether.records import (
     new_session_id,
     validate_session_id,
 )
+from tether.reply import Response
 from tether.runtime import OnDecision
+from tether.session_options import (
+    DEFAULT_COLLECTION,
+    checked_ttl,
+    collection_of,
+    memory_options,
+    server_of,
+)
 
 if TYPE_CHECKING:
     from tether.client import AsyncClient
 
-DEFAULT_COLLECTION = "knowledge"
 NO_AGENT = ""
 """The agent a session is created with when state or memory comes before any agent: none. A
 session's agent is only the default for turns that name none, and every turn of this facade
@@ -97,20 +100,20 @@ class Session:
     ) -> None:
         self.session_id = validate_session_id(session_id) if session_id else new_session_id()
         self.middleware: tuple[Middleware, ...] = tuple(middleware)
-        self._memory = _memory_options(memory)
+        self._memory = memory_options(memory)
         """Memory options every agent of the session starts from (its own ``memory=`` adds)."""
-        self.collection: str | None = _collection_of(knowledge)
+        self.collection: str | None = collection_of(knowledge)
         """The knowledge collection the session adds to and its agents read (None: none)."""
         for fn in self.middleware:
             if not callable(fn):
                 raise ConfigError(f"middleware must be functions (message, response), not {fn!r}")
         self.user_id = user_id or "local"
-        self.session_ttl = _checked_ttl(session_ttl)
+        self.session_ttl = checked_ttl(session_ttl)
         self.agent_url = agent_url
         if agent_url:
             # The remote-agent contract names an agent's URL (…/agent, …/agents/<name>); the
             # client talks to the server it lives on.
-            agent_url, named = _server_of(agent_url)
+            agent_url, named = server_of(agent_url)
             agent_name = agent_name or named
         self._server_url = agent_url
         self.agent_name = agent_name
@@ -178,7 +181,7 @@ class Session:
         the session's middleware.
         """
         self._check_open()
-        extra = {**self._memory, **_memory_options(options.pop("memory", None))}
+        extra = {**self._memory, **memory_options(options.pop("memory", None))}
         knowledge = options.pop("knowledge", None)
         if knowledge is False:
             extra["knowledge"] = []
@@ -260,7 +263,9 @@ class Session:
             return Response.of_reply(reply, self.after_turn(message, str(reply["response"])))
         agent = self._chat_agent()
         self._check_alive(self._ensure(agent.name))
-        return Response.local(agent.chat(message, on_decision=on_decision), agent.name, self)
+        return Response.local(
+            agent.chat(message, on_decision=on_decision), agent.name, self.session_id
+        )
 
     async def achat(self, message: str, *, on_decision: OnDecision | None = None) -> Response:
         """See :meth:`chat`."""
@@ -282,7 +287,7 @@ class Session:
         )
         self._check_alive(record)
         text = await agent.achat(message, on_decision=on_decision)
-        return Response.local(text, agent.name, self)
+        return Response.local(text, agent.name, self.session_id)
 
     def _async_client(self) -> AsyncClient:
         assert self._server_url is not None
@@ -404,8 +409,8 @@ class Session:
             "user_id": self.user_id,
             "session_ttl": self.session_ttl,
             "metadata": dict(record.metadata),
-            "memory": {"scopes": ["session", "user", "agent", "tenant"], "user_id": self.user_id},
-            "knowledge": {"collections": [DEFAULT_COLLECTION]},
+            "memory": {"options": dict(self._memory), "user_id": self.user_id},
+            "knowledge": {"collections": [self.collection] if self.collection else []},
             "agents": [
                 {
                     "name": a.name,
@@ -717,129 +722,6 @@ class SessionAgent(AgentTemplate):
 
 async def _awaited(value: Awaitable[Any]) -> Any:
     return await value
-
-
-def _collection_of(knowledge: object) -> str | None:
-    """The collection a Session's ``knowledge=`` names: True or None the default one, False
-    none, or PraisonAI's ``{"vector_store": {"provider": …, "config": {"collection_name": …,
-    "path": …}}}`` — the collection name names tether's collection; provider and path are
-    accepted and mean nothing here (tether keeps knowledge in its own store, the session's)."""
-    if knowledge is None or knowledge is True:
-        return DEFAULT_COLLECTION
-    if knowledge is False:
-        return None
-    if not isinstance(knowledge, dict):
-        raise ConfigError(f"knowledge must be True, False or a dict, not {knowledge!r}")
-    store = knowledge.get("vector_store", knowledge)
-    config = store.get("config", {}) if isinstance(store, dict) else {}
-    if not isinstance(config, dict):
-        raise ConfigError("knowledge vector_store config must be a dict")
-    name = config.get("collection_name") or knowledge.get("collection") or DEFAULT_COLLECTION
-    try:
-        return check_collection(name)
-    except InvalidInput as exc:
-        raise ConfigError(f"knowledge collection_name {name!r}: {exc}") from None
-
-
-def _memory_options(memory: object) -> dict[str, Any]:
-    """``Session.Agent``'s ``memory=``: True or None (the session's defaults), False (no
-    recall, no notes), a dict or a MemoryPolicy/MemoryConfig (its options; the ids are the
-    session's)."""
-    if memory is None or memory is True:
-        return {}
-    if memory is False:
-        return {"scopes": [], "auto": False}
-    if isinstance(memory, MemoryPolicy):
-        chosen = {k: v for k, v in asdict(memory).items() if v != getattr(MemoryPolicy(), k)}
-        for owned in ("session_id", "user_id", "session_ttl"):
-            chosen.pop(owned, None)
-        return chosen
-    if isinstance(memory, dict):
-        return dict(memory)
-    raise ConfigError(f"memory must be True, False, a dict or a MemoryConfig, not {memory!r}")
-
-
-class Response(str):
-    """A chat reply: the text itself (a ``str``), and as the remote-agent contract has it,
-    ``response["content"]`` and ``response["metadata"]`` (``agent_name``, ``session_id``,
-    ``turn_id``, ``timestamp``, ``status``); ``response.turn`` is the turn's id."""
-
-    metadata: dict[str, Any]
-
-    def __new__(cls, content: str, metadata: dict[str, Any]) -> Response:
-        made = super().__new__(cls, content)
-        made.metadata = metadata
-        return made
-
-    @classmethod
-    def of_reply(cls, reply: dict[str, Any], text: str) -> Response:
-        """From ``/api/chat``'s answer (``text``: its reply, through the middleware)."""
-        return cls(
-            text,
-            {
-                "agent_name": reply.get("agent_name"),
-                "session_id": reply.get("session_id"),
-                "turn_id": reply.get("turn_id"),
-                "timestamp": time.time(),
-                "status": "completed",
-            },
-        )
-
-    @classmethod
-    def local(cls, text: str, agent_name: str, session: Session) -> Response:
-        return cls(
-            text,
-            {
-                "agent_name": agent_name,
-                "session_id": session.session_id,
-                "turn_id": None,
-                "timestamp": time.time(),
-                "status": "completed",
-            },
-        )
-
-    @property
-    def content(self) -> str:
-        return str(self)
-
-    @property
-    def turn(self) -> str | None:
-        turn_id = self.metadata.get("turn_id")
-        return str(turn_id) if turn_id is not None else None
-
-    def __getitem__(self, key: Any) -> Any:
-        if isinstance(key, str):
-            if key == "content":
-                return str(self)
-            if key == "metadata":
-                return self.metadata
-            raise KeyError(key)
-        return str.__getitem__(self, key)  # an index or a slice: the text's
-
-
-def _server_of(url: str) -> tuple[str, str | None]:
-    """``(server base URL, agent name or None)`` of a Session's ``agent_url``: the server's
-    own URL, or an agent's (``…/agent``, ``…/agents/<name>``)."""
-    base = url.rstrip("/")
-    head, _, last = base.rpartition("/")
-    if last == "agent" and "://" in head:
-        return head, None
-    parent, _, agents = head.rpartition("/")
-    if agents == "agents" and last and "://" in parent:
-        return parent, last
-    return base, None
-
-
-def _checked_ttl(ttl: object) -> float | None:
-    """A session TTL in seconds, checked when the Session is made (a ValueError there, as
-    documented, rather than at the first turn)."""
-    if ttl is None:
-        return None
-    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not math.isfinite(ttl):
-        raise ConfigError(f"session_ttl is a number of seconds, not {ttl!r}")
-    if ttl <= 0:
-        raise ConfigError(f"session_ttl must be positive (seconds), not {ttl!r}")
-    return float(ttl)
 
 
 def _async_client_class() -> type[AsyncClient]:

@@ -128,7 +128,7 @@ def test_the_remote_agent_contract(server: Server) -> None:
 
 
 def test_agent_urls_name_their_server_and_agent() -> None:
-    from tether.session import _server_of
+    from tether.session_options import server_of as _server_of
 
     assert _server_of("http://h:8000") == ("http://h:8000", None)
     assert _server_of("http://h:8000/") == ("http://h:8000", None)

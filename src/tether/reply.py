@@ -1,0 +1,64 @@
+"""A chat reply as the remote-agent contract has it: text that also answers by key."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+class Response(str):
+    """A chat reply: the text itself (a ``str``), and as the remote-agent contract has it,
+    ``response["content"]`` and ``response["metadata"]`` (``agent_name``, ``session_id``,
+    ``turn_id``, ``timestamp``, ``status``); ``response.turn`` is the turn's id."""
+
+    metadata: dict[str, Any]
+
+    def __new__(cls, content: str, metadata: dict[str, Any]) -> Response:
+        made = super().__new__(cls, content)
+        made.metadata = metadata
+        return made
+
+    @classmethod
+    def of_reply(cls, reply: dict[str, Any], text: str) -> Response:
+        """From ``/api/chat``'s answer (``text``: its reply, through the middleware)."""
+        return cls(
+            text,
+            {
+                "agent_name": reply.get("agent_name"),
+                "session_id": reply.get("session_id"),
+                "turn_id": reply.get("turn_id"),
+                "timestamp": time.time(),
+                "status": "completed",
+            },
+        )
+
+    @classmethod
+    def local(cls, text: str, agent_name: str, session_id: str) -> Response:
+        return cls(
+            text,
+            {
+                "agent_name": agent_name,
+                "session_id": session_id,
+                "turn_id": None,
+                "timestamp": time.time(),
+                "status": "completed",
+            },
+        )
+
+    @property
+    def content(self) -> str:
+        return str(self)
+
+    @property
+    def turn(self) -> str | None:
+        turn_id = self.metadata.get("turn_id")
+        return str(turn_id) if turn_id is not None else None
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, str):
+            if key == "content":
+                return str(self)
+            if key == "metadata":
+                return self.metadata
+            raise KeyError(key)
+        return str.__getitem__(self, key)  # an index or a slice: the text's
