@@ -127,6 +127,17 @@ def test_agents_from_yaml(tmp_path: Path) -> None:
     assert writer.memory.scopes == ("session", "user", "agent", "tenant")  # the default
     assert writer.memory.note_scope == "session" and support.memory.note_scope == "user"
     assert writer.instructions == "Role: Copywriter\nGoal: Write short taglines"
+    desk = tmp_path / "desk.yaml"
+    desk.write_text(
+        "agents:\n  - name: triage\n    handoffs: [billing]\n"
+        "  - name: billing\n    handoffs: [triage]\n"
+    )
+    triage, billing = load_agents(str(desk))
+    assert [h.tool_name for h in triage.handoffs] == ["transfer_to_billing"]
+    assert [h.agent_name for h in billing.handoffs] == ["triage"]
+    desk.write_text("agents:\n  - name: triage\n    handoffs: [billing]\n")
+    with pytest.raises(ConfigError, match="billing"):
+        load_agents(str(desk))
     bad = tmp_path / "bad.yaml"
     bad.write_text("agents:\n  - name: x\n    temprature: 0.2\n")
     with pytest.raises(ConfigError, match="temprature"):

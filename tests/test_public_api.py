@@ -18,6 +18,7 @@ def test_public_api_is_small_and_exact() -> None:
             "Agent",
             "AgentNotFound",
             "AgentOS",
+            "AgentTeam",
             "App",
             "ConfigError",
             "Conflict",
@@ -26,6 +27,7 @@ def test_public_api_is_small_and_exact() -> None:
             "DecisionNotFound",
             "DecisionRequired",
             "Event",
+            "Handoff",
             "InvalidInput",
             "InvalidSessionId",
             "Item",
@@ -47,6 +49,7 @@ def test_public_api_is_small_and_exact() -> None:
             "StaleLease",
             "StoreError",
             "SyncInAsyncContext",
+            "Task",
             "TetherError",
             "TooLarge",
             "Tool",
@@ -55,6 +58,7 @@ def test_public_api_is_small_and_exact() -> None:
             "TurnFailed",
             "TurnNotFound",
             "__version__",
+            "handoff",
             "tool",
         ]
     )
@@ -136,8 +140,11 @@ def test_event_types_are_one_list() -> None:
 
     from tether import events
 
+    # Each constant is its type's name: TURN_AWAITING_INPUT is "turn.awaiting_input".
     constants = {
-        v for k, v in vars(events).items() if k.isupper() and isinstance(v, str) and "." in v
+        v
+        for k, v in vars(events).items()
+        if k.isupper() and isinstance(v, str) and v == k.lower().replace("_", ".", 1)
     }
     assert len(events.EVENT_TYPES) == len(set(events.EVENT_TYPES))
     assert set(get_args(events.EventType)) == set(events.EVENT_TYPES) == constants

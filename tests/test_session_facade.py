@@ -43,9 +43,13 @@ def test_session_agent_persists_state_and_context(data_dir: Path) -> None:
     context = session.get_context()
     assert context["messages"] == [
         {"role": "user", "content": "hello"},
-        {"role": "assistant", "content": "user:hello"},
+        {"role": "assistant", "content": "user:hello", "agent": "Assistant"},
         {"role": "user", "content": "again"},
-        {"role": "assistant", "content": "user:hello | assistant:user:hello | user:again"},
+        {
+            "role": "assistant",
+            "content": "user:hello | assistant:user:hello | user:again",
+            "agent": "Assistant",
+        },
     ]
     assert (context["session_id"], context["user_id"]) == ("chat_123", "user_456")
     assert (context["message_count"], context["agents"]) == (4, ["Assistant"])
@@ -154,7 +158,7 @@ def test_a_closed_session_refuses_every_use(data_dir: Path, tmp_path: Path) -> N
     assert again.restore_state() == {}
     assert again.get_context()["messages"] == [
         {"role": "user", "content": "hello"},
-        {"role": "assistant", "content": "user:hello"},
+        {"role": "assistant", "content": "user:hello", "agent": "A"},
     ]
     assert again.search_memory("tea") == []
 
@@ -236,9 +240,9 @@ def test_get_context_returns_the_newest_messages_in_order(data_dir: Path) -> Non
     assert agent.chat("m3") == "a3"
     # The newest messages, oldest first; the failed turn's and the tool items left out.
     assert session.get_context(limit=3)["messages"] == [
-        {"role": "assistant", "content": "a2"},
+        {"role": "assistant", "content": "a2", "agent": "A"},
         {"role": "user", "content": "m3"},
-        {"role": "assistant", "content": "a3"},
+        {"role": "assistant", "content": "a3", "agent": "A"},
     ]
     context = session.get_context()
     assert [m["content"] for m in context["messages"]] == ["m0", "a0", "m2", "a2", "m3", "a3"]

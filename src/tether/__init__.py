@@ -33,6 +33,7 @@ from tether.errors import (
     TurnFailed,
     TurnNotFound,
 )
+from tether.handoff import Handoff, handoff
 from tether.records import Decision, Event, Item, Principal, SessionKey, Turn
 from tether.tools import Tool, ToolContext, tool
 from tether.version import __version__
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from tether.app import AgentOS, App
     from tether.runtime import Runtime
     from tether.session import Session
+    from tether.team import AgentTeam, Task
 
 
 _LAZY = {
@@ -48,6 +50,8 @@ _LAZY = {
     "AgentOS": "tether.app",
     "Runtime": "tether.runtime",
     "Session": "tether.session",
+    "AgentTeam": "tether.team",
+    "Task": "tether.team",
 }
 
 
@@ -70,6 +74,7 @@ __all__ = [
     "Agent",
     "AgentNotFound",
     "AgentOS",
+    "AgentTeam",
     "App",
     "ConfigError",
     "Conflict",
@@ -78,6 +83,7 @@ __all__ = [
     "DecisionNotFound",
     "DecisionRequired",
     "Event",
+    "Handoff",
     "IdempotencyKeyReused",
     "InvalidInput",
     "InvalidSessionId",
@@ -99,6 +105,7 @@ __all__ = [
     "StaleLease",
     "StoreError",
     "SyncInAsyncContext",
+    "Task",
     "TetherError",
     "TooLarge",
     "Tool",
@@ -107,5 +114,6 @@ __all__ = [
     "TurnFailed",
     "TurnNotFound",
     "__version__",
+    "handoff",
     "tool",
 ]

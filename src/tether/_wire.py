@@ -109,6 +109,7 @@ def turn_of(data: dict[str, Any]) -> Turn:
         started_at=data.get("started_at"),
         ended_at=data.get("ended_at"),
         agent=AgentRef(str(agent), "") if agent else None,
+        ran_by=data.get("ran_by"),
     )
 
 

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from tether.errors import ConfigError
+from tether.handoff import Handoff, handoffs_of
 from tether.models.base import Model
 from tether.records import AgentRef, Decision, Policy, validate_session_id
 from tether.tools.tool import Tool
@@ -240,6 +241,12 @@ def _fingerprint(agent: Agent) -> str:
         "retry": asdict(agent.retry),
         "memory": memory,
         "description": agent.description,
+        # The transfer tools are part of what the model is offered; a target given as an agent
+        # is part of what this one does, so its own definition counts too.
+        "handoffs": [
+            [h.tool_name, h.description, h.agent_name, h.agent.fingerprint if h.agent else None]
+            for h in agent.handoffs
+        ],
     }
     canonical = json.dumps(definition, sort_keys=True, default=str, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:32]
@@ -281,6 +288,11 @@ class Agent:
     expires and the model is told it was refused."""
     memory: MemoryPolicy = field(default_factory=MemoryPolicy)
     description: str = ""
+    """What the agent is for: the description of the transfer tool of agents that hand off to
+    it, and of the agent in listings."""
+    handoffs: tuple[Handoff, ...] = ()
+    """Agents this one may pass the conversation to (a ``transfer_to_<name>`` tool each); see
+    :mod:`tether.handoff`."""
     # A private session for an agent used without a session_id: each Agent object has its own
     # conversation. It is an identity, not conversation state.
     _default_session_id: str = field(
@@ -308,6 +320,7 @@ class Agent:
         approval_timeout: float = 600.0,
         memory: MemoryPolicy | Mapping[str, Any] | bool | None = None,
         description: str = "",
+        handoffs: Iterable[Agent | Handoff | str] | None = None,
         auto_save: str | None = None,
     ) -> None:
         if not name or not isinstance(name, str):
@@ -329,6 +342,10 @@ class Agent:
             raise ConfigError("approval_timeout must be a positive number of seconds")
         if ask_user and any(t.name == "ask_user" for t in tools):
             raise ConfigError(f"agent {name}: ask_user=True and a tool named ask_user")
+        transfers = handoffs_of(handoffs, name)
+        clash = sorted({h.tool_name for h in transfers} & set(names))
+        if clash:
+            raise ConfigError(f"agent {name}: a tool and a handoff are both named {clash[0]}")
         values = {
             "name": name,
             "instructions": instructions,
@@ -347,6 +364,7 @@ class Agent:
             "approval_timeout": approval_timeout,
             "memory": _with_auto_save(MemoryPolicy.coerce(memory), auto_save),
             "description": description,
+            "handoffs": transfers,
             "_default_session_id": "agent_" + secrets.token_urlsafe(16),
         }
         for key, value in values.items():
@@ -393,6 +411,25 @@ class Agent:
             if t.name == name:
                 return t
         return None
+
+    def handoff_named(self, tool_name: str) -> Handoff | None:
+        """The handoff whose transfer tool is ``tool_name``, if any."""
+        for h in self.handoffs:
+            if h.tool_name == tool_name:
+                return h
+        return None
+
+    def handoff_agents(self) -> list[Agent]:
+        """The targets given as agents, and theirs, in order: what serving this agent serves."""
+        found: dict[str, Agent] = {}
+        todo: list[Agent] = [self]
+        while todo:
+            for h in todo.pop().handoffs:
+                if isinstance(h.agent, Agent) and h.agent.name not in found:
+                    found[h.agent.name] = h.agent
+                    todo.append(h.agent)
+        found.pop(self.name, None)
+        return list(found.values())
 
     @property
     def session_id(self) -> str:
@@ -449,3 +486,19 @@ class Agent:
         from tether.embedded import default_runtime
 
         return default_runtime().stream(self, message, session_id=session_id, policy=policy)
+
+
+def reachable(agent: Agent, served: Callable[[str], Agent | None]) -> dict[str, Agent]:
+    """The agents ``agent`` can pass a conversation to, directly or through the agents it
+    hands to, as ``served`` resolves their names (a target that is not served is left out)."""
+    found: dict[str, Agent] = {}
+    todo = [agent]
+    while todo:
+        for h in todo.pop().handoffs:
+            if h.agent_name in found or h.agent_name == agent.name:
+                continue
+            target = served(h.agent_name)
+            if target is not None:
+                found[h.agent_name] = target
+                todo.append(target)
+    return found

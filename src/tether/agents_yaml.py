@@ -7,6 +7,7 @@ agents:
     max_iterations: 5              # optional
     on_max_iterations: ask         # optional: stop (default), ask or finish
     ask_user: true                 # optional: offer the ask_user tool
+    handoffs: [billing]            # optional: agents of this file it may pass a chat to
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ _ALLOWED = {
     "temperature",
     "description",
     "memory",
+    "handoffs",
     "role",
     "goal",
     "backstory",

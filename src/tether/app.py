@@ -37,11 +37,23 @@ if TYPE_CHECKING:
 
 class App:
     def __init__(self, agents: Iterable[Agent], *, name: str = "tether") -> None:
-        self.agents: list[Agent] = list(agents)
+        given = list(agents)
+        # The agents they hand off to are served too (a transfer must find its target), after
+        # the ones given: the first given agent stays the app's default.
+        self.agents: list[Agent] = list(
+            {id(a): a for g in given for a in (g, *g.handoff_agents())}.values()
+        )
         self.name = name
         names = [a.name for a in self.agents]
         if len(set(names)) != len(names):
             raise ConfigError("two agents of one app share a name")
+        for agent in self.agents:
+            for h in agent.handoffs:
+                if h.agent_name not in names:
+                    raise ConfigError(
+                        f"agent {agent.name} hands off to {h.agent_name!r}, which this app does "
+                        f"not serve; add it to the app's agents"
+                    )
 
     def asgi(self, settings: Settings | None = None) -> FastAPI:
         """The ASGI application (for uvicorn, gunicorn or tests).
@@ -207,7 +219,8 @@ def load_agents(spec: str) -> list[Agent]:
     if spec.endswith((".yaml", ".yml")):
         from tether.agents_yaml import load_yaml_agents
 
-        return load_yaml_agents(Path(spec))
+        # Through App: the agents they hand off to are checked to be among them.
+        return App(agents=load_yaml_agents(Path(spec))).agents
     module_name, sep, attr = spec.partition(":")
     if not sep:
         raise ConfigError(f"{spec!r}: expected 'module:attribute' or a .yaml file")
@@ -223,7 +236,7 @@ def load_agents(spec: str) -> list[Agent]:
     if isinstance(target, App):
         return target.agents
     if isinstance(target, Agent):
-        return [target]
+        return App(agents=[target]).agents
     if isinstance(target, list | tuple) and all(isinstance(a, Agent) for a in target):
-        return list(target)
+        return App(agents=target).agents
     raise ConfigError(f"{spec} is a {type(target).__name__}, not an App, Agent or list of agents")

@@ -24,6 +24,7 @@ EventType = Literal[
     "memory.recalled",
     "memory.written",
     "context.compacted",
+    "handoff",
     "turn.ended",
 ]
 
@@ -55,6 +56,9 @@ MEMORY_WRITTEN: Final = "memory.written"
 kind, author and text. Emitted with the ending that commits it, so never for a note dropped
 with a failed or rolled-back turn."""
 CONTEXT_COMPACTED: Final = "context.compacted"
+HANDOFF: Final = "handoff"
+"""The conversation passed to another agent (``from``, ``to``, ``call_id``, ``reason``): the rest
+of the turn, and the session's following turns, run ``to``."""
 TURN_ENDED: Final = "turn.ended"
 """Terminal, exactly once per turn, with ``status`` and ``reason``."""
 
@@ -73,5 +77,6 @@ EVENT_TYPES: Final[tuple[EventType, ...]] = (
     MEMORY_RECALLED,
     MEMORY_WRITTEN,
     CONTEXT_COMPACTED,
+    HANDOFF,
     TURN_ENDED,
 )

@@ -151,21 +151,23 @@ class Runtime:
         await self.close()
 
     def register(self, agent: Agent) -> None:
-        """Serve ``agent`` under its name.
+        """Serve ``agent`` under its name, and the agents it hands off to under theirs.
 
         A name stands for one template in a runtime: registering the same definition again is
         a no-op, another definition under a taken name is a :class:`ConfigError` (it would
         otherwise run turns submitted for the first, or take over its sessions).
         """
-        known = self.agents.get(agent.name)
-        if known is None:
-            self.agents[agent.name] = agent
-        elif not known.same_definition(agent):
-            raise ConfigError(
-                f"an agent named {agent.name!r} is already served with another definition; "
-                "give this one its own name (a model given as an object counts as the same "
-                "only when it is the very same object: pass it again, or use a spec string)"
-            )
+        # The agents it hands off to are served with it: a transfer must find its target.
+        for one in (agent, *agent.handoff_agents()):
+            known = self.agents.get(one.name)
+            if known is not None and not known.same_definition(one):
+                raise ConfigError(
+                    f"an agent named {one.name!r} is already served with another definition; "
+                    "give this one its own name (a model given as an object counts as the same "
+                    "only when it is the very same object: pass it again, or use a spec string)"
+                )
+        for one in (agent, *agent.handoff_agents()):
+            self.agents.setdefault(one.name, one)
 
     def served(self, name: str) -> Agent:
         """The agent served under ``name``; AgentNotFound names the ones that are."""

@@ -456,6 +456,8 @@ class Session:
         messages: list[Item] = rt.call(self._newest_messages(limit))
         for i in reversed(messages):
             entry: dict[str, Any] = {"role": i.kind, "content": i.content}
+            if i.kind == "assistant" and isinstance(i.meta.get("agent"), str):
+                entry["agent"] = i.meta["agent"]  # several agents (or a handoff) may answer
             if not i.complete:
                 entry["complete"] = False
             context["messages"].append(entry)

@@ -111,6 +111,8 @@ def _line(item: HistoryItem, agent: str) -> str | None:
         return f"  → {item.tool_name}({_cut(item.arguments or '', 120)})"
     if item.kind == "tool_result":
         return f"  ← {_cut(item.content, 120)}"
+    if item.kind == "handoff":
+        return f"  ⇢ handed to {item.content}"
     return None
 
 

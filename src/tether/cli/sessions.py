@@ -32,6 +32,7 @@ _LABELS = {
     "tool_call": "[yellow]tool call[/]",
     "tool_result": "[yellow]tool result[/]",
     "summary": "[magenta]summary[/]",
+    "handoff": "[magenta]handed to[/]",
 }
 
 

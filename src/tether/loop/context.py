@@ -7,14 +7,14 @@ writes through :class:`TurnSink`, whose every write the scheduler fences with th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from tether.agent import Agent
 from tether.events import EventType
-from tether.models.base import Model
+from tether.models.base import Model, ToolSpec
 from tether.records import (
     CancelStatus,
     Decision,
@@ -93,6 +93,20 @@ class Resumed:
     usage: Usage
 
 
+@dataclass(frozen=True, slots=True)
+class Switch:
+    """What the rest of a turn runs after a handoff: the target agent, its model and its
+    built-in tools, as the scheduler resolves them."""
+
+    agent: Agent
+    model: Model
+    extra_tools: tuple[Tool, ...] = ()
+
+
+def _nobody(name: str) -> Switch | None:
+    return None
+
+
 @dataclass
 class TurnContext:
     agent: Agent
@@ -120,6 +134,8 @@ class TurnContext:
     """What a cancellation ends the turn as: ``cancelled``, ``interrupted``, ``rolled_back``, or
     ``failed`` (its process lost the lease)."""
     cancel_reason: Reason = "cancelled"
+    hand_to: Callable[[str], Switch | None] = _nobody
+    """The agent a handoff names, ready to run; None when it is not served here."""
     _body: asyncio.Task[TurnResult | TurnPark] | None = field(default=None, repr=False)
 
     @property
@@ -131,6 +147,14 @@ class TurnContext:
             if t.name == name:
                 return t
         return None
+
+    def specs(self) -> tuple[ToolSpec, ...]:
+        """What the model is offered: the tools, then a transfer tool per handoff."""
+        return tuple(t.spec for t in self.tools) + tuple(h.spec for h in self.agent.handoffs)
+
+    def switch(self, to: Switch) -> None:
+        """Run the rest of the turn as ``to.agent`` (a handoff)."""
+        self.agent, self.model, self.extra_tools = to.agent, to.model, to.extra_tools
 
     def request_cancel(
         self, status: CancelStatus = "cancelled", reason: Reason = "cancelled"

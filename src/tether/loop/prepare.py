@@ -56,6 +56,11 @@ async def _recall(ctx: TurnContext, resumed: bool) -> str:
     return prompt.block(hits)
 
 
+def system_message(instructions: str, recalled: str) -> str:
+    """The instructions, then the recalled-data block when it goes in the system message."""
+    return f"{instructions}\n\n{recalled}" if recalled else instructions
+
+
 async def prepare(ctx: TurnContext, state: TurnState, *, resumed: bool = False) -> None:
     """The prompt up to this turn's input. A resumed turn gets the same one, and makes no new
     summary (the loop then adds the turn's own steps)."""
@@ -91,7 +96,8 @@ async def prepare(ctx: TurnContext, state: TurnState, *, resumed: bool = False) 
                     ctx.history, ctx.input_seq, budget - summary_tokens(summary)
                 )
     late = near_question and bool(window.items)
-    system = f"{instructions}\n\n{recalled}" if recalled and not late else instructions
+    state.recalled = recalled if recalled and not late else ""
+    system = system_message(instructions, state.recalled)
     # The summary is about what came before the window, so it goes first (its own seq is later).
     state.messages = [
         Message("system", system),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from tether.events import MESSAGE_COMPLETED, TOOL_RESULT
 from tether.loop.context import TurnContext, TurnResult
-from tether.loop.state import TurnState
+from tether.loop.state import TurnState, step_meta
 from tether.records import ABORTED_TOOL_RESULT, CancelStatus, NewItem, Reason, TurnEnding
 
 
@@ -24,7 +24,7 @@ async def closed(
     items: list[NewItem] = []
     partial = state.partial_text
     if partial:
-        items.append(NewItem("assistant", partial, complete=False, meta={"step": state.step}))
+        items.append(NewItem("assistant", partial, complete=False, meta=step_meta(ctx, state)))
         ctx.sink.emit(MESSAGE_COMPLETED, {"text": partial, "complete": False})
     for call_id, name in ctx.sink.open_calls():
         items.append(
@@ -33,7 +33,7 @@ async def closed(
                 ABORTED_TOOL_RESULT,
                 call_id=call_id,
                 tool_name=name,
-                meta={"step": state.step, "error": True},
+                meta=step_meta(ctx, state, error=True),
             )
         )
         ctx.sink.emit(

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from tether.models.base import Message, ToolCall
 from tether.records import Usage
+
+if TYPE_CHECKING:
+    from tether.loop.context import TurnContext
 
 LOOP_REPEATS = 3
 
@@ -27,6 +31,13 @@ class TurnState:
     usage: Usage = field(default_factory=Usage)
     recent_calls: list[tuple[str, str]] = field(default_factory=list)
     last_text: str = ""
+    recalled: str = ""
+    """The recalled-data block the system message carries after the instructions ("" when
+    there is none, or it sits near the question instead): kept through a handoff."""
+    handoffs: int = 0
+    """Transfers this turn made so far."""
+    agent_from_step: int = 0
+    """The step after which the running agent took over (0: it started the turn)."""
 
     def add_usage(self, input_tokens: int, output_tokens: int) -> None:
         u = self.usage
@@ -45,3 +56,9 @@ class TurnState:
             self.recent_calls.clear()
         self.recent_calls.append(sig)
         return len(self.recent_calls) >= LOOP_REPEATS
+
+
+def step_meta(ctx: TurnContext, state: TurnState, **more: Any) -> dict[str, Any]:
+    """The ``meta`` of an item a step writes: its step and the agent that ran it (a session
+    may be served by several agents, and a handoff changes the agent within a turn)."""
+    return {"step": state.step, "agent": ctx.agent.name, **more}

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 
 from tether.errors import ModelError, StaleLease
-from tether.events import MESSAGE_COMPLETED, TOOL_CALL, TOOL_RESULT
-from tether.loop.context import Resumed, TurnContext, TurnPark, TurnResult
+from tether.events import HANDOFF, MESSAGE_COMPLETED, TOOL_CALL, TOOL_RESULT
+from tether.handoff import MAX_HANDOFFS_PER_TURN
+from tether.loop.context import Resumed, Switch, TurnContext, TurnPark, TurnResult
 from tether.loop.model_step import model_step
-from tether.loop.prepare import prepare
+from tether.loop.prepare import prepare, system_message
 from tether.loop.resolve import closed
-from tether.loop.state import TurnState
+from tether.loop.state import TurnState, step_meta
 from tether.loop.tools_step import NeedsDecision, run_calls
 from tether.loop.window import render
 from tether.models.base import Message, ToolCall
@@ -28,6 +30,9 @@ log = logging.getLogger("tether.loop")
 LIMIT_CALL_PREFIX = "limit-"
 """Call id of an iteration-limit decision (``limit-<step>``): it is about no tool call."""
 LOOP_RESULT = "Tool call not executed: the same call was repeated three times in a row."
+NOT_RUN_AFTER_TRANSFER = (
+    "Tool call not executed: the conversation was transferred to another agent before it."
+)
 FINISH_NOTE = (
     "You have used every step this turn allows. Do not call tools; answer the user now with"
     " what you have found so far, and say what is left undone."
@@ -43,15 +48,15 @@ async def drive(ctx: TurnContext, state: TurnState) -> TurnResult | TurnPark:
         outcome = await _go_on(ctx, state, resumed)
         if outcome is not None:
             return outcome
-    specs = tuple(t.spec for t in ctx.tools)
     while True:
         while state.step < state.limit:
             state.step += 1
-            out = await model_step(ctx, state, specs)
+            # Asked each step: a handoff changes the agent, and with it what is offered.
+            out = await model_step(ctx, state, ctx.specs())
             if not out.calls:
                 state.partial_text = ""
                 ctx.sink.emit(MESSAGE_COMPLETED, {"text": out.text, "complete": True})
-                item = NewItem("assistant", out.text, meta={"step": state.step})
+                item = NewItem("assistant", out.text, meta=step_meta(ctx, state))
                 return TurnResult(
                     TurnEnding("completed", "answered", out.text, True, usage=state.usage), [item]
                 )
@@ -60,7 +65,7 @@ async def drive(ctx: TurnContext, state: TurnState) -> TurnResult | TurnPark:
             items: list[NewItem] = []
             if out.text:
                 ctx.sink.emit(MESSAGE_COMPLETED, {"text": out.text, "complete": True})
-                items.append(NewItem("assistant", out.text, meta={"step": state.step}))
+                items.append(NewItem("assistant", out.text, meta=step_meta(ctx, state)))
             for call in out.calls:
                 items.append(
                     NewItem(
@@ -69,7 +74,7 @@ async def drive(ctx: TurnContext, state: TurnState) -> TurnResult | TurnPark:
                         call_id=call.id,
                         tool_name=call.name,
                         arguments=call.arguments,
-                        meta={"step": state.step},
+                        meta=step_meta(ctx, state),
                     )
                 )
                 ctx.sink.emit(
@@ -93,13 +98,26 @@ async def _run_step(
     # The calls that run: those before the first one repeated a third time in a row.
     runnable = list(itertools.takewhile(lambda c: not state.is_loop(c), calls))
     looped = len(runnable) < len(calls)
+    # A transfer ends the step: the calls the model made before it run, those after it do not
+    # (the conversation is the other agent's by then, and they are this agent's tools).
+    transfer = next((n for n, c in enumerate(runnable) if ctx.agent.handoff_named(c.name)), None)
+    if transfer is not None:
+        runnable, looped = runnable[: transfer + 1], False
     results: list[NewItem] = []
     try:
-        async for call, text, is_error in run_calls(ctx, runnable):
+        async for call, text, is_error in run_calls(ctx, runnable[:transfer]):
             results.append(_result(ctx, state, call, text, is_error))
     except NeedsDecision as asked:
         # The calls after this one wait with it: they run, in order, once it is decided.
         return TurnPark(asked.decision, results, state.usage)
+    if transfer is not None:
+        switch = _transfer(ctx, state, runnable[transfer], results)
+        for call in calls[transfer + 1 :]:
+            results.append(_result(ctx, state, call, NOT_RUN_AFTER_TRANSFER, True))
+        await ctx.sink.commit(results)
+        if switch is not None:
+            _take_over(ctx, state, switch)
+        return _over_budget(ctx, state)
     if looped:
         results.append(_result(ctx, state, calls[len(runnable)], LOOP_RESULT, True))
         # The remaining calls of this step never ran; each still needs its result.
@@ -112,15 +130,72 @@ async def _run_step(
                         LOOP_RESULT,
                         call_id=call.id,
                         tool_name=call.name,
-                        meta={"step": state.step},
+                        meta=step_meta(ctx, state),
                     )
                 )
         return TurnResult(TurnEnding("limit_reached", "loop", usage=state.usage), results)
     await ctx.sink.commit(results)
+    return _over_budget(ctx, state)
+
+
+def _over_budget(ctx: TurnContext, state: TurnState) -> TurnResult | None:
     used = state.usage.input_tokens + state.usage.output_tokens
     if ctx.agent.token_budget is not None and used >= ctx.agent.token_budget:
         return TurnResult(TurnEnding("limit_reached", "token_budget", usage=state.usage), [])
     return None
+
+
+def _transfer(
+    ctx: TurnContext, state: TurnState, call: ToolCall, results: list[NewItem]
+) -> Switch | None:
+    """Answer a transfer call (its result, and on success the ``handoff`` item and event);
+    returns what the rest of the turn runs, or None when the transfer is refused."""
+    target = ctx.agent.handoff_named(call.name)
+    assert target is not None
+    if state.handoffs >= MAX_HANDOFFS_PER_TURN:
+        refused = (
+            f"Error: the conversation was already transferred {state.handoffs} times this"
+            " turn; answer the user now."
+        )
+        results.append(_result(ctx, state, call, refused, True))
+        return None
+    switch = ctx.hand_to(target.agent_name)
+    if switch is None:
+        missing = (
+            f"Error: the {target.agent_name} agent is not available; answer the user yourself."
+        )
+        results.append(_result(ctx, state, call, missing, True))
+        return None
+    results.append(_result(ctx, state, call, target.result(), False))
+    data = {
+        "from": ctx.agent.name,
+        "to": switch.agent.name,
+        "call_id": call.id,
+        "reason": _reason(call.arguments),
+    }
+    ctx.sink.emit(HANDOFF, data)
+    meta = step_meta(ctx, state, to=switch.agent.name, call_id=call.id, reason=data["reason"])
+    results.append(NewItem("handoff", switch.agent.name, meta=meta))
+    return switch
+
+
+def _take_over(ctx: TurnContext, state: TurnState, switch: Switch) -> None:
+    """The handed-to agent runs the rest of the turn: its instructions head the prompt (the
+    conversation and the recalled data stay), with its own tools, model and step limit."""
+    ctx.switch(switch)
+    state.handoffs += 1
+    state.messages[0] = Message("system", system_message(switch.agent.instructions, state.recalled))
+    state.agent_from_step = state.step
+    state.limit = state.step + switch.agent.max_iterations
+
+
+def _reason(arguments: str) -> str:
+    try:
+        parsed = json.loads(arguments or "{}")
+    except ValueError:
+        return ""
+    reason = parsed.get("reason") if isinstance(parsed, dict) else None
+    return reason if isinstance(reason, str) else ""
 
 
 async def _at_limit(ctx: TurnContext, state: TurnState) -> TurnResult | TurnPark | None:
@@ -130,7 +205,9 @@ async def _at_limit(ctx: TurnContext, state: TurnState) -> TurnResult | TurnPark
     if agent.on_max_iterations == "finish":
         return await _finish(ctx, state)
     if agent.on_max_iterations == "ask":
-        more = min(agent.max_iterations, agent.total_iterations - state.step)
+        more = min(
+            agent.max_iterations, agent.total_iterations - (state.step - state.agent_from_step)
+        )
         if more <= 0:
             ending = TurnEnding("limit_reached", "max_total_iterations", usage=state.usage)
             return TurnResult(ending, [])
@@ -155,9 +232,16 @@ async def _go_on(
     state.messages.extend(render(own))
     state.usage = resumed.usage
     state.step = max((int(i.meta.get("step", 0)) for i in own), default=0)
-    # Steps the human allowed past the limit, at each time it was reached.
+    # A handoff earlier in the turn: the agent running now (the scheduler resolved it from the
+    # handoff item) took over at that step, and its step limit counts from there.
+    handed = [i for i in own if i.kind == "handoff"]
+    state.handoffs = len(handed)
+    state.agent_from_step = int(handed[-1].meta.get("step", 0)) if handed else 0
+    state.limit = state.agent_from_step + ctx.agent.max_iterations
+    # Steps the human allowed past the limit, at each time it was reached (by this agent).
     for d in resumed.decisions.values():
-        if d.call_id.startswith(LIMIT_CALL_PREFIX) and d.status == "approved":
+        at_limit = d.call_id.startswith(LIMIT_CALL_PREFIX) and d.status == "approved"
+        if at_limit and int(d.call_id[len(LIMIT_CALL_PREFIX) :]) > state.agent_from_step:
             state.limit += int(d.payload.get("steps", 0))
     answered = {i.call_id for i in own if i.kind == "tool_result"}
     calls = [
@@ -188,7 +272,7 @@ async def _finish(ctx: TurnContext, state: TurnState) -> TurnResult:
         return TurnResult(TurnEnding("limit_reached", "max_iterations", usage=state.usage), [])
     state.partial_text = ""
     ctx.sink.emit(MESSAGE_COMPLETED, {"text": out.text, "complete": True})
-    item = NewItem("assistant", out.text, meta={"step": state.step})
+    item = NewItem("assistant", out.text, meta=step_meta(ctx, state))
     ending = TurnEnding("completed", "finished_at_limit", out.text, True, usage=state.usage)
     return TurnResult(ending, [item])
 
@@ -204,7 +288,7 @@ def _result(ctx: TurnContext, state: TurnState, call: ToolCall, text: str, error
         text,
         call_id=call.id,
         tool_name=call.name,
-        meta={"step": state.step, "error": error},
+        meta=step_meta(ctx, state, error=error),
     )
 
 

@@ -7,7 +7,10 @@ from typing import Any, Final, Literal
 
 from tether.events import EventType
 
-ItemKind = Literal["user", "assistant", "tool_call", "tool_result", "summary"]
+ItemKind = Literal["user", "assistant", "tool_call", "tool_result", "summary", "handoff"]
+"""A ``handoff`` item records a transfer between agents: its content is the agent handed to,
+``meta["agent"]`` the one that handed off. It never reaches a model (the transfer's tool call
+and result do)."""
 
 ABORTED_TOOL_RESULT: Final = "Tool call aborted: the turn ended before the tool returned a result."
 """The result every tool call left unanswered by a turn's ending gets (DESIGN §3 pairing)."""

@@ -128,10 +128,19 @@ class Turn:
     ended_at: float | None
     agent: AgentRef | None = None
     """None for turns stored before turns named their agent: they run the session's agent."""
+    ran_by: str | None = None
+    """The agent the turn ended with: ``agent``'s name, or the agent a handoff passed the
+    conversation to (:mod:`tether.handoff`); None until it ends, and for a turn that ended
+    without running."""
 
     @property
     def ended(self) -> bool:
         return self.status in TERMINAL_STATUSES
+
+    @property
+    def agent_name(self) -> str:
+        """The agent that answered (``ran_by``), else the one the turn was submitted for."""
+        return self.ran_by or (self.agent.name if self.agent else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +153,8 @@ class TurnEnding:
     complete: bool = False
     error: str | None = None
     usage: Usage = Usage()
+    agent: str | None = None
+    """The agent that ran the turn to this ending (after any handoff); None when none ran it."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,13 +13,14 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal, Protocol, cast
 
-from tether.agent import Agent
+from tether.agent import Agent, reachable
 from tether.errors import ConfigError
 from tether.events import TOOL_STARTED
-from tether.loop.context import Resumed, TurnContext, TurnPark
+from tether.loop.context import Resumed, Switch, TurnContext, TurnPark
 from tether.loop.turn import run_turn
 from tether.memory.service import MemoryService
 from tether.memory.tools import memory_tools
@@ -190,6 +191,8 @@ class TurnRunner:
                 error=f"agent {agent.name} is defined differently here than where it was sent",
             )
             return await _end(sink, turn, ending, _aborted(sink))
+        if agent.handoffs:
+            agent = await self._handed_to(turn, agent)
         ctx, memory = self._context(sink, turn, agent, user_item)
         ctx.resumed = resumed
         if resumed is not None or any(t.requires_approval for t in agent.tools):
@@ -207,7 +210,18 @@ class TurnRunner:
         if isinstance(result, TurnPark):
             decision = new_decision(turn.key, turn.id, result.decision, time.time())
             return await sink.park(result.items, decision, result.usage, writes)
-        return await _end(sink, turn, result.ending, result.items, writes)
+        # The agent the turn ended with (after any handoff) is recorded with its ending.
+        ending = replace(result.ending, agent=ctx.agent.name)
+        return await _end(sink, turn, ending, result.items, writes)
+
+    async def _handed_to(self, turn: Turn, agent: Agent) -> Agent:
+        """The agent the session's conversation was last handed to, when ``agent`` can reach it
+        through its handoffs (then that agent runs the turn, until it hands on or back);
+        otherwise ``agent`` itself."""
+        last = await self._store.latest_handoff(turn.key)
+        if last is None or last.content == agent.name:
+            return agent
+        return reachable(agent, self._agents).get(last.content, agent)
 
     def _context(
         self, sink: FencedSink, turn: Turn, agent: Agent, user_item: Item
@@ -225,18 +239,33 @@ class TurnRunner:
             sink=sink,
             workspace=workspace_dir(self.workspace_root, key) if self.workspace_root else None,
         )
-        builtin: tuple[Tool, ...] = (ask_user,) if agent.ask_user else ()
-        ctx.extra_tools = builtin
+        ctx.extra_tools = self._builtin_tools(agent)
+        ctx.hand_to = self._switch_to
         if self.memory is None:
             return ctx, None
         # Memory belongs to the session's owner (embedded use may act for a user_id other than
-        # the caller's principal), with the caller's roles.
+        # the caller's principal), with the caller's roles. It is the turn's: after a handoff
+        # the turn keeps the memory (and the recall) it started with.
         owner = Principal(key.tenant, key.owner, ctx.principal.roles)
         auto = notes_wanted(self.auto_notes, agent.memory.auto, ctx.model.name)
         memory = TurnMemory(self.memory, owner, key, agent.name, agent.memory, turn.id, auto)
         ctx.memory = memory
-        ctx.extra_tools = builtin + memory_tools(agent.memory.remember, agent.memory.knowledge_tool)
         return ctx, memory
+
+    def _builtin_tools(self, agent: Agent) -> tuple[Tool, ...]:
+        """``ask_user``, and the memory tools the agent's policy turns on."""
+        builtin: tuple[Tool, ...] = (ask_user,) if agent.ask_user else ()
+        if self.memory is None:
+            return builtin
+        return builtin + memory_tools(agent.memory.remember, agent.memory.knowledge_tool)
+
+    def _switch_to(self, name: str) -> Switch | None:
+        """What the rest of a turn runs after a handoff to ``name``; None if not served."""
+        agent = self._agents(name)
+        if agent is None:
+            return None
+        model = resolve_model(agent.model if agent.model is not None else self.default_model)
+        return Switch(agent, model, self._builtin_tools(agent))
 
 
 def _aborted(sink: FencedSink) -> list[NewItem]:

@@ -121,10 +121,17 @@ class ItemOut(BaseModel):
     arguments: str | None
     excluded: bool
     created_at: float
+    agent: str | None = Field(
+        None,
+        description="The agent that wrote the item (null for user messages). A `handoff` "
+        "item's content is the agent the conversation passed to.",
+    )
 
     @classmethod
     def of(cls, i: Item) -> ItemOut:
+        agent = i.meta.get("agent")
         return cls(
+            agent=agent if isinstance(agent, str) else None,
             seq=i.seq,
             turn_id=i.turn_id,
             kind=i.kind,
@@ -196,6 +203,11 @@ class TurnOut(BaseModel):
     started_at: float | None
     ended_at: float | None
     agent: str | None = Field(None, description="The agent the turn was submitted for.")
+    ran_by: str | None = Field(
+        None,
+        description="The agent the turn ended with: `agent`, or the one a handoff passed the "
+        "conversation to. Null until the turn ends.",
+    )
     decisions: list[DecisionOut] = Field(
         default_factory=list,
         description="Pending decisions this turn waits for — its own when it is awaiting_input, "
@@ -233,6 +245,7 @@ class TurnOut(BaseModel):
             started_at=t.started_at,
             ended_at=t.ended_at,
             agent=t.agent.name if t.agent is not None else None,
+            ran_by=t.ran_by,
         )
 
 

@@ -144,6 +144,11 @@ class HistoryStore(Protocol):
         """The newest ``summary`` item whose turn did not fail or roll back, if any."""
         ...
 
+    async def latest_handoff(self, key: SessionKey) -> Item | None:
+        """The newest ``handoff`` item whose turn did not fail or roll back, if any: it names the
+        agent the session's conversation was last passed to."""
+        ...
+
 
 class TurnReader(Protocol):
     """Reading turns and their events: what waiting and following a turn need."""

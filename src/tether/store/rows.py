@@ -60,6 +60,7 @@ def turn_row(row: tuple[Any, ...]) -> Turn:
         started_at=row[14],
         ended_at=row[15],
         agent=AgentRef(row[16], row[17] or "") if row[16] is not None else None,
+        ran_by=row[18],
     )
 
 

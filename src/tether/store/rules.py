@@ -312,6 +312,7 @@ def ended(turn: Turn, ending: TurnEnding, now: float) -> Turn:
         complete=ending.complete,
         usage=ending.usage,
         ended_at=now,
+        ran_by=ending.agent,
     )
 
 

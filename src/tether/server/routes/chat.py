@@ -87,10 +87,9 @@ async def chat(body: ChatRequest, request: Request, st: State, caller: Caller) -
     done = await _turn(st, request, caller, body.message, body.session_id, body.agent_name)
     if not isinstance(done, Turn):
         return done
-    agent_name = done.agent.name if done.agent else ""
     out = ChatResponse(
         response=done.output or "",
-        agent_name=agent_name,
+        agent_name=done.agent_name,
         session_id=done.key.session_id,
         turn_id=done.id,
     )
@@ -119,7 +118,7 @@ async def _agent_reply(
     if not isinstance(done, Turn):
         return done
     metadata = AgentMetadata(
-        agent_name=done.agent.name if done.agent else "",
+        agent_name=done.agent_name,
         timestamp=done.ended_at or time.time(),
         turn_id=done.id,
         status=done.status,

@@ -120,9 +120,15 @@ class Sessions(State):
         return out
 
     async def latest_summary(self, key: SessionKey) -> Item | None:
+        return self._latest(key, "summary")
+
+    async def latest_handoff(self, key: SessionKey) -> Item | None:
+        return self._latest(key, "handoff")
+
+    def _latest(self, key: SessionKey, kind: str) -> Item | None:
         # A failed turn's items are excluded and a rolled-back turn's are gone.
         items = self._get(key).items
-        return next((i for i in reversed(items) if i.kind == "summary" and not i.excluded), None)
+        return next((i for i in reversed(items) if i.kind == kind and not i.excluded), None)
 
     async def clear_items(self, key: SessionKey) -> int:
         s = self._get(key)

@@ -17,7 +17,7 @@ SESSION_COLS = (
 TURN_COLS = (
     "t.id, s.tenant, s.owner, s.session_id, t.seq, t.input, t.policy, t.status, t.reason,"
     " t.error, t.output, t.complete, t.usage, t.created_at, t.started_at, t.ended_at,"
-    " t.agent, t.agent_fingerprint"
+    " t.agent, t.agent_fingerprint, t.ran_by"
 )
 ITEM_COLS = (
     "seq, turn_id, kind, content, complete, call_id, tool_name, arguments, meta, created_at,"
@@ -66,6 +66,10 @@ LIST_ITEMS = (
 )
 LATEST_SUMMARY = (
     f"SELECT {ITEM_COLS} FROM items WHERE session_pk = $1 AND kind = 'summary' AND NOT excluded"
+    " ORDER BY seq DESC LIMIT 1"
+)
+LATEST_HANDOFF = (
+    f"SELECT {ITEM_COLS} FROM items WHERE session_pk = $1 AND kind = 'handoff' AND NOT excluded"
     " ORDER BY seq DESC LIMIT 1"
 )
 RECENT_ITEMS = (
@@ -156,7 +160,7 @@ TURN_IS_RUNNING = "SELECT 1 FROM turns WHERE id = $2 AND session_pk = $1 AND sta
 # An ended turn holds no memory writes any more: they were applied or dropped.
 FINISH_TURN = (
     "UPDATE turns SET status = $2, reason = $3, error = $4, output = $5, complete = $6,"
-    " usage = $7, ended_at = $8, held_memory = NULL WHERE id = $1"
+    " usage = $7, ended_at = $8, ran_by = $9, held_memory = NULL WHERE id = $1"
 )
 PARK_TURN = (
     "UPDATE turns t SET status = 'awaiting_input', usage = $3, held_memory = $4"

@@ -135,6 +135,10 @@ class Sessions(Connection):
         rows = await self._rows_of(key, q.LATEST_SUMMARY)
         return item_row(rows[0]) if rows else None
 
+    async def latest_handoff(self, key: SessionKey) -> Item | None:
+        rows = await self._rows_of(key, q.LATEST_HANDOFF)
+        return item_row(rows[0]) if rows else None
+
     async def clear_items(self, key: SessionKey) -> int:
         async with self._tx() as conn:
             pk = int((await lock_session(conn, key))[0])

@@ -122,6 +122,7 @@ async def finish(conn: Conn, pk: int, turn: Turn, ending: TurnEnding, *, termina
         ending.complete,
         usage_json(ending.usage),
         now,
+        ending.agent,
     )
     if terminal:
         last = int(await conn.fetchval(q.LAST_EVENT_SEQ, turn.id))

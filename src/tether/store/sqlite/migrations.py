@@ -225,6 +225,17 @@ MIGRATIONS: list[tuple[int, str]] = [
             WHERE status IN ('queued', 'running', 'awaiting_input');
         """,
     ),
+    (
+        8,
+        """
+        -- The newest handoff of a session (which agent its next turn runs) without walking its
+        -- items.
+        CREATE INDEX items_handoffs ON items (session_pk, seq) WHERE kind = 'handoff';
+        -- The agent a turn ended with: the one it was submitted for, or the one a handoff passed
+        -- the conversation to.
+        ALTER TABLE turns ADD COLUMN ran_by TEXT;
+        """,
+    ),
 ]
 
 

@@ -16,7 +16,7 @@ SESSION_COLS = (
 TURN_COLS = (
     "t.id, s.tenant, s.owner, s.session_id, t.seq, t.input, t.policy, t.status, t.reason,"
     " t.error, t.output, t.complete, t.usage, t.created_at, t.started_at, t.ended_at,"
-    " t.agent, t.agent_fingerprint"
+    " t.agent, t.agent_fingerprint, t.ran_by"
 )
 ITEM_COLS = (
     "seq, turn_id, kind, content, complete, call_id, tool_name, arguments, meta, created_at,"
@@ -88,6 +88,10 @@ LATEST_SUMMARY = (
     f"SELECT {ITEM_COLS} FROM items WHERE session_pk = ? AND kind = 'summary'"
     " AND excluded = 0 ORDER BY seq DESC LIMIT 1"
 )
+LATEST_HANDOFF = (
+    f"SELECT {ITEM_COLS} FROM items WHERE session_pk = ? AND kind = 'handoff'"
+    " AND excluded = 0 ORDER BY seq DESC LIMIT 1"
+)
 CLEAR_ITEMS = "DELETE FROM items WHERE session_pk = ?"
 # Clearing is refused while a turn is active, so these are all of its turns (their events and
 # decisions cascade).
@@ -152,7 +156,7 @@ TURN_IS_RUNNING = "SELECT 1 FROM turns WHERE id = ? AND session_pk = ? AND statu
 # An ended turn holds no memory writes any more: they were applied or dropped.
 FINISH_TURN = (
     "UPDATE turns SET status = ?, reason = ?, error = ?, output = ?, complete = ?,"
-    " usage = ?, ended_at = ?, held_memory = NULL WHERE id = ?"
+    " usage = ?, ended_at = ?, ran_by = ?, held_memory = NULL WHERE id = ?"
 )
 PARK_TURN = (
     "UPDATE turns SET status = 'awaiting_input', usage = ?, held_memory = ?"

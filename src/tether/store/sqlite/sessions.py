@@ -151,9 +151,15 @@ class Sessions(Connection):
         return await self._run(do)
 
     async def latest_summary(self, key: SessionKey) -> Item | None:
+        return await self._latest(key, q.LATEST_SUMMARY)
+
+    async def latest_handoff(self, key: SessionKey) -> Item | None:
+        return await self._latest(key, q.LATEST_HANDOFF)
+
+    async def _latest(self, key: SessionKey, query: str) -> Item | None:
         def do(c: sqlite3.Connection) -> Item | None:
             # A failed turn's items are excluded and a rolled-back turn's are gone.
-            row = c.execute(q.LATEST_SUMMARY, (session_pk(c, key),)).fetchone()
+            row = c.execute(query, (session_pk(c, key),)).fetchone()
             return item_row(row) if row else None
 
         return await self._run(do)

@@ -134,6 +134,7 @@ def finish(
             int(ending.complete),
             usage_json(ending.usage),
             now,
+            ending.agent,
             turn.id,
         ),
     )

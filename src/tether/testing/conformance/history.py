@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tether.errors import SessionBusy, SessionNotFound
-from tether.records import Item, NewItem, TurnEnding
+from tether.records import Item, ItemKind, NewItem, TurnEnding
 from tether.store.protocol import Store
 from tether.testing.conformance._support import call, ev, key, new_session, result, running_turn
 
@@ -111,28 +111,37 @@ class HistoryConformance:
         assert [i.seq for i in await store.list_items(k)] == [3]
         assert [t.seq for t in await store.list_turns(k)] == [3]
 
-    async def test_latest_summary_skips_failed_and_rolled_back_turns(self, store: Store) -> None:
+    @pytest.mark.parametrize("kind", ["summary", "handoff"])
+    async def test_latest_summary_and_handoff_skip_failed_and_rolled_back_turns(
+        self, store: Store, kind: ItemKind
+    ) -> None:
+        latest = store.latest_summary if kind == "summary" else store.latest_handoff
         k = await new_session(store)
-        assert await store.latest_summary(k) is None
+        assert await latest(k) is None
         lease = await running_turn(store, k, "t1")
         done = TurnEnding("completed", "answered")
-        await store.end_turn(lease, "t1", done, [NewItem("summary", "first summary")], [ev(3)])
-        first = await store.latest_summary(k)
-        assert first is not None and (first.kind, first.content) == ("summary", "first summary")
+        await store.end_turn(lease, "t1", done, [NewItem(kind, "first")], [ev(3)])
+        first = await latest(k)
+        assert first is not None and (first.kind, first.content) == (kind, "first")
 
         await running_turn(store, k, "t2", lease=lease)
         failed = TurnEnding("failed", "model_error", error="boom")
-        await store.end_turn(lease, "t2", failed, [NewItem("summary", "from a failed turn")], [])
+        await store.end_turn(lease, "t2", failed, [NewItem(kind, "from a failed turn")], [])
         await running_turn(store, k, "t3", lease=lease)
         rolled = TurnEnding("rolled_back", "rollback")
-        await store.end_turn(lease, "t3", rolled, [NewItem("summary", "rolled back")], [])
-        assert await store.latest_summary(k) == first
+        await store.end_turn(lease, "t3", rolled, [NewItem(kind, "rolled back")], [])
+        assert await latest(k) == first
 
         await running_turn(store, k, "t4", lease=lease)
-        items = [NewItem("summary", "newest summary"), NewItem("assistant", "after it")]
+        other: ItemKind = "handoff" if kind == "summary" else "summary"
+        items = [
+            NewItem(kind, "newest"),
+            NewItem(other, "the other kind"),
+            NewItem("assistant", "x"),
+        ]
         await store.end_turn(lease, "t4", done, items, [ev(3)])
-        newest = await store.latest_summary(k)
-        assert newest is not None and newest.content == "newest summary"
+        newest = await latest(k)
+        assert newest is not None and (newest.kind, newest.content) == (kind, "newest")
         assert newest.seq > first.seq
         with pytest.raises(SessionNotFound):
-            await store.latest_summary(key("nobody"))
+            await latest(key("nobody"))
