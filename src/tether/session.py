@@ -118,6 +118,9 @@ class Session:
         self._server_url = agent_url
         self.agent_name = agent_name
         self._agent: AgentTemplate | None = None
+        self._agents: dict[str, AgentTemplate] = {}
+        """Every agent made here, by name (the latest of a name), in the order first made:
+        what ``save_state()`` records of the session's agents."""
         self._closed = False
         self._used = False  # whether this object reached the embedded runtime (close() looks)
         if agent_url:
@@ -204,7 +207,7 @@ class Session:
             **options,
         )
         object.__setattr__(agent, "_session", self)
-        self._agent = agent
+        self._agent = self._agents[name] = agent
         self._used = True  # its turns run on the embedded runtime: close() waits for them
         return agent
 
@@ -403,7 +406,7 @@ class Session:
         rt.call(rt.runtime.sessions.update(self.key, state=dict(state)))
 
     def _bundle(self, record: SessionRecord) -> dict[str, Any]:
-        agents = [] if self._agent is None else [self._agent]
+        agents = list(self._agents.values())
         return {
             "session_id": self.session_id,
             "user_id": self.user_id,
@@ -697,6 +700,7 @@ class Session:
     def _mark_closed(self) -> None:
         self._closed = True
         self._agent = None
+        self._agents.clear()
         if self._client is not None:
             client, self._client = self._client, None
             client.close()

@@ -37,10 +37,16 @@ def collection_of(knowledge: object) -> str | None:
         raise ConfigError(f"knowledge collection_name {name!r}: {exc}") from None
 
 
+MEMORY_BACKEND_OPTIONS = {"provider": str, "use_embedding": bool}
+"""PraisonAI's memory backend options (``{"provider": "rag", "use_embedding": True}``: which
+store, whether it embeds), accepted and meaning nothing here: tether keeps memory in its own
+store, the session's, and always searches it by text and by embedding."""
+
+
 def memory_options(memory: object) -> dict[str, Any]:
-    """``Session.Agent``'s ``memory=``: True or None (the session's defaults), False (no
-    recall, no notes), a dict or a MemoryPolicy/MemoryConfig (its options; the ids are the
-    session's)."""
+    """A Session's and ``Session.Agent``'s ``memory=``: True or None (the session's defaults),
+    False (no recall, no notes), a dict or a MemoryPolicy/MemoryConfig (its options; the ids
+    are the session's). A dict is checked here, when it is given, not at the first turn."""
     if memory is None or memory is True:
         return {}
     if memory is False:
@@ -51,7 +57,12 @@ def memory_options(memory: object) -> dict[str, Any]:
             chosen.pop(owned, None)
         return chosen
     if isinstance(memory, dict):
-        return dict(memory)
+        options = dict(memory)
+        for name, kind in MEMORY_BACKEND_OPTIONS.items():
+            if name in options and not isinstance(options.pop(name), kind):
+                raise ConfigError(f"memory {name} must be a {kind.__name__}")
+        MemoryPolicy.coerce(options)  # an unknown or malformed option is an error now
+        return options
     raise ConfigError(f"memory must be True, False, a dict or a MemoryConfig, not {memory!r}")
 
 
