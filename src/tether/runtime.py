@@ -29,6 +29,7 @@ from tether.events import TURN_ENDED
 from tether.keys import ApiKeys
 from tether.memory.embed import Embedder
 from tether.memory.service import MemoryService
+from tether.models import close_models
 from tether.records import (
     LOCAL_PRINCIPAL,
     Decision,
@@ -84,6 +85,7 @@ class Runtime:
         limits: PrincipalLimits | None = None,
     ) -> None:
         self.data_dir = data_dir or default_data_dir()
+        self.default_model = default_model
         self.store: Store = store or SQLiteStore(self.data_dir / "tether.db")
         self.agents: dict[str, Agent] = {}
         for agent in agents or []:
@@ -140,6 +142,9 @@ class Runtime:
             await self._warming
             self._warming = None
         await self.scheduler.close(drain_timeout)
+        # The model clients' pooled connections belong to this loop: closed here, or they are
+        # garbage (unclosed sockets) when the loop is gone.
+        await close_models([a.model for a in self.agents.values()] + [self.default_model])
         await self.memory.close()
         await self.store.close()
 

@@ -22,8 +22,6 @@ import pytest
 
 import tether.embedded
 from tests.server.conftest import PYTHONPATH
-from tether.models import resolve_model
-from tether.models.openai import OpenAIModel
 from tether.testing.fake_openai import FakeOpenAIServer, FakeReply
 
 _NAME = re.compile(r"\bname is ([A-Z][A-Za-z]+)")
@@ -77,7 +75,6 @@ class Seed:
     def restart(self) -> None:
         """End this process's embedded runtime, as the end of a script does: the next call
         starts a new one on the same store."""
-        _close_model(self.env["TETHER_MODEL"])
         tether.embedded.shutdown()
 
 
@@ -117,14 +114,6 @@ def seed(fake: FakeOpenAIServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     made = Seed(fake, tmp_path, env)
     yield made
     made.restart()
-
-
-def _close_model(spec: str) -> None:
-    """Close the model's pooled connections on the loop they belong to (the embedded
-    runtime's), which closing the runtime does not do: else they are garbage at exit."""
-    model = resolve_model(spec)
-    if isinstance(model, OpenAIModel):
-        tether.embedded.default_runtime().call(model.aclose())
 
 
 __all__ = ["Seed", "model_env_of", "reader", "said"]

@@ -5,8 +5,8 @@ The quick start runs as a user's script in a process of its own (on a free port 
 What the page promises: a supplied ``session_id`` continues that conversation ("the agent
 remembers 'Alice' for this session id"), the response is ``{response, agent_name, session_id}``
 with the id echoed verbatim, an omitted id is a fresh session each call, and two clients on two
-session ids never see each other's transcripts. (Its handoffs warning is another test's: the
-handoffs feature's own.)
+session ids never see each other's transcripts; and, where the page warns that an agent with
+handoffs loses that isolation, tether keeps it.
 """
 
 from __future__ import annotations
@@ -16,12 +16,14 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import httpx
 import pytest
 
-from tests.examples.conftest import Seed, said
+from tests.examples.conftest import Seed, reader, said
 from tests.server.conftest import free_port
+from tether.testing.fake_openai import FakeReply, FakeToolCall
 
 pytestmark = pytest.mark.slow  # a real server process
 
@@ -36,9 +38,9 @@ app.serve(port=8000)
 """
 
 
-def _serve(seed: Seed, port: int) -> subprocess.Popen[bytes]:
+def _serve(seed: Seed, port: int, code: str = SERVE) -> subprocess.Popen[bytes]:
     script = seed.cwd / "myapp.py"
-    script.write_text(SERVE.replace("port=8000", f"port={port}"))
+    script.write_text(code.replace("port=8000", f"port={port}"))
     with (seed.cwd / "serve.log").open("wb") as log:
         return subprocess.Popen(
             [sys.executable, str(script)],
@@ -145,3 +147,72 @@ def _two_clients_never_see_each_other(url: str, seed: Seed) -> None:
     for request in seed.fake.chat_requests:
         seen = {n for n in names if any(n in content for _, content in said(request))}
         assert len(seen) == 1, seen  # each request carries one client's conversation only
+
+
+HANDOFF_SERVE = """
+from tether import AgentOS
+from tether import Agent
+
+billing = Agent(name="billing", instructions="You handle billing.")
+app = AgentOS(agents=[
+    Agent(name="assistant", instructions="Be helpful", handoffs=[billing]),
+])
+app.serve(port=8000)
+"""
+
+
+def _desk_reply(body: dict[str, Any]) -> FakeReply:
+    """The assistant hands bills to billing (when it is offered the transfer); every other
+    request is answered with whose instructions it ran and the user messages it was shown."""
+    messages = body["messages"]
+    offered = {t["function"]["name"] for t in body.get("tools") or []}
+    last = messages[-1]
+    if "transfer_to_billing" in offered and last["role"] == "user" and "bill" in last["content"]:
+        return FakeToolCall("transfer_to_billing", '{"reason": "a bill"}')
+    users = [str(m["content"]) for m in messages if m["role"] == "user"]
+    return f"{messages[0]['content']} | saw: {' / '.join(users)}"
+
+
+def test_an_agent_with_handoffs_keeps_each_session_apart(seed: Seed) -> None:
+    """The page's warning: there, an agent with ``handoffs`` is served from one shared
+    template, so ``chat_history`` is shared and ``session_id`` is not bound. tether keeps the
+    isolation: each session is handed over on its own, and continues with its own history."""
+    seed.fake.reply = _desk_reply
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = _serve(seed, port, HANDOFF_SERVE)
+    names = ["ada", "boris", "chiara", "dmitri", "esther", "farid"]
+
+    async def client(name: str) -> list[dict[str, Any]]:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as c:
+            out = []
+            for message in (f"my bill, {name}", f"and the refund, {name}?"):
+                r = await c.post("/api/chat", json={"message": message, "session_id": name})
+                assert r.status_code == 200, r.text
+                out.append(r.json())
+            return out
+
+    async def all_clients() -> list[list[dict[str, Any]]]:
+        return await asyncio.gather(*(client(n) for n in names))
+
+    try:
+        _wait_ready(proc, url, seed)
+        results = asyncio.run(all_clients())
+        for name, (first, second) in zip(names, results, strict=True):
+            assert (first["agent_name"], first["session_id"]) == ("billing", name)
+            assert first["response"] == f"You handle billing. | saw: my bill, {name}"
+            # The next message stays with billing, on this session's history only.
+            assert second["agent_name"] == "billing"
+            assert second["response"] == (
+                f"You handle billing. | saw: my bill, {name} / and the refund, {name}?"
+            )
+        for request in seed.fake.chat_requests:
+            seen = {n for n in names if any(n in content for _, content in said(request))}
+            assert len(seen) == 1, seen
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        seed.fake.reply = reader
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -2,10 +2,9 @@
 knowledge (a real ``calendar.pdf``, made here), restored on the next run, whose assistant
 answers from what it was given and whose state is saved for next time.
 
-The example is run as the page has it, twice, as two runs of a script are (the embedded runtime
-closed in between, new objects). Its import line names ``Task`` and ``AgentTeam``, which it never
-uses and tether does not have: that line is its own (expected to fail) test, and the runs import
-``Session`` alone.
+The example is run as the page has it, import line included (it names ``Task`` and
+``AgentTeam``, which it never uses), twice, as two runs of a script are (the embedded runtime
+closed in between, new objects).
 """
 
 from __future__ import annotations
@@ -71,21 +70,11 @@ CALENDAR = (
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ImportError,
-    reason="tether exports no Task or AgentTeam (PraisonAI's task and team API); the example "
-    "imports them and never uses them",
-)
-def test_the_examples_import_line(seed: Seed) -> None:
-    exec(IMPORT, {})
-
-
 def test_stateful_local_assistant_runs_twice(
     seed: Seed, capsys: pytest.CaptureFixture[str]
 ) -> None:
     write_pdf(seed.cwd / "calendar.pdf", CALENDAR)
-    exec("from tether import Session\n" + EXAMPLE, {})
+    exec(IMPORT + EXAMPLE, {})
     first = seed.fake.chat_requests[-1]
     # The assistant answered with what the session holds: its memory and its knowledge.
     prompt = said(first)[0][1]
@@ -101,7 +90,7 @@ def test_stateful_local_assistant_runs_twice(
     assert [a["name"] for a in saved["session"]["agents"]] == ["Personal Assistant"]
 
     seed.restart()  # the script ends; next time it runs again
-    exec("from tether import Session\n" + EXAMPLE, {})
+    exec(IMPORT + EXAMPLE, {})
     again = said(seed.fake.chat_requests[-1])
     assert again[1:] == [
         ("user", "Schedule a meeting for tomorrow"),

@@ -125,5 +125,5 @@ def test_session_context(seed: Seed, capsys: pytest.CaptureFixture[str]) -> None
     assert lines[3] == "Messages: 2"  # the user's message and the reply
     assert context["messages"] == [
         {"role": "user", "content": "Hello"},
-        {"role": "assistant", "content": "echo: Hello"},
+        {"role": "assistant", "content": "echo: Hello", "agent": "Assistant"},
     ]

@@ -97,3 +97,13 @@ async def test_persistent_500_fails_the_turn(fake: FakeOpenAIServer, model: Open
     assert len(fake.chat_requests) == 4
     last = json.dumps(fake.chat_requests[-1]["messages"])
     assert "doomed" not in last and "on fire" not in last
+
+
+async def test_closing_the_runtime_closes_its_models_connections(fake: FakeOpenAIServer) -> None:
+    agent = Agent(name="a", model=OpenAIModel("fake-model", base_url=fake.base_url, api_key="k"))
+    async with running(InMemoryStore(), agent) as rt:
+        assert await rt.chat(agent, "hi", session_id="s") == "echo: hi"
+        model = agent.model
+        assert isinstance(model, OpenAIModel) and model._client is not None
+    # Closed on the runtime's own loop; the next use opens a new client.
+    assert model._client is None

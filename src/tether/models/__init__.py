@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterable
 
 from tether.errors import ConfigError
 from tether.models.base import (
@@ -62,6 +63,26 @@ def resolve_model(spec: str | Model | None) -> Model:
             model = _build(spec)
             _cache[spec] = model
         return model
+
+
+async def close_models(models: Iterable[str | Model | None]) -> None:
+    """Close the connections of these models (specs, objects, or None for the default) that
+    were made on the running loop. A spec never used is not built for this."""
+    seen: dict[int, Model] = {}
+    for m in models:
+        if m is None:
+            m = default_model_spec()
+        if isinstance(m, str):
+            with _cache_lock:
+                found = _cache.get(m)
+            if found is None:
+                continue
+            m = found
+        seen[id(m)] = m
+    for model in seen.values():
+        close = getattr(model, "aclose", None)
+        if close is not None:
+            await close()
 
 
 def _build(spec: str) -> Model:

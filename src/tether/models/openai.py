@@ -130,10 +130,14 @@ class OpenAIModel:
         return self._client
 
     async def aclose(self) -> None:
-        """Close the HTTP client and its pooled connections; the next ``stream`` opens a new one."""
+        """Close the HTTP client and its pooled connections; the next ``stream`` opens a new one.
+
+        Only a client of the running loop can be closed here; one of another loop is left to
+        that loop (a runtime closes its models on its own loop when it closes)."""
+        if self._client is None or self._client_loop is not asyncio.get_running_loop():
+            return
         client, self._client, self._client_loop = self._client, None, None
-        if client is not None:
-            await client.close()
+        await client.close()
 
     def _body(self, request: ModelRequest) -> dict[str, Any]:
         body: dict[str, Any] = {
