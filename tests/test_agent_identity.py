@@ -42,17 +42,33 @@ async def test_two_agents_in_one_session_each_run_their_own_template(store: Stor
         assert [i.content for i in items if i.kind == "user"] == ["find", "draft", "more"]
 
 
-async def test_another_definition_under_a_taken_name_is_refused(store: Store) -> None:
+async def test_two_definitions_of_one_name_each_run_their_own_turns(store: Store) -> None:
     first = Agent(name="Assistant", instructions="You are the first.", model=speaker())
     second = Agent(name="Assistant", instructions="You are the second.", model=speaker())
     async with running(store, first) as rt:
-        with pytest.raises(ConfigError, match="Assistant"):
-            rt.register(second)
+        rt.register(second)
+        # A name alone (HTTP, served) means the first definition.
+        assert rt.served("Assistant") is first
+        assert await rt.chat(second, "hi", session_id="s2") == "You are the second."
+        assert await rt.chat(first, "hi", session_id="s1") == "You are the first."
+        # Even on one session, each turn runs the definition it was sent to.
+        assert await rt.chat(second, "and you?", session_id="s1") == "You are the second."
+        turns = await rt.store.list_turns(key("s1"))
+        assert [t.agent for t in turns] == [first.ref, second.ref]
+
+
+async def test_a_definition_told_apart_only_by_its_model_object_is_refused(store: Store) -> None:
+    one = Agent(name="same", instructions="Alike.", model=speaker())
+    other = Agent(name="same", instructions="Alike.", model=speaker())
+    assert one.fingerprint == other.fingerprint
+    async with running(store, one) as rt:
+        with pytest.raises(ConfigError, match="model object"):
+            rt.register(other)
         with pytest.raises(ConfigError):
-            await rt.chat(second, "hi", session_id="s2")
+            await rt.chat(other, "hi", session_id="s2")
         # Nothing was queued for the refused template, and the first still answers as itself.
         assert await rt.store.get_session(key("s2")) is None
-        assert await rt.chat(first, "hi", session_id="s1") == "You are the first."
+        assert await rt.chat(one, "hi", session_id="s1") == "Alike."
 
 
 async def test_the_same_definition_registers_again_as_a_no_op(store: Store) -> None:
@@ -116,13 +132,21 @@ def test_session_agents_take_turns_with_their_own_instructions(data_dir: Path) -
     assert history == ["find sources", "write it up", "and now?"]
 
 
-def test_two_embedded_agents_of_one_name_cannot_swap_templates(data_dir: Path) -> None:
+def test_two_embedded_agents_of_one_name_each_answer_as_themselves(data_dir: Path) -> None:
     first = Agent(name="Assistant", instructions="You are the first.", model=speaker())
     second = Agent(name="Assistant", instructions="You are the second.", model=speaker())
     assert first.chat("hi") == "You are the first."
-    with pytest.raises(ConfigError, match="another definition"):
-        second.chat("hi")
+    assert second.chat("hi") == "You are the second."
     assert first.chat("again") == "You are the first."
+    # Sessions with other options make other definitions of one agent name: both are served.
+    closed = Session(session_id="opted-out", user_id="alice", memory=False)
+    assert closed.Agent(name="helper", model=speaker(), instructions="No memory.").chat("hi") == (
+        "No memory."
+    )
+    open_ = Session(session_id="remembers", user_id="bob")
+    assert open_.Agent(name="helper", model=speaker(), instructions="Memory.").chat("hi") == (
+        "Memory."
+    )
     with pytest.raises(TurnFailed):
         # A failed turn still raises as before: identity checks did not swallow errors.
         Agent(name="broken", model=ScriptedModel()).chat("x")

@@ -6,10 +6,13 @@ they were shown, so every reply says whose instructions ran it and on which hist
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+import tether.embedded
 from tests.helpers import all_items, assert_paired, key, running
-from tether import Agent, ConfigError, Decision, handoff, tool
+from tether import Agent, ConfigError, Decision, Session, handoff, tool
 from tether.handoff import MAX_HANDOFFS_PER_TURN
 from tether.models.base import ModelRequest
 from tether.store.protocol import Store
@@ -307,3 +310,41 @@ def test_the_fingerprint_covers_the_handoffs() -> None:
     assert (
         Agent(name="t", handoffs=[one]).fingerprint == Agent(name="t", handoffs=[one]).fingerprint
     )
+
+
+def test_a_sessions_memory_options_hold_after_its_agent_hands_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TETHER_DATA_DIR", str(tmp_path / "data"))
+    prompts: list[str] = []
+
+    def shows(request: ModelRequest) -> str | ToolCalls:
+        prompts.append(request.messages[0].content)
+        return routes(request)
+
+    def billing_shows(request: ModelRequest) -> str:
+        prompts.append(request.messages[0].content)
+        return "billing here"
+
+    billing = Agent(name="billing", model=ScriptedModel(default=billing_shows))
+    try:
+        session = Session(
+            session_id="kx",
+            user_id="u2",
+            memory=False,
+            knowledge={"vector_store": {"config": {"collection_name": "handbook"}}},
+        )
+        session.add_memory("The user's favourite colour is TEAL", scope="user")
+        session.add_knowledge("PINEAPPLE is the code word of the handbook")
+        triage = session.Agent(
+            name="triage", model=ScriptedModel(default=shows), handoffs=[billing]
+        )
+        assert triage.chat("my bill about the PINEAPPLE code word") == "billing here"
+        assert triage.chat("and the PINEAPPLE again?") == "billing here"
+    finally:
+        tether.embedded.shutdown()
+    # Every prompt of both turns, billing's included: the session's knowledge, never the user
+    # memory the session turned off.
+    assert len(prompts) == 3
+    assert all("PINEAPPLE is the code word" in p for p in prompts), prompts
+    assert not any("TEAL" in p for p in prompts), prompts

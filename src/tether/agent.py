@@ -488,16 +488,25 @@ class Agent:
         return default_runtime().stream(self, message, session_id=session_id, policy=policy)
 
 
-def reachable(agent: Agent, served: Callable[[str], Agent | None]) -> dict[str, Agent]:
+def resolve_target(
+    target: Handoff, served: Callable[[str, str | None], Agent | None]
+) -> Agent | None:
+    """The served agent a handoff names: the target's own definition when it was given as an
+    agent, else the agent served under its name."""
+    fingerprint = target.agent.fingerprint if target.agent is not None else None
+    return served(target.agent_name, fingerprint)
+
+
+def reachable(agent: Agent, served: Callable[[str, str | None], Agent | None]) -> dict[str, Agent]:
     """The agents ``agent`` can pass a conversation to, directly or through the agents it
-    hands to, as ``served`` resolves their names (a target that is not served is left out)."""
+    hands to, as ``served`` resolves them (a target that is not served is left out)."""
     found: dict[str, Agent] = {}
     todo = [agent]
     while todo:
         for h in todo.pop().handoffs:
             if h.agent_name in found or h.agent_name == agent.name:
                 continue
-            target = served(h.agent_name)
+            target = resolve_target(h, served)
             if target is not None:
                 found[h.agent_name] = target
                 todo.append(target)

@@ -88,6 +88,8 @@ class Runtime:
         self.default_model = default_model
         self.store: Store = store or SQLiteStore(self.data_dir / "tether.db")
         self.agents: dict[str, Agent] = {}
+        """The first definition of each name: what a name alone means (HTTP, ``served``)."""
+        self._definitions: dict[tuple[str, str], Agent] = {}
         for agent in agents or []:
             self.register(agent)
         self.memory = MemoryService(
@@ -95,7 +97,7 @@ class Runtime:
         )
         self.scheduler: Scheduler = Scheduler(
             self.store,
-            self.agents.get,
+            self.resolve,
             lease_ttl=lease_ttl,
             node=node,
             workspace_root=self.data_dir / "workspaces",
@@ -158,21 +160,35 @@ class Runtime:
     def register(self, agent: Agent) -> None:
         """Serve ``agent`` under its name, and the agents it hands off to under theirs.
 
-        A name stands for one template in a runtime: registering the same definition again is
-        a no-op, another definition under a taken name is a :class:`ConfigError` (it would
-        otherwise run turns submitted for the first, or take over its sessions).
+        A turn runs exactly the definition it was submitted for, so several definitions may
+        share a name (sessions with other memory options, a notebook cell edited and run
+        again); a name given alone (``served``, an HTTP request) means the first one. The same
+        definition registers again as a no-op. What cannot be told apart is refused with a
+        :class:`ConfigError`: a definition alike in every way but a model given as another
+        object (two endpoints behind one model name, say) would run the other's turns.
         """
         # The agents it hands off to are served with it: a transfer must find its target.
-        for one in (agent, *agent.handoff_agents()):
-            known = self.agents.get(one.name)
+        closure = (agent, *agent.handoff_agents())
+        for one in closure:
+            known = self._definitions.get((one.name, one.fingerprint))
             if known is not None and not known.same_definition(one):
                 raise ConfigError(
-                    f"an agent named {one.name!r} is already served with another definition; "
-                    "give this one its own name (a model given as an object counts as the same "
-                    "only when it is the very same object: pass it again, or use a spec string)"
+                    f"an agent named {one.name!r} is already served with a definition alike "
+                    "but for its model object (or its tools' code); pass the very same model "
+                    "object again, use a model spec string, or give this agent its own name"
                 )
-        for one in (agent, *agent.handoff_agents()):
+        for one in closure:
+            self._definitions.setdefault((one.name, one.fingerprint), one)
             self.agents.setdefault(one.name, one)
+
+    def resolve(self, name: str, fingerprint: str | None = None) -> Agent | None:
+        """The definition ``fingerprint`` of the agent ``name`` when it is served here, else the
+        agent served under ``name`` (the scheduler then checks it is the one a turn wants)."""
+        if fingerprint:
+            exact = self._definitions.get((name, fingerprint))
+            if exact is not None:
+                return exact
+        return self.agents.get(name)
 
     def served(self, name: str) -> Agent:
         """The agent served under ``name``; AgentNotFound names the ones that are."""

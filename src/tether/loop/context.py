@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from tether.agent import Agent
 from tether.events import EventType
+from tether.handoff import Handoff
 from tether.models.base import Model, ToolSpec
 from tether.records import (
     CancelStatus,
@@ -103,8 +104,12 @@ class Switch:
     extra_tools: tuple[Tool, ...] = ()
 
 
-def _nobody(name: str) -> Switch | None:
+def _nobody(target: Handoff) -> Switch | None:
     return None
+
+
+def _not_served(target: Handoff) -> bool:
+    return False
 
 
 @dataclass
@@ -134,8 +139,10 @@ class TurnContext:
     """What a cancellation ends the turn as: ``cancelled``, ``interrupted``, ``rolled_back``, or
     ``failed`` (its process lost the lease)."""
     cancel_reason: Reason = "cancelled"
-    hand_to: Callable[[str], Switch | None] = _nobody
+    hand_to: Callable[[Handoff], Switch | None] = _nobody
     """The agent a handoff names, ready to run; None when it is not served here."""
+    can_hand_to: Callable[[Handoff], bool] = _not_served
+    """Whether a handoff's target is served here (without making its model ready)."""
     _body: asyncio.Task[TurnResult | TurnPark] | None = field(default=None, repr=False)
 
     @property
@@ -149,8 +156,10 @@ class TurnContext:
         return None
 
     def specs(self) -> tuple[ToolSpec, ...]:
-        """What the model is offered: the tools, then a transfer tool per handoff."""
-        return tuple(t.spec for t in self.tools) + tuple(h.spec for h in self.agent.handoffs)
+        """What the model is offered: the tools, then a transfer tool per handoff whose target
+        is served here (a transfer that cannot happen is not offered)."""
+        transfers = tuple(h.spec for h in self.agent.handoffs if self.can_hand_to(h))
+        return tuple(t.spec for t in self.tools) + transfers
 
     def switch(self, to: Switch) -> None:
         """Run the rest of the turn as ``to.agent`` (a handoff)."""

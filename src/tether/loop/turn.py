@@ -159,7 +159,7 @@ def _transfer(
         )
         results.append(_result(ctx, state, call, refused, True))
         return None
-    switch = ctx.hand_to(target.agent_name)
+    switch = ctx.hand_to(target)
     if switch is None:
         missing = (
             f"Error: the {target.agent_name} agent is not available; answer the user yourself."

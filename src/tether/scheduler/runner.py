@@ -17,9 +17,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Literal, Protocol, cast
 
-from tether.agent import Agent, reachable
+from tether.agent import Agent, MemoryPolicy, reachable, resolve_target
 from tether.errors import ConfigError
 from tether.events import TOOL_STARTED
+from tether.handoff import Handoff
 from tether.loop.context import Resumed, Switch, TurnContext, TurnPark
 from tether.loop.turn import run_turn
 from tether.memory.service import MemoryService
@@ -44,7 +45,9 @@ from tether.tools.workspace import workspace_dir
 
 log = logging.getLogger("tether.scheduler")
 
-AgentResolver = Callable[[str], Agent | None]
+AgentResolver = Callable[[str, str | None], Agent | None]
+"""``(name, fingerprint or None)`` → the agent to run: that very definition when it is served
+here, else the one served under the name (None: no agent of that name)."""
 
 
 class TurnStore(FencedWrites, HistoryStore, TurnLog, SessionReader, DecisionStore, Protocol):
@@ -168,7 +171,8 @@ class TurnRunner:
                 started,
                 turn.usage,
             )
-        agent = self._agents(agent_name) if agent_name else None
+        wanted = turn.agent.fingerprint if turn.agent is not None else None
+        agent = self._agents(agent_name, wanted) if agent_name else None
         if agent is None:
             ending = TurnEnding(
                 "failed", "agent_not_found", error=f"agent {agent_name or '?'} is not served here"
@@ -191,9 +195,12 @@ class TurnRunner:
                 error=f"agent {agent.name} is defined differently here than where it was sent",
             )
             return await _end(sink, turn, ending, _aborted(sink))
+        # Memory and knowledge are the conversation's: set by the agent the turn was sent to
+        # (a Session's options live there), whichever agent a handoff passed it to.
+        policy = agent.memory
         if agent.handoffs:
             agent = await self._handed_to(turn, agent)
-        ctx, memory = self._context(sink, turn, agent, user_item)
+        ctx, memory = self._context(sink, turn, agent, user_item, policy)
         ctx.resumed = resumed
         if resumed is not None or any(t.requires_approval for t in agent.tools):
             # Read only when it can matter: most turns have no tool that asks.
@@ -224,7 +231,7 @@ class TurnRunner:
         return reachable(agent, self._agents).get(last.content, agent)
 
     def _context(
-        self, sink: FencedSink, turn: Turn, agent: Agent, user_item: Item
+        self, sink: FencedSink, turn: Turn, agent: Agent, user_item: Item, policy: MemoryPolicy
     ) -> tuple[TurnContext, TurnMemory | None]:
         key = turn.key
         ctx = TurnContext(
@@ -239,33 +246,34 @@ class TurnRunner:
             sink=sink,
             workspace=workspace_dir(self.workspace_root, key) if self.workspace_root else None,
         )
-        ctx.extra_tools = self._builtin_tools(agent)
-        ctx.hand_to = self._switch_to
+        ctx.extra_tools = self._builtin_tools(agent, policy)
+        ctx.hand_to = lambda h: self._switch_to(h, policy)
+        ctx.can_hand_to = lambda h: resolve_target(h, self._agents) is not None
         if self.memory is None:
             return ctx, None
         # Memory belongs to the session's owner (embedded use may act for a user_id other than
         # the caller's principal), with the caller's roles. It is the turn's: after a handoff
         # the turn keeps the memory (and the recall) it started with.
         owner = Principal(key.tenant, key.owner, ctx.principal.roles)
-        auto = notes_wanted(self.auto_notes, agent.memory.auto, ctx.model.name)
-        memory = TurnMemory(self.memory, owner, key, agent.name, agent.memory, turn.id, auto)
+        auto = notes_wanted(self.auto_notes, policy.auto, ctx.model.name)
+        memory = TurnMemory(self.memory, owner, key, agent.name, policy, turn.id, auto)
         ctx.memory = memory
         return ctx, memory
 
-    def _builtin_tools(self, agent: Agent) -> tuple[Tool, ...]:
-        """``ask_user``, and the memory tools the agent's policy turns on."""
+    def _builtin_tools(self, agent: Agent, policy: MemoryPolicy) -> tuple[Tool, ...]:
+        """``ask_user`` (the agent's), and the memory tools the turn's memory policy turns on."""
         builtin: tuple[Tool, ...] = (ask_user,) if agent.ask_user else ()
         if self.memory is None:
             return builtin
-        return builtin + memory_tools(agent.memory.remember, agent.memory.knowledge_tool)
+        return builtin + memory_tools(policy.remember, policy.knowledge_tool)
 
-    def _switch_to(self, name: str) -> Switch | None:
-        """What the rest of a turn runs after a handoff to ``name``; None if not served."""
-        agent = self._agents(name)
+    def _switch_to(self, target: Handoff, policy: MemoryPolicy) -> Switch | None:
+        """What the rest of a turn runs after a handoff to ``target``; None if not served."""
+        agent = resolve_target(target, self._agents)
         if agent is None:
             return None
         model = resolve_model(agent.model if agent.model is not None else self.default_model)
-        return Switch(agent, model, self._builtin_tools(agent))
+        return Switch(agent, model, self._builtin_tools(agent, policy))
 
 
 def _aborted(sink: FencedSink) -> list[NewItem]:
