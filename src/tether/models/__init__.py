@@ -1,8 +1,9 @@
 """Model providers behind one small protocol, and the spec strings that name them.
 
-Spec strings: ``local`` (the embedded SmolLM2, the default), ``openai:<model>``,
-``ollama:<model>``. Model instances are shared per process: one loaded local model serves every
-session.
+Spec strings: ``local`` (the embedded model, the default: SmolLM2-135M-Instruct),
+``local:smollm2``, ``local:gemma3`` (Gemma 3 270M, when its wheels are installed),
+``openai:<model>``, ``ollama:<model>``. Model instances are shared per process: one loaded
+local model serves every session.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def _build(spec: str) -> Model:
     if provider == "local":
         from tether.models.local import LocalModel
 
-        return LocalModel()
+        return LocalModel(name or None)
     if provider == "openai":
         from tether.models.openai import OpenAIModel
 
@@ -105,5 +106,6 @@ def _build(spec: str) -> Model:
         base_url = os.environ.get("OLLAMA_BASE_URL", OLLAMA_BASE_URL)
         return OpenAIModel(name, base_url=base_url, api_key="ollama", label=f"ollama:{name}")
     raise ConfigError(
-        f"unknown model spec {spec!r}: use 'local', 'openai:<model>' or 'ollama:<model>'"
+        f"unknown model spec {spec!r}: use 'local', 'local:<embedded model>', 'openai:<model>' or "
+        "'ollama:<model>'"
     )
