@@ -99,6 +99,7 @@ async def test_a_transfer_runs_the_rest_of_the_turn_as_the_target(store: Store) 
         assert move.content == "billing"
         assert (move.meta["agent"], move.meta["to"]) == ("triage", "billing")
         assert move.meta["reason"] == "about my bill is wrong"
+        assert move.call_id == items[1].call_id
         assert items[1].meta["agent"] == "triage" and items[4].meta["agent"] == "billing"
 
         [turn] = await rt.store.list_turns(key("s"))
@@ -209,6 +210,8 @@ async def test_a_transfer_to_an_agent_not_served_is_refused_and_the_agent_goes_o
     triage = Agent(name="triage", model=ScriptedModel(default=routes), handoffs=["billing"])
     async with running(store, triage) as rt:
         reply = await rt.chat(triage, "my bill", session_id="s")
+        # A transfer that cannot happen is not offered (the model called it anyway).
+        assert all(r.tools == () for r in triage.model.requests)  # type: ignore[union-attr]
         assert reply == (
             "triage answers: Error: the billing agent is not available; answer the user yourself."
         )
@@ -284,6 +287,15 @@ def test_handoffs_are_checked_when_the_agent_is_made() -> None:
         Agent(name="triage", handoffs=[billing, "Billing Agent"])
     with pytest.raises(ConfigError, match="not an agent"):
         Agent(name="triage", handoffs=[42])  # type: ignore[list-item]
+    with pytest.raises(ConfigError, match="list of agents"):
+        Agent(name="triage", handoffs={"billing": billing})
+    for bad in (5, None):
+        with pytest.raises(ConfigError, match="agent or an agent's name"):
+            handoff(bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="text"):
+        handoff(billing, tool_description_override=5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="tool name"):
+        handoff(billing, tool_name_override="")
 
     @tool
     def transfer_to_billing_agent() -> str:

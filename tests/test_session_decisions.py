@@ -120,7 +120,7 @@ def test_ask_user_answered_through_decide(data_dir: Path) -> None:
     d = waiting.value.decision
     assert (d.kind, d.payload) == (
         "question",
-        {"question": "Which colour?", "choices": ["red", "blue"]},
+        {"question": "Which colour?", "choices": ["red", "blue"], "agent": "asker"},
     )
     assert session.decide(d, answer="blue") == "noted: The user answered: blue"
     # And with a callback, which answers with the text.
@@ -155,3 +155,20 @@ def test_a_turn_that_does_not_complete_after_the_decision_is_turn_failed(data_di
         session.decide(waiting.value.decision)
     assert failed.value.turn.status == "failed"
     assert RUNS == ["prod"]
+
+
+def test_decide_passes_the_reply_through_the_middleware(data_dir: Path) -> None:
+    session = Session(session_id="d-mw", user_id="ann", middleware=[lambda m, r: "[REDACTED]"])
+    deployer(session)
+    with pytest.raises(DecisionRequired) as waiting:
+        session.chat("ship it")
+    reply = session.decide(waiting.value.decision)
+    # As chat's replies are: a redaction middleware is not bypassed by a turn that asked.
+    assert reply == "[REDACTED]" and RUNS == ["prod"]
+    assert reply["metadata"]["turn_id"] == waiting.value.decision.turn_id
+    assert (reply["metadata"]["agent_name"], reply["metadata"]["status"]) == (
+        "deployer",
+        "completed",
+    )
+    # The stored history keeps what the agent said.
+    assert session.get_context()["messages"][-1]["content"] == "tool said: deployed prod"

@@ -421,3 +421,48 @@ def test_session_memory_and_knowledge_options(data_dir: Path, tmp_path: Path) ->
     bad = {"vector_store": {"config": {"collection_name": "no spaces please"}}}
     with pytest.raises(ConfigError):
         Session(session_id="bad", knowledge=bad)
+
+
+def test_a_reply_names_its_turn_and_the_agent_that_answered(data_dir: Path) -> None:
+    billing = Agent(name="billing", model=ScriptedModel(default=lambda r: "billing here"))
+    session = Session(session_id="meta", user_id="u-meta")
+    session.Agent(
+        name="triage",
+        model=ScriptedModel(ToolCalls(Call("transfer_to_billing")), default="triage here"),
+        handoffs=[billing],
+    )
+    reply = session.chat("my bill")
+    assert reply == "billing here"
+    meta = reply["metadata"]
+    assert (meta["agent_name"], meta["session_id"], meta["status"]) == (
+        "billing",
+        "meta",
+        "completed",
+    )
+    assert reply.turn is not None and reply.turn == meta["turn_id"]
+    # Both agents that ran its turns, the one it was sent to first.
+    assert session.get_context()["agents"] == ["triage", "billing"]
+    # An Agent's own chat says the same.
+    plain = Agent(name="plain", model=EchoModel())
+    said = plain.chat("hi")
+    assert said["metadata"]["agent_name"] == "plain" and said.turn is not None
+
+
+def test_chat_refuses_what_is_not_a_message_or_a_policy(data_dir: Path) -> None:
+    session = Session(session_id="bad-input", user_id="u-bad")
+    agent = session.Agent(name="A", model=EchoModel())
+    for bad in (None, b"bytes", ["a list"], {"a": 1}, 5):
+        with pytest.raises(InvalidInput, match="text"):
+            agent.chat(bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="policy"):
+        agent.chat("hi", policy="bogus")  # type: ignore[arg-type]
+    # Nothing was stored by the refused calls.
+    assert session.get_context()["message_count"] == 0
+    assert agent.chat("hi") == "user:hi"
+
+
+def test_a_remote_session_makes_no_local_agents() -> None:
+    remote = Session(agent_url="http://127.0.0.1:9", session_id="r")
+    with pytest.raises(ConfigError, match="server"):
+        remote.Agent(name="helper")
+    remote.close()

@@ -92,3 +92,36 @@ def test_bad_teams_are_refused() -> None:
         AgentTeam(agents=[])
     with pytest.raises(ConfigError):
         Task()
+
+
+def test_a_team_is_checked_when_it_is_made() -> None:
+    a, b = Agent(name="a"), Agent(name="b")
+    first = Task(action="one", agent=a)
+    with pytest.raises(ConfigError, match="agent"):
+        Task(action="x", agent="researcher")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="context"):
+        Task(action="x", context="prev")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="Task objects"):
+        AgentTeam(agents=[a], tasks=["do it"])  # type: ignore[list-item]
+    with pytest.raises(ConfigError, match="twice"):
+        AgentTeam(agents=[a], tasks=[first, first])
+    with pytest.raises(ConfigError, match="not one of the team"):
+        AgentTeam(agents=[a], tasks=[Task(action="x", agent=b)])
+    later = Task(action="later", agent=a)
+    with pytest.raises(ConfigError, match="before it"):
+        AgentTeam(agents=[a], tasks=[Task(action="x", agent=a, context=[later]), later])
+    with pytest.raises(tether.InvalidSessionId):
+        AgentTeam(agents=[a], session_id="no spaces allowed")
+
+
+def test_each_run_has_its_own_outputs_and_a_start_message_leads() -> None:
+    a = Agent(name="a", model=says("a"))
+    one, two = Task(action="one", agent=a), Task(action="two", agent=a)
+    team = AgentTeam(agents=[a], tasks=[one, two])
+    team.start()
+    assert two.output == "a did: two"
+    team.start("Plan a trip")
+    # The message heads the first task's prompt; the second is given this run's first output.
+    prompts = [r.messages[-1].content for r in a.model.requests]  # type: ignore[union-attr]
+    assert prompts[2].startswith("Plan a trip\n\none")
+    assert "a did: Plan a trip" in prompts[3]

@@ -20,6 +20,7 @@ from tether.errors import ConfigError
 from tether.handoff import Handoff, handoffs_of
 from tether.models.base import Model
 from tether.records import AgentRef, Decision, Policy, validate_session_id
+from tether.reply import Response
 from tether.tools.tool import Tool
 
 if TYPE_CHECKING:
@@ -444,7 +445,7 @@ class Agent:
         session_id: str | None = None,
         policy: Policy = "enqueue",
         on_decision: Callable[[Decision], Any] | None = None,
-    ) -> str:
+    ) -> Response:
         """Run one turn and return the complete reply (blocking). See :meth:`achat`."""
         from tether.embedded import default_runtime
 
@@ -452,7 +453,7 @@ class Agent:
             self, message, session_id=session_id, policy=policy, on_decision=on_decision
         )
 
-    def start(self, message: str, *, session_id: str | None = None) -> str:
+    def start(self, message: str, *, session_id: str | None = None) -> Response:
         """Same as :meth:`chat` (PraisonAI's name for the first call)."""
         return self.chat(message, session_id=session_id)
 
@@ -463,8 +464,9 @@ class Agent:
         session_id: str | None = None,
         policy: Policy = "enqueue",
         on_decision: Callable[[Decision], Any] | None = None,
-    ) -> str:
-        """Run one turn and return the complete reply.
+    ) -> Response:
+        """Run one turn and return the complete reply: a ``str`` whose ``metadata`` names the
+        agent that answered (after any handoff), the turn and its status.
 
         Raises :class:`tether.errors.TurnFailed` when the turn ends in any status other than
         ``completed``; the turn record (status, reason, partial output) is on the exception.

@@ -37,7 +37,12 @@ if TYPE_CHECKING:
 
 class App:
     def __init__(self, agents: Iterable[Agent], *, name: str = "tether") -> None:
+        if isinstance(agents, Agent) or not isinstance(agents, Iterable):
+            raise ConfigError("App(agents=[...]) takes a list of agents")
         given = list(agents)
+        for a in given:
+            if not isinstance(a, Agent):
+                raise ConfigError(f"App(agents=[...]): {a!r} is not an Agent")
         # The agents they hand off to are served too (a transfer must find its target), after
         # the ones given: the first given agent stays the app's default.
         self.agents: list[Agent] = list(

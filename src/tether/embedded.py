@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from tether.agent import Agent
 from tether.errors import SyncInAsyncContext
 from tether.records import Event, Policy
+from tether.reply import Response
 from tether.runtime import OnDecision, Runtime, default_data_dir
 
 T = TypeVar("T")
@@ -69,7 +70,7 @@ class EmbeddedRuntime:
         session_id: str | None,
         policy: Policy,
         on_decision: OnDecision | None = None,
-    ) -> str:
+    ) -> Response:
         return self.call(
             self.runtime.chat(
                 agent, message, session_id=session_id, policy=policy, on_decision=on_decision
@@ -84,7 +85,7 @@ class EmbeddedRuntime:
         session_id: str | None,
         policy: Policy,
         on_decision: OnDecision | None = None,
-    ) -> str:
+    ) -> Response:
         return await self.acall(
             self.runtime.chat(
                 agent, message, session_id=session_id, policy=policy, on_decision=on_decision

@@ -13,6 +13,7 @@ after the agent that hands to it (a specialist handing back to its triage agent)
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
@@ -85,11 +86,15 @@ def handoff(
 ) -> Handoff:
     """A handoff to ``agent`` (an agent, or the name of one served by the same app), with the
     transfer tool's name and description chosen here instead of derived from the target."""
+    if not isinstance(agent, str) and not _is_target(agent):
+        raise ConfigError(f"a handoff needs an agent or an agent's name, not {agent!r}")
     name = agent if isinstance(agent, str) else agent.name
     if not name or not isinstance(name, str):
         raise ConfigError("a handoff needs an agent or an agent's name")
-    tool_name = tool_name_override or transfer_tool_name(name)
-    if not _TOOL_NAME.match(tool_name):
+    if tool_description_override is not None and not isinstance(tool_description_override, str):
+        raise ConfigError("a handoff's tool_description_override is text")
+    tool_name = transfer_tool_name(name) if tool_name_override is None else tool_name_override
+    if not isinstance(tool_name, str) or not _TOOL_NAME.match(tool_name):
         raise ConfigError(f"handoff tool name {tool_name!r} must be 1-64 of [a-zA-Z0-9_-]")
     about = "" if isinstance(agent, str) else agent.description
     description = tool_description_override or (
@@ -102,7 +107,7 @@ def handoffs_of(values: object, owner: str) -> tuple[Handoff, ...]:
     """``Agent(handoffs=…)``: agents, names and :func:`handoff` values, checked."""
     if values is None:
         return ()
-    if isinstance(values, str) or not hasattr(values, "__iter__"):
+    if isinstance(values, str | Mapping) or not isinstance(values, Iterable):
         raise ConfigError(f"agent {owner}: handoffs takes a list of agents")
     out: list[Handoff] = []
     for value in values:

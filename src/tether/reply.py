@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from tether.records import Turn
+
 
 class Response(str):
     """A chat reply: the text itself (a ``str``), and as the remote-agent contract has it,
@@ -33,17 +35,23 @@ class Response(str):
         )
 
     @classmethod
-    def local(cls, text: str, agent_name: str, session_id: str) -> Response:
+    def of_turn(cls, turn: Turn, text: str | None = None) -> Response:
+        """From an ended turn (``text``: its reply, through a session's middleware). The agent
+        named is the one that answered (after any handoff)."""
         return cls(
-            text,
+            turn.output or "" if text is None else text,
             {
-                "agent_name": agent_name,
-                "session_id": session_id,
-                "turn_id": None,
-                "timestamp": time.time(),
-                "status": "completed",
+                "agent_name": turn.agent_name,
+                "session_id": turn.key.session_id,
+                "turn_id": turn.id,
+                "timestamp": turn.ended_at or time.time(),
+                "status": turn.status,
             },
         )
+
+    def passed_through(self, text: str) -> Response:
+        """The same reply with the text a middleware made of it."""
+        return Response(text, dict(self.metadata))
 
     @property
     def content(self) -> str:

@@ -44,6 +44,7 @@ from tether.records import (
     Turn,
     Verdict,
 )
+from tether.reply import Response
 from tether.scheduler import Scheduler
 from tether.scheduler.runner import AutoNotes, auto_notes_from_env
 from tether.scheduler.sessions import SessionService
@@ -284,8 +285,9 @@ class Runtime:
         principal: Principal = LOCAL_PRINCIPAL,
         idempotency_key: str | None = None,
         on_decision: OnDecision | None = None,
-    ) -> str:
-        """Run one turn and return its complete reply.
+    ) -> Response:
+        """Run one turn and return its complete reply: a ``str`` that also carries the turn's
+        ``metadata`` (``agent_name`` — the agent that answered —, ``turn_id``, ``status``…).
 
         What the turn asks a human (a tool approval, ``ask_user``, going on past the iteration
         limit) goes to ``on_decision`` (else the runtime's); with neither, the turn stays
@@ -303,7 +305,7 @@ class Runtime:
         done = await self.settle(turn, on_decision, principal=principal)
         if done.status != "completed":
             raise TurnFailed(done)
-        return done.output or ""
+        return Response.of_turn(done)
 
     async def settle(
         self,

@@ -54,6 +54,7 @@ from tether.records import (
     Principal,
     SessionKey,
     SessionRecord,
+    Turn,
     Verdict,
     new_session_id,
     validate_session_id,
@@ -184,6 +185,12 @@ class Session:
         the session's middleware.
         """
         self._check_open()
+        if self.is_remote:
+            # Its agents are the server's: an agent made here would run on the local store.
+            raise ConfigError(
+                "a remote session's agents are the server's: use session.chat(...) "
+                "(Session(agent_url=…/agents/<name>) talks to one of them by name)"
+            )
         extra = {**self._memory, **memory_options(options.pop("memory", None))}
         knowledge = options.pop("knowledge", None)
         if knowledge is False:
@@ -266,9 +273,7 @@ class Session:
             return Response.of_reply(reply, self.after_turn(message, str(reply["response"])))
         agent = self._chat_agent()
         self._check_alive(self._ensure(agent.name))
-        return Response.local(
-            agent.chat(message, on_decision=on_decision), agent.name, self.session_id
-        )
+        return agent.chat(message, on_decision=on_decision)
 
     async def achat(self, message: str, *, on_decision: OnDecision | None = None) -> Response:
         """See :meth:`chat`."""
@@ -289,8 +294,7 @@ class Session:
             rt.runtime.ensure_session(self.key, agent.name, ttl_seconds=self.session_ttl)
         )
         self._check_alive(record)
-        text = await agent.achat(message, on_decision=on_decision)
-        return Response.local(text, agent.name, self.session_id)
+        return await agent.achat(message, on_decision=on_decision)
 
     def _async_client(self) -> AsyncClient:
         assert self._server_url is not None
@@ -314,9 +318,9 @@ class Session:
         answer: str | None = None,
         *,
         on_decision: OnDecision | None = None,
-    ) -> str:
+    ) -> Response:
         """Decide what a waiting turn asks (a :class:`Decision`, or its ``call_id``) and get the
-        turn's reply once it ends.
+        turn's reply once it ends, through the session's middleware as ``chat``'s is.
 
         ``verdict`` is approve (the default), deny or always for an approval; a question is
         answered with ``answer`` (the verdict is then ``answer``). What the turn asks next goes
@@ -328,10 +332,13 @@ class Session:
         chosen = _verdict(verdict, answer)
         if self._client is not None:
             self._client.decide(self.session_id, d.turn_id, d.call_id, chosen, answer)
-            turn = self._client.settle(self.session_id, d.turn_id, on_decision=on_decision)
-            return _wire.output_of(turn)
-        rt = self._rt()
-        return rt.call(self._decided(d.turn_id, d.call_id, chosen, answer, on_decision))
+            data = self._client.settle(self.session_id, d.turn_id, on_decision=on_decision)
+            _wire.output_of(data)  # TurnFailed unless it completed
+            done = _wire.turn_of(data)
+        else:
+            rt = self._rt()
+            done = rt.call(self._decided(d.turn_id, d.call_id, chosen, answer, on_decision))
+        return Response.of_turn(done, self.after_turn(done.input, done.output or ""))
 
     async def adecide(
         self,
@@ -340,7 +347,7 @@ class Session:
         answer: str | None = None,
         *,
         on_decision: OnDecision | None = None,
-    ) -> str:
+    ) -> Response:
         """See :meth:`decide`."""
         self._check_open()
         chosen = _verdict(verdict, answer)
@@ -348,14 +355,19 @@ class Session:
             async with self._async_client() as client:
                 d = await self._apending(decision, client)
                 await client.decide(self.session_id, d.turn_id, d.call_id, chosen, answer)
-                turn = await client.settle(self.session_id, d.turn_id, on_decision=on_decision)
-            return _wire.output_of(turn)
-        rt = self._rt()
-        if isinstance(decision, str):
-            d = _named(decision, await rt.acall(rt.runtime.decisions(self.key, status="pending")))
+                data = await client.settle(self.session_id, d.turn_id, on_decision=on_decision)
+            _wire.output_of(data)  # TurnFailed unless it completed
+            done = _wire.turn_of(data)
         else:
-            d = decision
-        return await rt.acall(self._decided(d.turn_id, d.call_id, chosen, answer, on_decision))
+            rt = self._rt()
+            if isinstance(decision, str):
+                pending = await rt.acall(rt.runtime.decisions(self.key, status="pending"))
+                d = _named(decision, pending)
+            else:
+                d = decision
+            done = await rt.acall(self._decided(d.turn_id, d.call_id, chosen, answer, on_decision))
+        text = await self.aafter_turn(done.input, done.output or "")
+        return Response.of_turn(done, text)
 
     def _pending(self, decision: Decision | str) -> Decision:
         if isinstance(decision, Decision):
@@ -374,7 +386,7 @@ class Session:
         verdict: Verdict,
         answer: str | None,
         on_decision: OnDecision | None,
-    ) -> str:
+    ) -> Turn:
         """On the runtime's loop: decide, then wait for the turn as ``Runtime.chat`` does."""
         runtime = self._rt().runtime
         await runtime.decide(self.key, turn_id, call_id, verdict, answer=answer)
@@ -383,7 +395,7 @@ class Session:
         done = await runtime.settle(turn, on_decision)
         if done.status != "completed":
             raise TurnFailed(done)
-        return done.output or ""
+        return done
 
     @staticmethod
     def _check_alive(record: SessionRecord) -> None:
@@ -481,7 +493,10 @@ class Session:
         after = 0
         while True:
             turns = await sessions.turns(self.key, after=after, limit=CONTEXT_PAGE)
-            agents.update((t.agent.name, None) for t in turns if t.agent is not None)
+            for t in turns:  # the agent it was sent to, and the one a handoff passed it to
+                agents.update(
+                    (name, None) for name in (t.agent.name if t.agent else None, t.ran_by) if name
+                )
             if len(turns) < CONTEXT_PAGE:
                 break
             after = turns[-1].seq
@@ -717,13 +732,13 @@ class SessionAgent(AgentTemplate):
 
     _session: Session
 
-    def chat(self, message: str, **kw: Any) -> str:
+    def chat(self, message: str, **kw: Any) -> Response:
         reply = super().chat(message, **kw)
-        return self._session.after_turn(message, reply)
+        return reply.passed_through(self._session.after_turn(message, reply))
 
-    async def achat(self, message: str, **kw: Any) -> str:
+    async def achat(self, message: str, **kw: Any) -> Response:
         reply = await super().achat(message, **kw)
-        return await self._session.aafter_turn(message, reply)
+        return reply.passed_through(await self._session.aafter_turn(message, reply))
 
 
 async def _awaited(value: Awaitable[Any]) -> Any:

@@ -5,7 +5,7 @@ user message it was shown, so a test sees whose turn ran on which history."""
 
 from __future__ import annotations
 
-from tether import Agent, App
+from tether import Agent, App, tool
 from tether.models.base import ModelRequest
 from tether.testing import Call, ScriptedModel, Slow, ToolCalls
 
@@ -25,8 +25,19 @@ def triage_flow(request: ModelRequest) -> str | ToolCalls | Slow:
     return ToolCalls(Call(f"transfer_to_{target}", {"reason": last.content}))
 
 
-def billing_flow(request: ModelRequest) -> Slow | ToolCalls:
-    if "back" in request.messages[-1].content:
+@tool(requires_approval=True)
+def refund(order: str) -> str:
+    """Refund an order (a human approves each refund)."""
+    return f"refunded {order}"
+
+
+def billing_flow(request: ModelRequest) -> str | Slow | ToolCalls:
+    last = request.messages[-1]
+    if last.role == "tool" and last.content.startswith("refunded"):
+        return f"Billing: {last.content}"
+    if last.role == "user" and "refund" in last.content:
+        return ToolCalls(Call("refund", {"order": "A1"}))
+    if "back" in last.content:
         return ToolCalls(Call("transfer_to_triage"))
     return shown(request)
 
@@ -36,6 +47,7 @@ billing = Agent(
     instructions="Billing.",
     model=ScriptedModel(default=billing_flow),
     handoffs=["triage"],
+    tools=[refund],
     description="invoices and refunds",
 )
 tech = Agent(name="tech", instructions="Tech.", model=ScriptedModel(default=shown))

@@ -18,7 +18,7 @@ from tether.records import Decision
 from tether.runtime import DecisionAnswer
 from tether.tools.approval import REFUSED_RESULT
 
-PICK = {"question": "Which planet?", "choices": ["Mars", "Venus"]}
+PICK = {"question": "Which planet?", "choices": ["Mars", "Venus"], "agent": "asker"}
 
 pytestmark = pytest.mark.slow
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,51 @@ def test_an_app_must_serve_what_its_agents_hand_off_to(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match="not serve"):
         App(agents=[Agent(name="triage", handoffs=["billing"])])
+    for bad in (None, Agent(name="one"), ["a name"]):
+        with pytest.raises(ConfigError, match="agents"):
+            App(agents=bad)  # type: ignore[arg-type]
     billing = Agent(name="billing", handoffs=["triage"])
     app = App(agents=[Agent(name="triage", handoffs=[billing])])
     assert [a.name for a in app.agents] == ["triage", "billing"]
+
+
+def test_a_handed_to_agent_that_asks_is_named_in_the_202(desk: Server) -> None:
+    with desk.client() as client:
+        first = client.post("/api/chat", json={"message": "my bill", "session_id": "asks"})
+        assert first.json()["agent_name"] == "billing"
+        # Billing asks to refund: the 202 names billing, not triage the turn was sent to.
+        waiting = client.post("/api/chat", json={"message": "refund it", "session_id": "asks"})
+        assert waiting.status_code == 202, waiting.text
+        body = waiting.json()
+        assert (body["status"], body["agent_name"]) == ("awaiting_input", "billing")
+        [d] = body["decisions"]
+        assert (d["payload"]["tool"], d["payload"]["agent"]) == ("refund", "billing")
+        # The remote-agent contract answers a waiting turn in its own shape.
+        remote = client.post("/agent", json={"message": "another", "session_id": "asks"})
+        assert remote.status_code == 202, remote.text
+        reply = remote.json()
+        assert reply["content"] == "" and reply["session_id"] == "asks"
+        meta = reply["metadata"]
+        assert (meta["status"], meta["agent_name"], meta["behind"]) == (
+            "queued",
+            "billing",
+            body["turn_id"],
+        )
+        assert [x["call_id"] for x in meta["decisions"]] == [d["call_id"]]
+        decided = client.post(
+            f"/v1/sessions/asks/turns/{d['turn_id']}/decisions",
+            json={"call_id": d["call_id"], "decision": "approve"},
+        )
+        assert decided.status_code == 200, decided.text
+        done = _ended(client, f"/v1/sessions/asks/turns/{body['turn_id']}")
+        assert (done["output"], done["ran_by"]) == ("Billing: refunded A1", "billing")
+
+
+def _ended(client: httpx.Client, url: str, within: float = 20.0) -> dict[str, Any]:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        turn: dict[str, Any] = client.get(url).json()
+        if turn["ended_at"] is not None:
+            return turn
+        time.sleep(0.05)
+    raise AssertionError(f"{url} did not end in {within}s")

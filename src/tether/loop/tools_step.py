@@ -78,7 +78,8 @@ async def run_call(ctx: TurnContext, call: ToolCall) -> tuple[str, bool]:
     """Run one call; returns ``(result text, is_error)``."""
     tool = ctx.tool_named(call.name)
     if tool is None:
-        names = ", ".join(t.name for t in ctx.tools) or "none"
+        offered = [s.name for s in ctx.specs()]
+        names = ", ".join(offered) or "none"
         return f"Error: there is no tool named {call.name!r} (available: {names}).", True
     try:
         args = tool.parse_arguments(call.arguments)
@@ -149,6 +150,6 @@ def _asked(ctx: TurnContext, call: ToolCall, kind: str, payload: dict[str, objec
     return NewDecision(
         call.id,
         "question" if kind == "question" else "approval",
-        dict(payload),
+        {**payload, "agent": ctx.agent.name},  # the agent that asks (after any handoff)
         ctx.agent.approval_timeout,
     )

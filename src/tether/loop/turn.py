@@ -175,7 +175,7 @@ def _transfer(
     }
     ctx.sink.emit(HANDOFF, data)
     meta = step_meta(ctx, state, to=switch.agent.name, call_id=call.id, reason=data["reason"])
-    results.append(NewItem("handoff", switch.agent.name, meta=meta))
+    results.append(NewItem("handoff", switch.agent.name, call_id=call.id, meta=meta))
     return switch
 
 
@@ -214,7 +214,12 @@ async def _at_limit(ctx: TurnContext, state: TurnState) -> TurnResult | TurnPark
         question = (
             f"The agent has used {state.step} steps on this turn. Continue for up to {more} more?"
         )
-        payload = {"question": question, "steps": more, "limit": "max_iterations"}
+        payload = {
+            "question": question,
+            "steps": more,
+            "limit": "max_iterations",
+            "agent": agent.name,
+        }
         asked = NewDecision(
             f"{LIMIT_CALL_PREFIX}{state.step}", "approval", payload, agent.approval_timeout
         )

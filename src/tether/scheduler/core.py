@@ -23,9 +23,10 @@ from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Literal, Protocol
 
-from tether.errors import QueueFull, ShuttingDown, TurnNotFound
+from tether.errors import InvalidInput, QueueFull, ShuttingDown, TurnNotFound
 from tether.memory.service import MemoryService
 from tether.records import (
+    POLICIES,
     AgentRef,
     CancelStatus,
     Decision,
@@ -205,6 +206,11 @@ class Scheduler:
         """
         if self.closing:
             raise ShuttingDown("the server is shutting down; retry on another node")
+        # Checked here, for every door: HTTP's schema checks the same, Python callers get this.
+        if not isinstance(input, str):
+            raise InvalidInput(f"a message is text (str), not {type(input).__name__}")
+        if policy not in POLICIES:
+            raise InvalidInput(f"policy {policy!r}: use one of {', '.join(POLICIES)}")
         if principal is not None:
             self.local.principals[key] = principal
         asked = (

@@ -363,10 +363,19 @@ class AgentRequest(Wire):
 
 
 class AgentMetadata(BaseModel):
-    agent_name: str
+    agent_name: str = Field(..., description="The agent that answered (or asks).")
     timestamp: float = Field(..., description="When the turn ended (seconds since the epoch).")
     turn_id: str
-    status: str = Field(..., description="The turn's status: completed.")
+    status: str = Field(
+        ...,
+        description="completed; or (202) awaiting_input, or queued behind a turn that asks",
+    )
+    decisions: list[DecisionOut] = Field(
+        default_factory=list,
+        description="(202) What the turn waits for: decide each with POST "
+        "/v1/sessions/{session_id}/turns/{decision.turn_id}/decisions, then follow the turn.",
+    )
+    behind: str | None = Field(None, description="(202) The turn awaiting input it waits behind.")
 
 
 class AgentReply(BaseModel):

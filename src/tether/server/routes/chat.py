@@ -87,6 +87,8 @@ async def chat(body: ChatRequest, request: Request, st: State, caller: Caller) -
     done = await _turn(st, request, caller, body.message, body.session_id, body.agent_name)
     if not isinstance(done, Turn):
         return done
+    if not done.ended:
+        return await _awaiting_input(st, done)
     out = ChatResponse(
         response=done.output or "",
         agent_name=done.agent_name,
@@ -117,14 +119,30 @@ async def _agent_reply(
     done = await _turn(st, request, caller, body.message, body.session_id, name)
     if not isinstance(done, Turn):
         return done
+    if not done.ended:
+        waiting = await _waiting(st, done)
+        metadata = AgentMetadata(
+            agent_name=waiting.agent_name,
+            timestamp=time.time(),
+            turn_id=done.id,
+            status=waiting.status,
+            decisions=waiting.decisions,
+            behind=waiting.behind,
+        )
+        reply = AgentReply(content="", session_id=done.key.session_id, metadata=metadata)
+        return JSONResponse(
+            reply.model_dump(mode="json"), status_code=202, headers={"Location": _at(done)}
+        )
     metadata = AgentMetadata(
         agent_name=done.agent_name,
         timestamp=done.ended_at or time.time(),
         turn_id=done.id,
         status=done.status,
+        behind=None,
     )
     out = AgentReply(content=done.output or "", session_id=done.key.session_id, metadata=metadata)
-    return JSONResponse(out.model_dump())
+    # The contract's four metadata keys: what a waiting turn adds is not there when it ended.
+    return JSONResponse(out.model_dump(exclude={"metadata": {"decisions", "behind"}}))
 
 
 async def _turn(
@@ -156,26 +174,36 @@ async def _turn(
     if done is None:
         return Response(status_code=499)
     if not done.ended:
-        return await _awaiting_input(st, done, agent.name)
+        return done  # waiting for a human: each route answers 202 in its own shape
     if done.status != "completed":
         return turn_problem(done, agent_name=agent.name, session_id=session_id)
     return done
 
 
-async def _awaiting_input(st: ServerState, turn: Turn, agent_name: str) -> JSONResponse:
+async def _waiting(st: ServerState, turn: Turn) -> ChatAwaitingInput:
+    """What a turn waiting for a human waits for, and which agent asks."""
     scheduler = st.runtime.scheduler
     ahead = await scheduler.parked_ahead(turn)
     waits_on = ahead.id if ahead is not None else turn.id
     pending = await scheduler.decisions(turn.key, turn_id=waits_on, status="pending")
-    out = ChatAwaitingInput(
+    # The agent that asks is the one running when the turn parked (after any handoff).
+    asking = next((d.payload.get("agent") for d in pending if d.payload.get("agent")), None)
+    return ChatAwaitingInput(
         status="queued" if ahead is not None else "awaiting_input",
         turn_id=turn.id,
         session_id=turn.key.session_id,
-        agent_name=agent_name,
+        agent_name=str(asking or turn.agent_name),
         decisions=[DecisionOut.of(d) for d in pending],
         behind=ahead.id if ahead is not None else None,
     )
-    location = f"/v1/sessions/{turn.key.session_id}/turns/{turn.id}"
+
+
+def _at(turn: Turn) -> str:
+    return f"/v1/sessions/{turn.key.session_id}/turns/{turn.id}"
+
+
+async def _awaiting_input(st: ServerState, turn: Turn) -> JSONResponse:
+    out = await _waiting(st, turn)
     return JSONResponse(
-        out.model_dump(mode="json"), status_code=202, headers={"Location": location}
+        out.model_dump(mode="json"), status_code=202, headers={"Location": _at(turn)}
     )
