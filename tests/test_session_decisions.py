@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import tether.embedded
-from tether import Session, TurnFailed, tool
+from tether import ConfigError, Session, TurnFailed, tool
 from tether.errors import DecisionMade, DecisionNotFound, DecisionRequired
 from tether.models.base import ModelRequest
 from tether.records import Decision
@@ -172,3 +172,16 @@ def test_decide_passes_the_reply_through_the_middleware(data_dir: Path) -> None:
     )
     # The stored history keeps what the agent said.
     assert session.get_context()["messages"][-1]["content"] == "tool said: deployed prod"
+
+
+def test_saving_a_state_keeps_what_the_session_approved_for_good(data_dir: Path) -> None:
+    session = Session(session_id="d-always", user_id="ann")
+    deployer(session)
+    assert session.chat("ship it", on_decision=lambda d: "always") == "tool said: deployed prod"
+    session.save_state({"cart": [1, 2]})
+    assert session.restore_state() == {"cart": [1, 2], "always_approve": ["deploy"]}
+    # Not asked again: saving a dict did not revoke "always".
+    assert session.chat("ship it") == "tool said: deployed prod"
+    assert RUNS == ["prod", "prod"]
+    with pytest.raises(ConfigError, match="dict"):
+        session.save_state([1, 2])  # type: ignore[arg-type]

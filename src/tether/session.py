@@ -68,6 +68,7 @@ from tether.session_options import (
     memory_options,
     server_of,
 )
+from tether.store.rules import ALWAYS_KEY
 
 if TYPE_CHECKING:
     from tether.client import AsyncClient
@@ -406,15 +407,23 @@ class Session:
 
     # -- state and history -----------------------------------------------------------------------
     def save_state(self, state: dict[str, Any] | None = None) -> None:
-        """Replace the session's small JSON state (creating the session if need be).
+        """Replace the session's small JSON state (creating the session if need be); the keys
+        tether keeps there (``always_approve``, ``session``) stay unless ``state`` names them.
 
         With no argument, save what the session is, as PraisonAI documents: its metadata, its
         memory and knowledge references and its agents' configurations, under ``session``
         next to what the state already holds (saving it again changes nothing)."""
+        if state is not None and not isinstance(state, dict):
+            raise ConfigError(f"save_state takes a dict, not {type(state).__name__}")
         rt = self._rt()
         record = self._ensure(self._named_agent() or NO_AGENT)
         if state is None:
             state = {**record.state, "session": self._bundle(record)}
+        else:
+            # tether's own keys stay unless the new state names them: the tools approved for
+            # good ("always") are not revoked, nor the saved bundle lost, by saving a dict.
+            kept = {k: record.state[k] for k in _OWN_STATE if k in record.state}
+            state = {**kept, **state}
         rt.call(rt.runtime.sessions.update(self.key, state=dict(state)))
 
     def _bundle(self, record: SessionRecord) -> dict[str, Any]:
@@ -432,6 +441,7 @@ class Session:
                     "instructions": a.instructions,
                     "model": a.model if isinstance(a.model, str | None) else type(a.model).__name__,
                     "tools": [t.name for t in a.tools],
+                    "handoffs": [h.agent_name for h in a.handoffs],
                     "memory": {
                         "scopes": list(a.memory.scopes),
                         "knowledge": list(a.memory.knowledge),
@@ -765,6 +775,10 @@ def _named(call_id: str, pending: list[Decision]) -> Decision:
             return d
     raise DecisionNotFound(f"no pending decision on call {call_id!r} in this session")
 
+
+_OWN_STATE = (ALWAYS_KEY, "session")
+"""Keys of a session's state that tether writes: what the session approved for good, and
+what ``save_state()`` saved of it."""
 
 _DOCUMENT_SUFFIXES = (".txt", ".text", ".md", ".markdown", ".html", ".htm", ".pdf")
 
