@@ -466,3 +466,17 @@ def test_a_remote_session_makes_no_local_agents() -> None:
     with pytest.raises(ConfigError, match="server"):
         remote.Agent(name="helper")
     remote.close()
+
+
+def test_session_arguments_that_cannot_work_are_refused_at_once() -> None:
+    for bad in (42, "", " padded ", "line\nbreak", "x" * 257):
+        with pytest.raises(ConfigError, match="user_id"):
+            Session(session_id="s", user_id=bad)  # type: ignore[arg-type]
+    assert Session(session_id="s", user_id="auth0|42").user_id == "auth0|42"
+    with pytest.raises(ConfigError, match="middleware"):
+        Session(session_id="s", middleware=print)  # type: ignore[arg-type]
+    for timeout in ("x", -1, 0, True):
+        with pytest.raises(ConfigError, match="timeout"):
+            Session(agent_url="http://127.0.0.1:9", timeout=timeout)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="headers"):
+        Session(agent_url="http://127.0.0.1:9", headers=["a"])  # type: ignore[arg-type]

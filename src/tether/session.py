@@ -28,7 +28,7 @@ import contextlib
 import hashlib
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -101,6 +101,8 @@ class Session:
         knowledge: bool | dict[str, Any] | None = None,
     ) -> None:
         self.session_id = validate_session_id(session_id) if session_id else new_session_id()
+        if callable(middleware) or isinstance(middleware, str | bytes | Mapping):
+            raise ConfigError("middleware takes a list of functions (message, response)")
         self.middleware: tuple[Middleware, ...] = tuple(middleware)
         self._memory = memory_options(memory)
         """Memory options every agent of the session starts from (its own ``memory=`` adds)."""
@@ -109,6 +111,18 @@ class Session:
         for fn in self.middleware:
             if not callable(fn):
                 raise ConfigError(f"middleware must be functions (message, response), not {fn!r}")
+        if user_id is not None and not _good_user_id(user_id):
+            raise ConfigError(
+                "user_id must be 1-256 printable characters, no surrounding spaces (it names "
+                "the owner of the session's history and memory)"
+            )
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+            raise ConfigError(f"timeout must be a positive number of seconds, not {timeout!r}")
+        if headers is not None and (
+            not isinstance(headers, Mapping)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
+        ):
+            raise ConfigError("headers must be a dict of header names to text values")
         self.user_id = user_id or "local"
         self.session_ttl = checked_ttl(session_ttl)
         self.agent_url = agent_url
@@ -760,6 +774,17 @@ def _async_client_class() -> type[AsyncClient]:
     from tether.client import AsyncClient
 
     return AsyncClient
+
+
+def _good_user_id(user_id: object) -> bool:
+    # Any identity provider's subject is welcome ("auth0|42", an e-mail); what is not text, or
+    # would not print in a log line, is a caller's mistake.
+    return (
+        isinstance(user_id, str)
+        and 0 < len(user_id) <= 256
+        and user_id.isprintable()
+        and user_id.strip() == user_id
+    )
 
 
 def _verdict(verdict: Verdict | None, answer: str | None) -> Verdict:
