@@ -456,7 +456,11 @@ def test_ask_user_over_sse_with_a_reconnect(server: Server) -> None:
                     asked = frame
                     break  # the client goes away (the turn goes on waiting: on_disconnect)
         assert asked.data["kind"] == "question"
-        assert asked.data["payload"] == {"question": "Which planet?", "choices": ["Mars", "Venus"]}
+        assert asked.data["payload"] == {
+            "question": "Which planet?",
+            "choices": ["Mars", "Venus"],
+            "agent": "asker",
+        }
         tid = asked.turn_id
         url = f"/v1/sessions/{sid}/turns/{tid}/events"
         with c.stream("GET", url, headers={"Last-Event-ID": asked.id}) as r:
