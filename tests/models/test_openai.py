@@ -394,3 +394,18 @@ async def test_fake_serves_embeddings_and_models(fake: FakeOpenAIServer) -> None
     assert len(small.data[0].embedding) == 8
     assert plain.choices[0].message.content == "echo: hi"
     assert plain.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.real_model
+async def test_a_slow_fake_streams_the_same_answer_in_pieces() -> None:
+    # chunk_delay_ms spaces the chunks out (the console's tests watch a reply arrive).
+    async with FakeOpenAIServer(chunk_delay_ms=20) as slow:
+        model = OpenAIModel("fake-model", base_url=slow.base_url)
+        try:
+            events = await collect(model, ask("one two three"))
+        finally:
+            await model.aclose()
+    pieces = [e.text for e in events if isinstance(e, TextDelta)]
+    assert len(pieces) >= 3
+    assert "".join(pieces) == "echo: one two three"
+    assert events[-1] == Finish("stop")

@@ -7,6 +7,7 @@ OpenAI's own, without the threads and sockets around them.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import math
@@ -174,9 +175,14 @@ class Answer:
         return out
 
 
-async def sse(events: list[dict[str, Any]], *, done: bool) -> AsyncIterator[bytes]:
-    """Server-sent events as OpenAI frames them; ``done`` ends with ``data: [DONE]``."""
-    for event in events:
+async def sse(
+    events: list[dict[str, Any]], *, done: bool, delay: float = 0.0
+) -> AsyncIterator[bytes]:
+    """Server-sent events as OpenAI frames them, ``delay`` seconds apart; ``done`` ends with
+    ``data: [DONE]``."""
+    for i, event in enumerate(events):
+        if delay > 0 and i:
+            await asyncio.sleep(delay)
         yield b"data: " + json.dumps(event, separators=_JSON_SEPARATORS).encode() + b"\n\n"
     if done:
         yield b"data: [DONE]\n\n"

@@ -39,7 +39,8 @@ class FakeOpenAIServer:
 
     ``reply`` is a fixed text or a function of the request body (called on the server's thread),
     used whenever the script is empty. ``latency_ms`` is waited, without blocking other requests,
-    before each response starts.
+    before each response starts; ``chunk_delay_ms`` between the chunks of a streamed answer (a
+    slow model: a reply that arrives word by word over seconds).
     """
 
     def __init__(
@@ -51,8 +52,10 @@ class FakeOpenAIServer:
         host: str = "127.0.0.1",
         port: int = 0,
         model: str = "fake-model",
+        chunk_delay_ms: float = 0.0,
     ) -> None:
         self.latency_ms = latency_ms
+        self.chunk_delay_ms = chunk_delay_ms
         self.reply = reply
         self.embedding_dim = embedding_dim
         self.host = host
@@ -255,7 +258,9 @@ class FakeOpenAIServer:
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
         return StreamingResponse(
-            sse(answer.chunks(include_usage), done=not answer.cut),
+            sse(
+                answer.chunks(include_usage), done=not answer.cut, delay=self.chunk_delay_ms / 1000
+            ),
             media_type="text/event-stream",
             headers={"cache-control": "no-cache"},
         )
