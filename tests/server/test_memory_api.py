@@ -39,6 +39,7 @@ USERS = [
     "pat",
     "badger",
     "uploader",
+    "lister",
     ("boss", "default", True),
     ("frank", "acme", False),
     ("root", "acme", True),
@@ -559,6 +560,32 @@ def test_markdown_and_pdf_uploads_and_the_answer_from_the_pdf(env: Env) -> None:
         assert [d["name"] for d in listed] == ["maintenance.md", "visitors.txt"]
 
 
+def test_collections_are_listed_by_scope_with_their_sizes(env: Env) -> None:
+    with env.client("lister") as c:
+        assert c.get("/v1/knowledge").json() == {"data": []}
+        for collection, name in (("b-notes", "one.md"), ("a-docs", "two.txt"), ("b-notes", "x.md")):
+            r = upload(c, collection, name, b"# Heading\n\nSome words about pumps.\n")
+            assert r.status_code == 201, r.text
+        listed = c.get("/v1/knowledge").json()["data"]
+        assert [(x["name"], x["documents"]) for x in listed] == [("a-docs", 1), ("b-notes", 2)]
+        assert all(x["chunks"] >= x["documents"] and x["chars"] > 0 for x in listed)
+        sid = create_session(c)
+        r = c.post(
+            "/v1/knowledge/mine/documents",
+            json={"text": "Session words.", "scope": "session", "session_id": sid},
+        )
+        assert r.status_code == 201, r.text
+        in_session = c.get("/v1/knowledge", params={"scope": "session", "session_id": sid})
+        assert [x["name"] for x in in_session.json()["data"]] == ["mine"]
+        assert [x["name"] for x in c.get("/v1/knowledge").json()["data"]] == ["a-docs", "b-notes"]
+        # Nobody else's: another user sees none, and a session of someone else is a 404.
+        with env.client("bob") as bob:
+            assert bob.get("/v1/knowledge").json() == {"data": []}
+            r = bob.get("/v1/knowledge", params={"scope": "session", "session_id": sid})
+            assert_problem(r, 404)
+        assert_problem(c.get("/v1/knowledge", params={"scope": "session"}), 400)
+
+
 def test_session_and_agent_documents_are_searched_when_named(env: Env) -> None:
     with env.client("frank") as frank, env.client("root") as root:
         sid = create_session(frank)
@@ -783,6 +810,7 @@ def test_openapi_documents_every_memory_route_with_its_problems(env: Env) -> Non
         ("get", "/v1/memory/{item_id}"),
         ("patch", "/v1/memory/{item_id}"),
         ("delete", "/v1/memory/{item_id}"),
+        ("get", "/v1/knowledge"),
         ("post", "/v1/knowledge/{collection}/documents"),
         ("get", "/v1/knowledge/{collection}/documents"),
         ("delete", "/v1/knowledge/{collection}/documents/{doc_id}"),

@@ -228,6 +228,19 @@ class DocumentList(BaseModel):
     data: list[DocumentOut]
 
 
+class CollectionOut(BaseModel):
+    name: str
+    documents: int
+    chunks: int
+    chars: int
+
+
+class CollectionList(BaseModel):
+    """The collections of one scope that hold documents, by name."""
+
+    data: list[CollectionOut]
+
+
 class KnowledgeSearch(Wire):
     query: str = Field(..., min_length=1, max_length=MAX_QUERY_CHARS, json_schema_extra=QUERY_DOC)
     limit: int = Field(5, ge=1, le=MAX_SEARCH_LIMIT)

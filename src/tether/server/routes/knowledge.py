@@ -28,6 +28,8 @@ from tether.server.deps import Caller, State
 from tether.server.memory_schemas import (
     AGENT_DOC,
     SESSION_ID_DOC,
+    CollectionList,
+    CollectionOut,
     DocumentForm,
     DocumentList,
     DocumentOut,
@@ -251,6 +253,31 @@ async def add_document(
             reserve=lambda size: st.quotas.reserve(caller, size),
         )
     return DocumentOut.of(document)
+
+
+@router.get("", responses=responses(400, e404=NOT_FOUND_TARGET))
+async def list_collections(
+    st: State,
+    caller: Caller,
+    scope: Annotated[ScopeName, Query(description="Whose collections (default: yours).")] = "user",
+    session_id: SessionIdQuery = None,
+    agent: AgentQuery = None,
+) -> CollectionList:
+    """The collections that hold documents in one scope, by name, with their sizes (what the
+    console offers to browse)."""
+    await check_target(st, caller, session_id=session_id, agent=agent)
+    documents = await st.runtime.memory.list_documents(
+        caller, collection=None, scope=scope, session_id=session_id, agent=agent
+    )
+    sizes: dict[str, CollectionOut] = {}
+    for d in documents:
+        c = sizes.setdefault(
+            d.collection, CollectionOut(name=d.collection, documents=0, chunks=0, chars=0)
+        )
+        c.documents += 1
+        c.chunks += d.chunks
+        c.chars += d.chars
+    return CollectionList(data=[sizes[name] for name in sorted(sizes)])
 
 
 @router.get("/{collection}/documents", responses=responses(400, e404=NOT_FOUND_TARGET))
