@@ -14,7 +14,7 @@ from tether.runtime import Runtime
 from tether.server import problems
 from tether.server.auth import Authenticator
 from tether.server.local_mode import LocalMode
-from tether.server.routes import chat, knowledge, memory, meta, sessions, turns, users
+from tether.server.routes import chat, console, knowledge, memory, meta, sessions, turns, users
 from tether.server.settings import Settings
 from tether.server.state import ServerState
 from tether.store import open_store_url
@@ -136,6 +136,9 @@ def create_app(settings: Settings | None = None, agents: Sequence[Agent] | None 
         version=__version__,
         summary="Many conversations with LLM agents at once, with real isolation between them.",
         lifespan=lifespan,
+        # /docs and /redoc are served offline by the console's routes instead (no CDN).
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.tether = state
     problems.install(app)
@@ -151,6 +154,7 @@ def create_app(settings: Settings | None = None, agents: Sequence[Agent] | None 
     for router in routers:
         app.include_router(router)
     problems.document(app, [route for router in routers for route in router.routes])
+    console.install(app)
     app.add_middleware(
         BodyLimit,
         limit=settings.limits.max_body_bytes,
