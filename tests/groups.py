@@ -17,9 +17,10 @@ import pytest
 
 POSTGRES = "PostgreSQL"
 EMBEDDED = "embedded model"
+BROWSER = "browser (Chromium)"
 SLOW = "other slow tests"
 REST = "the rest"
-GROUPS = (POSTGRES, EMBEDDED, SLOW, REST)
+GROUPS = (POSTGRES, EMBEDDED, BROWSER, SLOW, REST)
 _POSTGRES_FIXTURES = {"postgres_url", "postgres_database"}
 
 
@@ -32,6 +33,8 @@ def group_of(item: pytest.Item) -> str:
         return POSTGRES
     if item.get_closest_marker("real_model") is not None:
         return EMBEDDED
+    if item.get_closest_marker("browser") is not None:
+        return BROWSER
     if item.get_closest_marker("slow") is not None:
         return SLOW
     return REST
