@@ -35,8 +35,10 @@ from tether.records.sessions import (
     ApiKey,
     Principal,
     SessionKey,
+    SessionOrder,
     SessionRecord,
     SessionStats,
+    SessionStatus,
 )
 from tether.records.turns import (
     ACTIVE_STATUSES,
@@ -104,8 +106,10 @@ __all__ = [
     "Reason",
     "Scope",
     "SessionKey",
+    "SessionOrder",
     "SessionRecord",
     "SessionStats",
+    "SessionStatus",
     "Turn",
     "TurnEnding",
     "TurnStatus",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from tether.records.ids import validate_session_id
 
@@ -61,7 +61,24 @@ class SessionStats:
     items: int
     turns: int
     active_turns: int
-    """Queued and running turns."""
+    """Queued, running and parked turns."""
+    awaiting_input: int = 0
+    """Turns parked on a human decision."""
+    agents: tuple[str, ...] = ()
+    """The agents its turns were sent to or handed to, in the order they first appear."""
+
+    @property
+    def status(self) -> SessionStatus:
+        """``awaiting_input`` when a turn waits for a human, ``busy`` when one is under way or
+        queued, else ``idle``."""
+        if self.awaiting_input:
+            return "awaiting_input"
+        return "busy" if self.active_turns else "idle"
+
+
+SessionStatus = Literal["idle", "busy", "awaiting_input"]
+SessionOrder = Literal["id", "newest"]
+"""How a listing of sessions is ordered: by id, or the most recently active first."""
 
 
 @dataclass(frozen=True, slots=True)

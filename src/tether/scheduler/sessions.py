@@ -18,7 +18,16 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tether.errors import NotFound, SessionBusy, SessionNotFound, TurnNotFound
-from tether.records import Item, Reason, SessionKey, SessionRecord, SessionStats, Turn
+from tether.records import (
+    Item,
+    Reason,
+    SessionKey,
+    SessionOrder,
+    SessionRecord,
+    SessionStats,
+    Turn,
+)
+from tether.store import rules
 from tether.store.protocol import HistoryStore, LeaseStore, SessionStore, TurnLog, TurnReader
 
 OFFLINE_CANCEL_WAIT = 30.0
@@ -71,20 +80,26 @@ class SessionService:
         limit: int = 50,
         after: str | None = None,
         include_expired: bool = False,
+        order: SessionOrder = "id",
+        contains: str | None = None,
     ) -> SessionPage:
-        """The owner's sessions by id, ``limit`` at a time; pass ``next_cursor`` as ``after``.
+        """The owner's sessions by id (or the most recently active first), ``limit`` at a time;
+        pass ``next_cursor`` as ``after``. ``contains``: those whose id contains the text.
 
         Expired sessions are left out (they answer as unknown) unless ``include_expired``: the
         operator's listing of a local store shows them until they are swept.
         """
-        records = await self._store.list_sessions(tenant, owner, limit=limit + 1, after=after)
+        records = await self._store.list_sessions(
+            tenant, owner, limit=limit + 1, after=after, order=order, contains=contains
+        )
         page = records[:limit]
         more = len(records) > limit and bool(page)
         now = time.time()
-        return SessionPage(
-            [r for r in page if include_expired or not r.expired(now)],
-            page[-1].key.session_id if more else None,
-        )
+        cursor = None
+        if more:
+            last = page[-1]
+            cursor = rules.newest_cursor(last) if order == "newest" else last.key.session_id
+        return SessionPage([r for r in page if include_expired or not r.expired(now)], cursor)
 
     async def stats(self, key: SessionKey) -> SessionStats:
         return await self._store.session_stats(key)

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tether.records import Decision, Item, Policy, SessionRecord, Turn, Verdict
+from tether.records import Decision, Item, Policy, SessionRecord, SessionStatus, Turn, Verdict
 from tether.store.rules import decision_data
 
 SESSION_ID = r"^[A-Za-z0-9._:-]{1,128}$"
@@ -86,9 +86,14 @@ class SessionOut(BaseModel):
     updated_at: float
     expires_at: float | None
     revision: int
-    status: Literal["idle", "busy"] | None = None
+    status: SessionStatus | None = Field(
+        None, description="idle, busy (a turn under way or queued), or awaiting_input"
+    )
     item_count: int | None = None
     turn_count: int | None = None
+    agents: list[str] | None = Field(
+        None, description="The agents its turns were sent to or handed to, first seen first."
+    )
 
     @classmethod
     def of(cls, r: SessionRecord, **extra: Any) -> SessionOut:

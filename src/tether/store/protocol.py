@@ -42,6 +42,7 @@ from tether.records import (
     PrincipalLimits,
     Reason,
     SessionKey,
+    SessionOrder,
     SessionRecord,
     SessionStats,
     Turn,
@@ -89,9 +90,19 @@ class SessionStore(SessionReader, Protocol):
         ...
 
     async def list_sessions(
-        self, tenant: str, owner: str, *, limit: int = 50, after: str | None = None
+        self,
+        tenant: str,
+        owner: str,
+        *,
+        limit: int = 50,
+        after: str | None = None,
+        order: SessionOrder = "id",
+        contains: str | None = None,
     ) -> list[SessionRecord]:
-        """The owner's sessions ordered by ``session_id``, those after ``after``."""
+        """The owner's sessions (``contains``: those whose id contains that text), ordered by
+        ``session_id``, or with ``order="newest"`` by ``updated_at`` descending then id. A page
+        goes on after ``after``: the last id of the previous page, or with ``newest`` its
+        :func:`~tether.store.rules.newest_cursor`."""
         ...
 
     async def update_session(

@@ -52,6 +52,8 @@ from tether.records import (
     PrincipalLimits,
     Reason,
     SessionKey,
+    SessionOrder,
+    SessionRecord,
     Turn,
     TurnEnding,
     TurnStatus,
@@ -185,6 +187,47 @@ def admit_for_principal(
             f"{busy_sessions} of your sessions have a turn under way;"
             f" the limit is {limits.running_turns}"
         )
+
+
+def newest_cursor(record: SessionRecord) -> str:
+    """The cursor after ``record`` in a listing of the most recently active sessions first: its
+    ``updated_at`` (exactly, as text of the float) and its id, which breaks ties."""
+    return f"{record.updated_at!r}|{record.key.session_id}"
+
+
+def parse_newest_cursor(cursor: str | None) -> tuple[float, str] | None:
+    """``(updated_at, session_id)`` of a :func:`newest_cursor`; InvalidInput when it is none."""
+    if cursor is None:
+        return None
+    stamp, sep, session_id = cursor.partition("|")
+    try:
+        if not sep or not session_id:
+            raise ValueError(cursor)
+        return float(stamp), session_id
+    except ValueError:
+        raise InvalidInput("the cursor is not one this listing gave") from None
+
+
+def listed(
+    records: Iterable[SessionRecord],
+    *,
+    order: SessionOrder,
+    after: str | None,
+    contains: str | None,
+    limit: int,
+) -> list[SessionRecord]:
+    """A listing's page from all of an owner's sessions (the in-memory store's, and the rule
+    the SQL backends' queries implement)."""
+    chosen = [r for r in records if contains is None or contains in r.key.session_id]
+    if order == "newest":
+        chosen.sort(key=lambda r: (-r.updated_at, r.key.session_id))
+        past = parse_newest_cursor(after)
+        if past is not None:
+            chosen = [r for r in chosen if (-r.updated_at, r.key.session_id) > (-past[0], past[1])]
+    else:
+        chosen.sort(key=lambda r: r.key.session_id)
+        chosen = [r for r in chosen if after is None or r.key.session_id > after]
+    return chosen[: max(limit, 0)]
 
 
 def admit_session(max_sessions: int | None, existing: int) -> None:

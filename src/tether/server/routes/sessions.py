@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Response
 
 from tether.errors import InvalidInput, TooLarge
-from tether.records import SessionKey, SessionRecord, new_session_id
+from tether.records import SessionKey, SessionOrder, SessionRecord, new_session_id
 from tether.server.deps import Caller, Key, OwnSession, State
 from tether.server.problems import responses
 from tether.server.schemas import (
@@ -71,9 +71,10 @@ async def _detailed(st: ServerState, record: SessionRecord) -> SessionOut:
     stats = await st.runtime.sessions.stats(record.key)
     return SessionOut.of(
         record,
-        status="busy" if stats.active_turns else "idle",
+        status=stats.status,
         item_count=stats.items,
         turn_count=stats.turns,
+        agents=list(stats.agents),
     )
 
 
@@ -101,14 +102,24 @@ async def list_sessions(
     st: State,
     caller: Caller,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    cursor: Annotated[str | None, Query(max_length=128)] = None,
+    cursor: Annotated[str | None, Query(max_length=160)] = None,
+    order: Annotated[
+        SessionOrder, Query(description="id (default), or newest: the most recently active first")
+    ] = "id",
+    q: Annotated[
+        str | None, Query(min_length=1, max_length=128, description="ids containing this text")
+    ] = None,
 ) -> SessionPage:
-    """The caller's sessions, by id; pass ``next_cursor`` back as ``cursor`` for the next page.
+    """The caller's sessions, each with its status (idle, busy or awaiting_input), counts and
+    agents; pass ``next_cursor`` back as ``cursor`` for the next page.
 
     Expired sessions are left out (they answer 404), so a page may hold fewer than ``limit``.
     """
-    page = await st.runtime.sessions.page(caller.tenant, caller.user, limit=limit, after=cursor)
-    return SessionPage(data=[SessionOut.of(r) for r in page.records], next_cursor=page.next_cursor)
+    page = await st.runtime.sessions.page(
+        caller.tenant, caller.user, limit=limit, after=cursor, order=order, contains=q
+    )
+    data = [await _detailed(st, r) for r in page.records]
+    return SessionPage(data=data, next_cursor=page.next_cursor)
 
 
 @router.get("/{sid}", responses=NOT_FOUND)

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from tether.errors import Conflict
-from tether.records import ApiKey, Item, SessionKey, SessionRecord, SessionStats
+from tether.records import ApiKey, Item, SessionKey, SessionOrder, SessionRecord, SessionStats
 from tether.store import rules
 from tether.store.inmemory.state import SessionState, State
 
@@ -52,14 +52,19 @@ class Sessions(State):
         return s.record if s is not None else None
 
     async def list_sessions(
-        self, tenant: str, owner: str, *, limit: int = 50, after: str | None = None
+        self,
+        tenant: str,
+        owner: str,
+        *,
+        limit: int = 50,
+        after: str | None = None,
+        order: SessionOrder = "id",
+        contains: str | None = None,
     ) -> list[SessionRecord]:
-        ids = sorted(
-            k.session_id
-            for k in self._sessions
-            if k.tenant == tenant and k.owner == owner and (after is None or k.session_id > after)
+        mine = (
+            s.record for k, s in self._sessions.items() if (k.tenant, k.owner) == (tenant, owner)
         )
-        return [self._sessions[SessionKey(tenant, owner, i)].record for i in ids[:limit]]
+        return rules.listed(mine, order=order, after=after, contains=contains, limit=limit)
 
     async def update_session(
         self,
@@ -93,7 +98,11 @@ class Sessions(State):
 
     async def session_stats(self, key: SessionKey) -> SessionStats:
         s = self._get(key)
-        return SessionStats(len(s.items), len(s.turns), len(s.active))
+        parked = sum(1 for t in s.active if s.turns[t].status == "awaiting_input")
+        turns = s.turns.values()  # in seq order
+        names = (n for t in turns for n in (t.agent.name if t.agent else None, t.ran_by) if n)
+        agents = tuple(dict.fromkeys(names))
+        return SessionStats(len(s.items), len(s.turns), len(s.active), parked, agents)
 
     # -- items ---------------------------------------------------------------------------------
     async def list_items(

@@ -41,11 +41,21 @@ INSERT_SESSION = (
 GET_SESSION = f"SELECT {SESSION_COLS} FROM sessions WHERE {KEY_WHERE}"
 LIST_SESSIONS = (
     f"SELECT {SESSION_COLS} FROM sessions WHERE tenant = $1 AND owner = $2"
+    " AND ($4::text IS NULL OR strpos(session_id, $4) > 0)"
     " ORDER BY session_id LIMIT $3"
 )
 LIST_SESSIONS_AFTER = (
     f"SELECT {SESSION_COLS} FROM sessions WHERE tenant = $1 AND owner = $2 AND session_id > $4"
+    " AND ($5::text IS NULL OR strpos(session_id, $5) > 0)"
     " ORDER BY session_id LIMIT $3"
+)
+# The most recently active first; the cursor is the last row's (updated_at, session_id).
+LIST_SESSIONS_NEWEST = (
+    f"SELECT {SESSION_COLS} FROM sessions WHERE tenant = $1 AND owner = $2"
+    " AND ($4::double precision IS NULL OR updated_at < $4"
+    "      OR (updated_at = $4 AND session_id > $5::text))"
+    " AND ($6::text IS NULL OR strpos(session_id, $6) > 0)"
+    " ORDER BY updated_at DESC, session_id LIMIT $3"
 )
 UPDATE_SESSION = (
     "UPDATE sessions SET metadata = COALESCE($4, metadata), state = COALESCE($5, state),"
@@ -57,7 +67,16 @@ DELETE_SESSION = f"DELETE FROM sessions WHERE {KEY_WHERE} RETURNING pk"
 SESSION_STATS = (
     "SELECT (SELECT count(*) FROM items i WHERE i.session_pk = s.pk),"
     " (SELECT count(*) FROM turns t WHERE t.session_pk = s.pk),"
-    f" (SELECT count(*) FROM turns t WHERE t.session_pk = s.pk AND t.{ACTIVE})"
+    f" (SELECT count(*) FROM turns t WHERE t.session_pk = s.pk AND t.{ACTIVE}),"
+    " (SELECT count(*) FROM turns t WHERE t.session_pk = s.pk AND t.status = 'awaiting_input'),"
+    # The agents of its turns (sent to, and handed to), by their first turn.
+    " (SELECT array_agg(name ORDER BY first, name) FROM ("
+    "   SELECT name, min(first) AS first FROM ("
+    "     SELECT t.agent AS name, min(t.seq) * 2 AS first FROM turns t"
+    "     WHERE t.session_pk = s.pk AND t.agent IS NOT NULL GROUP BY t.agent"
+    "     UNION ALL SELECT t.ran_by, min(t.seq) * 2 + 1 FROM turns t"
+    "     WHERE t.session_pk = s.pk AND t.ran_by IS NOT NULL GROUP BY t.ran_by"
+    "   ) named GROUP BY name) firsts)"
     f" FROM sessions s WHERE {KEY_WHERE}"
 )
 

@@ -9,7 +9,7 @@ from typing import Any
 import asyncpg  # type: ignore[import-untyped]
 
 from tether.errors import Conflict, SessionNotFound
-from tether.records import ApiKey, Item, SessionKey, SessionRecord, SessionStats
+from tether.records import ApiKey, Item, SessionKey, SessionOrder, SessionRecord, SessionStats
 from tether.store import rules
 from tether.store.postgres import queries as q
 from tether.store.postgres.connection import Connection
@@ -66,12 +66,26 @@ class Sessions(Connection):
         return session_row(row) if row is not None else None
 
     async def list_sessions(
-        self, tenant: str, owner: str, *, limit: int = 50, after: str | None = None
+        self,
+        tenant: str,
+        owner: str,
+        *,
+        limit: int = 50,
+        after: str | None = None,
+        order: SessionOrder = "id",
+        contains: str | None = None,
     ) -> list[SessionRecord]:
-        if after is None:
-            rows = await self._fetch(q.LIST_SESSIONS, tenant, owner, max(limit, 0))
+        n = max(limit, 0)
+        if order == "newest":
+            past = rules.parse_newest_cursor(after)
+            stamp, last = past if past is not None else (None, None)
+            rows = await self._fetch(
+                q.LIST_SESSIONS_NEWEST, tenant, owner, n, stamp, last, contains
+            )
+        elif after is None:
+            rows = await self._fetch(q.LIST_SESSIONS, tenant, owner, n, contains)
         else:
-            rows = await self._fetch(q.LIST_SESSIONS_AFTER, tenant, owner, max(limit, 0), after)
+            rows = await self._fetch(q.LIST_SESSIONS_AFTER, tenant, owner, n, after, contains)
         return [session_row(r) for r in rows]
 
     async def update_session(
@@ -114,7 +128,8 @@ class Sessions(Connection):
         row = await self._fetchrow(q.SESSION_STATS, *key_args(key))
         if row is None:
             raise SessionNotFound("session not found")
-        return SessionStats(int(row[0]), int(row[1]), int(row[2]))
+        agents = tuple(row[4] or ())
+        return SessionStats(int(row[0]), int(row[1]), int(row[2]), int(row[3]), agents)
 
     # -- items ---------------------------------------------------------------------------------
     async def list_items(

@@ -50,7 +50,15 @@ INSERT_SESSION = (
 GET_SESSION = f"SELECT {SESSION_COLS} FROM sessions WHERE {KEY_WHERE}"
 LIST_SESSIONS = (
     f"SELECT {SESSION_COLS} FROM sessions WHERE tenant = ? AND owner = ?"
-    " AND session_id > ? ORDER BY session_id LIMIT ?"
+    " AND session_id > ? AND (? IS NULL OR instr(session_id, ?) > 0)"
+    " ORDER BY session_id LIMIT ?"
+)
+# The most recently active first; the cursor is the last row's (updated_at, session_id).
+LIST_SESSIONS_NEWEST = (
+    f"SELECT {SESSION_COLS} FROM sessions WHERE tenant = ? AND owner = ?"
+    " AND (? IS NULL OR updated_at < ? OR (updated_at = ? AND session_id > ?))"
+    " AND (? IS NULL OR instr(session_id, ?) > 0)"
+    " ORDER BY updated_at DESC, session_id LIMIT ?"
 )
 UPDATE_SESSION = (
     "UPDATE sessions SET metadata = ?, state = ?, expires_at = ?, updated_at = ?,"
@@ -58,7 +66,20 @@ UPDATE_SESSION = (
 )
 DELETE_SESSION = f"DELETE FROM sessions WHERE {KEY_WHERE} RETURNING pk"
 COUNT_ITEMS = "SELECT COUNT(*) FROM items WHERE session_pk = ?"
-COUNT_TURNS = f"SELECT COUNT(*), COALESCE(SUM({ACTIVE}), 0) FROM turns WHERE session_pk = ?"
+COUNT_TURNS = (
+    f"SELECT COUNT(*), COALESCE(SUM({ACTIVE}), 0), COALESCE(SUM(status = 'awaiting_input'), 0)"
+    " FROM turns WHERE session_pk = ?"
+)
+# The agents of a session's turns (sent to, and handed to), by their first turn (in one turn,
+# the agent it was sent to first).
+TURN_AGENTS = (
+    "SELECT name FROM ("
+    "  SELECT agent AS name, MIN(seq) * 2 AS first FROM turns"
+    "  WHERE session_pk = ? AND agent IS NOT NULL GROUP BY agent"
+    "  UNION ALL SELECT ran_by, MIN(seq) * 2 + 1 FROM turns"
+    "  WHERE session_pk = ? AND ran_by IS NOT NULL GROUP BY ran_by"
+    ") GROUP BY name ORDER BY MIN(first), name"
+)
 # Idle and expired: no active turn (a parked one included) and no unexpired lease
 # (rules.is_expired and rules.sweepable), so a sweep never pulls a session from under a turn.
 SWEEP_EXPIRED = (

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from tether.errors import Conflict, SessionNotFound
-from tether.records import ApiKey, Item, SessionKey, SessionRecord, SessionStats
+from tether.records import ApiKey, Item, SessionKey, SessionOrder, SessionRecord, SessionStats
 from tether.store import rules
 from tether.store.rows import api_key_row, item_row, key_args, session_row
 from tether.store.sqlite import queries as q
@@ -71,11 +71,29 @@ class Sessions(Connection):
         return await self._run(do)
 
     async def list_sessions(
-        self, tenant: str, owner: str, *, limit: int = 50, after: str | None = None
+        self,
+        tenant: str,
+        owner: str,
+        *,
+        limit: int = 50,
+        after: str | None = None,
+        order: SessionOrder = "id",
+        contains: str | None = None,
     ) -> list[SessionRecord]:
+        if order == "newest":
+            past = rules.parse_newest_cursor(after)
+            stamp, last = past if past is not None else (None, None)
+            args: tuple[object, ...] = (
+                *(tenant, owner, stamp, stamp, stamp, last),
+                *(contains, contains, max(limit, 0)),
+            )
+            query = q.LIST_SESSIONS_NEWEST
+        else:
+            args = (tenant, owner, after or "", contains, contains, max(limit, 0))
+            query = q.LIST_SESSIONS
+
         def do(c: sqlite3.Connection) -> list[SessionRecord]:
-            rows = c.execute(q.LIST_SESSIONS, (tenant, owner, after or "", limit)).fetchall()
-            return [session_row(r) for r in rows]
+            return [session_row(r) for r in c.execute(query, args).fetchall()]
 
         return await self._run(do)
 
@@ -124,8 +142,9 @@ class Sessions(Connection):
         def do(c: sqlite3.Connection) -> SessionStats:
             pk = session_pk(c, key)
             (items,) = c.execute(q.COUNT_ITEMS, (pk,)).fetchone()
-            turns, active = c.execute(q.COUNT_TURNS, (pk,)).fetchone()
-            return SessionStats(items, turns, active)
+            turns, active, parked = c.execute(q.COUNT_TURNS, (pk,)).fetchone()
+            agents = tuple(r[0] for r in c.execute(q.TURN_AGENTS, (pk, pk)))
+            return SessionStats(items, turns, active, parked, agents)
 
         return await self._run(do)
 

@@ -14,6 +14,7 @@ from typing import Any
 from tether.events import TOOL_RESULT, TURN_ENDED, TURN_STARTED, EventType
 from tether.records import (
     CHUNK,
+    AgentRef,
     Document,
     Event,
     Item,
@@ -79,9 +80,10 @@ async def running_turn(
     owner: str = "node-a",
     ttl: float = LONG_TTL,
     text: str = "hello",
+    agent: AgentRef | None = None,
 ) -> Lease:
     """Queue ``turn_id`` and start it (user item, event seq 2) under ``lease`` or a new one."""
-    await store.enqueue_turn(k, turn_id=turn_id, input=text, policy="enqueue")
+    await store.enqueue_turn(k, turn_id=turn_id, input=text, policy="enqueue", agent=agent)
     if lease is None:
         lease = await acquire(store, k, owner, ttl)
     await store.start_turn(lease, turn_id, [NewItem("user", text)], [ev(2, TURN_STARTED)])

@@ -12,8 +12,9 @@ import time
 
 import pytest
 
-from tether.errors import Conflict, SessionNotFound, StoreError
-from tether.records import NewItem, TurnEnding
+from tether.errors import Conflict, InvalidInput, SessionNotFound, StoreError
+from tether.records import AgentRef, NewDecision, NewItem, SessionOrder, TurnEnding, Usage
+from tether.store import rules
 from tether.store.protocol import Store
 from tether.testing.conformance._support import (
     CLOCK_SLACK,
@@ -263,3 +264,63 @@ class SessionsConformance:
         for kept in (busy, leased, fresh, forever):
             assert await store.get_session(kept) is not None
         assert await store.sweep_expired(now) == 0
+
+    async def test_list_sessions_newest_first_pages_without_gaps(self, store: Store) -> None:
+        ids = [f"n{i}" for i in range(7)]
+        for sid in ids:
+            await store.create_session(key(sid), "assistant")
+        await store.create_session(key("n9", owner="bob"), "assistant")
+        for sid in ("n2", "n5"):  # touched last: the most recently active
+            await asyncio.sleep(0.002)
+            await store.update_session(key(sid), metadata={"touched": True})
+        everything = await store.list_sessions("acme", "alice", order="newest", limit=100)
+        order = [r.key.session_id for r in everything]
+        assert order[:2] == ["n5", "n2"] and sorted(order) == ids
+        by_rule = sorted(everything, key=lambda r: (-r.updated_at, r.key.session_id))
+        assert order == [r.key.session_id for r in by_rule]
+        seen: list[str] = []
+        after: str | None = None
+        while True:
+            page = await store.list_sessions("acme", "alice", order="newest", limit=2, after=after)
+            if not page:
+                break
+            seen += [r.key.session_id for r in page]
+            after = rules.newest_cursor(page[-1])
+        assert seen == order  # every session once, in order
+        with pytest.raises(InvalidInput):
+            await store.list_sessions("acme", "alice", order="newest", after="not-a-cursor")
+
+    async def test_list_sessions_by_a_text_in_their_id(self, store: Store) -> None:
+        for sid in ["alpha", "beta", "alphabet", "a%b", "a_b", "ALPHA"]:
+            await store.create_session(key(sid), "assistant")
+        await store.create_session(key("alpha-of-bob", owner="bob"), "assistant")
+
+        async def found(text: str, order: SessionOrder = "id") -> list[str]:
+            listed = await store.list_sessions("acme", "alice", contains=text, order=order)
+            return sorted(r.key.session_id for r in listed)
+
+        assert await found("alpha") == ["alpha", "alphabet"]  # ids are case-sensitive
+        assert await found("alpha", "newest") == ["alpha", "alphabet"]
+        # The text is text: not a LIKE pattern.
+        assert await found("%") == ["a%b"]
+        assert await found("_") == ["a_b"]
+        assert await found("zzz") == []
+        paged = await store.list_sessions("acme", "alice", contains="a", limit=2, after="a_b")
+        assert [r.key.session_id for r in paged] == ["alpha", "alphabet"]
+
+    async def test_session_stats_say_what_waits_and_which_agents_ran(self, store: Store) -> None:
+        k = await new_session(store)
+        stats = await store.session_stats(k)
+        assert (stats.status, stats.agents, stats.awaiting_input) == ("idle", (), 0)
+        lease = await running_turn(store, k, "t1", agent=AgentRef("triage", "f1"))
+        assert (await store.session_stats(k)).status == "busy"
+        done = TurnEnding("completed", "answered", "hi", True, agent="billing")
+        await store.end_turn(lease, "t1", done, [NewItem("assistant", "hi")], [ev(3)])
+        assert (await store.get_turn(k, "t1")).ran_by == "billing"  # type: ignore[union-attr]
+        await running_turn(store, k, "t2", lease=lease, agent=AgentRef("writer", "f2"))
+        d = rules.new_decision(k, "t2", NewDecision("c1", "approval", {}), time.time())
+        await store.park_turn(lease, "t2", [], [], d, usage=Usage())
+        stats = await store.session_stats(k)
+        assert (stats.status, stats.awaiting_input, stats.active_turns) == ("awaiting_input", 1, 1)
+        assert stats.agents == ("triage", "billing", "writer")
+        assert stats.turns == 2
