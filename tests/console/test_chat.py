@@ -260,13 +260,20 @@ def test_shift_enter_makes_a_new_line(console: Console, fake: FakeOpenAIServer) 
 def test_approve_a_tool_then_see_its_result_and_the_answer(
     console: Console, fake: FakeOpenAIServer, shoot: Shoot
 ) -> None:
-    page, _ = open_chat(console, "alice")
+    page, sid = open_chat(console, "alice")
     fake.script(FakeToolCall("launch", '{"target": "rocket"}'), "The rocket is up.")
     send(page, "Launch the rocket")
     card = page.get_by_role("group", name="Approval for tool launch")
     expect(card).to_contain_text('"target": "rocket"')
     expect(turn(page, 1).locator(".outcome")).to_contain_text("waiting for your decision")
     shoot(page, "approval")
+    # The session waits for a human: its header and the sessions list say so.
+    expect(page.locator(".session-head .status")).to_have_text("awaiting input")
+    listing = console.page("alice")
+    listing.goto(console.url + "/")
+    entry = listing.get_by_role("listitem").filter(has_text=sid)
+    expect(entry.locator(".status")).to_have_text("awaiting input")
+    expect(entry).to_contain_text("turns1")
     card.get_by_role("button", name="Approve").click()
     expect(card).to_contain_text("Approved (by alice)")
     expect(turn(page, 1).locator(".text")).to_have_text("The rocket is up.")
@@ -375,6 +382,8 @@ def test_recalled_memory_and_a_handoff_are_shown(console: Console, fake: FakeOpe
         first.get_by_text("Handed over from assistant to helper: colours are my job")
     ).to_be_visible()
     expect(first.locator(".who").last).to_have_text("helper")
+    # The session's agents now include the one it was handed to.
+    expect(page.locator(".session-head")).to_contain_text("agents: assistant, helper")
 
 
 # -- isolation -------------------------------------------------------------------------------

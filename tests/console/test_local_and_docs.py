@@ -3,6 +3,7 @@ Chromium with every request kept on this server (anything else is aborted and fa
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
@@ -80,3 +81,19 @@ def test_the_api_docs_render_offline(console: Console, path: str) -> None:
     # Both render the operations from /openapi.json: the agent list is one.
     expect(page.get_by_text("/v1/agents").first).to_be_visible()
     assert outside == [], outside
+
+
+def test_dark_and_light_follow_the_system(console: Console) -> None:
+    colours = {}
+    for scheme in ("light", "dark"):
+        context = console.browser.new_context(color_scheme=scheme)
+        console.contexts.append(context)
+        page = console.tab(context, None)
+        page.goto(console.url + "/")
+        expect(page.get_by_role("heading", name="Sessions", exact=True)).to_be_visible()
+        colours[scheme] = page.evaluate("getComputedStyle(document.body).backgroundColor")
+    brightness = {
+        scheme: sum(int(v) for v in re.findall(r"\d+", colour)[:3])
+        for scheme, colour in colours.items()
+    }
+    assert brightness["dark"] < 150 < brightness["light"], colours

@@ -31,6 +31,21 @@ PDF_PAGES = [
 ]
 
 
+UNNAMED_CONTROLS = """() => [...document.querySelectorAll(
+    'button, a[href], input, select, textarea, [role=button]')]
+  .filter((el) => el.offsetParent !== null || el.type === 'file')
+  .filter((el) => {
+    const labelled = el.getAttribute('aria-labelledby');
+    const name = el.getAttribute('aria-label') || el.getAttribute('title')
+      || (labelled && document.getElementById(labelled)?.textContent)
+      || [...(el.labels || [])].map((l) => l.textContent).join('')
+      || (['BUTTON', 'A'].includes(el.tagName) ? el.textContent : '');
+    return !name.trim();
+  })
+  .map((el) => el.outerHTML.slice(0, 120))"""
+"""Every visible control must have an accessible name (the tests find them by it)."""
+
+
 def remember(console: Console, user: str, content: str, **fields: str) -> dict[str, object]:
     with console.api(user) as c:
         r = c.post("/v1/memory", json={"content": content, **fields})
@@ -219,6 +234,10 @@ def test_screenshots_of_the_main_views(
             assert c.post("/v1/sessions", json={"session_id": sid, "metadata": meta}).status_code
         c.post("/v1/memory", json={"content": "Erin flies from Bristol.", "kind": "fact"})
         c.post("/v1/memory", json={"content": "Erin likes window seats.", "kind": "preference"})
+        files = {"file": ("lisbon-guide.md", MARKDOWN.replace("reactor", "tram").encode())}
+        assert c.post("/v1/knowledge/knowledge/documents", files=files).status_code == 201
+        files = {"file": ("report.pdf", make_pdf(PDF_PAGES), "application/pdf")}
+        assert c.post("/v1/knowledge/knowledge/documents", files=files).status_code == 201
         fake.script("Lisbon in May is warm: around 22 °C, with long, dry days.")
         c.post("/v1/sessions/trip-planning/turns", json={"input": "What is Lisbon like in May?"})
     page = console.page(user)
@@ -243,6 +262,8 @@ def test_screenshots_of_the_main_views(
             expect(page.locator("main h1")).to_be_visible()
             page.wait_for_load_state("networkidle")
         shoot(page, f"console-{name}")
+        unnamed = page.evaluate(UNNAMED_CONTROLS)
+        assert unnamed == [], f"controls without an accessible name in {name}: {unnamed}"
         shown = page.locator("main").inner_text()
         assert not re.search(r"\b(null|undefined|NaN)\b|\[object ", shown), shown
         page.set_viewport_size(PHONE)  # type: ignore[arg-type]

@@ -38,6 +38,7 @@ export async function chatView(main, { sid }, { signal, app }) {
   // the one before it ends, and each open stream holds one of the browser's few connections.
   let live = Promise.resolve();
   function follow(view) {
+    view.onWait = () => refresh(); // the session now awaits input: its header says so
     live = live
       .then(() => (signal.aborted ? undefined : view.follow(signal, ended)))
       .catch((error) => {

@@ -39,11 +39,7 @@ export async function sessionsView(main, _params, { signal, app }) {
     const page = await get(`/v1/sessions${query(params)}`, { signal });
     if (mine !== generation) return;
     if (reset) list.replaceChildren();
-    // Servers that cannot search or sort yet ignore q and order: filter this page here too.
-    const found = page.data
-      .filter((s) => !q || s.session_id.includes(q))
-      .sort((a, b) => b.updated_at - a.updated_at);
-    for (const session of found) list.append(row(session));
+    for (const session of page.data) list.append(row(session));
     cursor = page.next_cursor;
     more.hidden = !cursor;
     empty.hidden = list.children.length > 0;

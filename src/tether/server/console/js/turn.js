@@ -34,6 +34,7 @@ export class TurnView {
     this.tools = new Map(); // call_id → {status, result}
     this.cards = new Map(); // call_id → DecisionCard
     this.agent = turn.agent;
+    this.onWait = null; // called when the turn starts waiting for a human
 
     this.who = h("span", { class: "who" }, turn.agent || "agent");
     this.recalled = h("details", { class: "recalled", hidden: true });
@@ -81,7 +82,8 @@ export class TurnView {
       case "turn.resumed":
         return this.showStatus("running");
       case "turn.awaiting_input":
-        return this.showStatus("awaiting_input");
+        this.showStatus("awaiting_input");
+        return this.onWait?.(this);
       case "message.delta":
         return this.delta(data.text || "");
       case "message.completed":
