@@ -7,7 +7,7 @@ import re
 import uuid
 
 import pytest
-from playwright.sync_api import Page, expect
+from playwright.sync_api import FilePayload, Page, expect
 
 from tests.console.conftest import PHONE, TIMEOUT_MS, Console, Shoot
 from tests.memory.test_documents import make_pdf
@@ -79,9 +79,12 @@ def test_upload_by_drop_and_by_chooser_then_search_finds_the_pdf(console: Consol
     expect(page.get_by_text("No documents in this collection yet.")).to_be_visible()
 
     drop_file(page, "maintenance.md", MARKDOWN, "text/markdown")
-    page.get_by_label("Choose files to upload").set_input_files(
-        [{"name": "report.pdf", "mimeType": "application/pdf", "buffer": make_pdf(PDF_PAGES)}]
-    )
+    pdf: FilePayload = {
+        "name": "report.pdf",
+        "mimeType": "application/pdf",
+        "buffer": make_pdf(PDF_PAGES),
+    }
+    page.get_by_label("Choose files to upload").set_input_files([pdf])
     uploads = page.get_by_role("list", name="Uploads")
     for name in ("maintenance.md", "report.pdf"):
         bar = uploads.get_by_role("progressbar", name=f"Uploading {name}")
@@ -234,10 +237,13 @@ def test_screenshots_of_the_main_views(
             assert c.post("/v1/sessions", json={"session_id": sid, "metadata": meta}).status_code
         c.post("/v1/memory", json={"content": "Erin flies from Bristol.", "kind": "fact"})
         c.post("/v1/memory", json={"content": "Erin likes window seats.", "kind": "preference"})
-        files = {"file": ("lisbon-guide.md", MARKDOWN.replace("reactor", "tram").encode())}
-        assert c.post("/v1/knowledge/knowledge/documents", files=files).status_code == 201
-        files = {"file": ("report.pdf", make_pdf(PDF_PAGES), "application/pdf")}
-        assert c.post("/v1/knowledge/knowledge/documents", files=files).status_code == 201
+        guide = MARKDOWN.replace("reactor", "tram").encode()
+        for file in (
+            ("lisbon-guide.md", guide, "text/markdown"),
+            ("report.pdf", make_pdf(PDF_PAGES), "application/pdf"),
+        ):
+            r = c.post("/v1/knowledge/knowledge/documents", files={"file": file})
+            assert r.status_code == 201, r.text
         fake.script("Lisbon in May is warm: around 22 °C, with long, dry days.")
         c.post("/v1/sessions/trip-planning/turns", json={"input": "What is Lisbon like in May?"})
     page = console.page(user)
@@ -249,7 +255,7 @@ def test_screenshots_of_the_main_views(
     page.get_by_role("textbox", name="Message").fill("Book me a flight on 14 May, window seat.")
     page.keyboard.press("Enter")
     expect(page.get_by_role("group", name="Approval for tool launch")).to_be_visible()
-    views = [("chat", None)]
+    views: list[tuple[str, str | None]] = [("chat", None)]
     views += [
         ("sessions", "/#/"),
         ("turns", "/#/sessions/trip-planning/turns"),

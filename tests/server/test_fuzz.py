@@ -124,6 +124,7 @@ ROUTES = {
     ("get", "/v1/memory/{item_id}"): "200",
     ("patch", "/v1/memory/{item_id}"): "200",
     ("delete", "/v1/memory/{item_id}"): "204",
+    ("get", "/v1/knowledge"): "200",
     ("post", "/v1/knowledge/{collection}/documents"): "201",
     ("get", "/v1/knowledge/{collection}/documents"): "200",
     ("delete", "/v1/knowledge/{collection}/documents/{doc_id}"): "204",
