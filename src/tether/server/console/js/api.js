@@ -32,7 +32,9 @@ export class ApiError extends Error {
     super(detail);
     this.status = status;
     this.problem = problem;
-    this.kind = String(problem.type || "").split("/").pop();
+    this.kind = String(problem.type || "")
+      .split("/")
+      .pop();
   }
 }
 

@@ -64,7 +64,11 @@ export async function chatView(main, { sid }, { signal, app }) {
   const turns = await allTurns(get, sid, signal);
   const earlier = turns.slice(0, Math.max(0, turns.length - RECENT));
   if (earlier.length) {
-    const button = h("button", { type: "button", class: "link" }, `Show ${earlier.length} earlier turns`);
+    const button = h(
+      "button",
+      { type: "button", class: "link" },
+      `Show ${earlier.length} earlier turns`,
+    );
     button.addEventListener("click", () => {
       const older = earlier.map((t) => new TurnView(sid, t));
       button.replaceWith(...older.map((v) => v.el));
@@ -166,7 +170,11 @@ export async function chatView(main, { sid }, { signal, app }) {
       app.agents.map((a) => h("option", { value: a.name }, a.name)),
     );
     const sendButton = h("button", { type: "submit" }, "Send");
-    const stopButton = h("button", { type: "button", class: "danger", disabled: true, onclick: stop }, "Stop");
+    const stopButton = h(
+      "button",
+      { type: "button", class: "danger", disabled: true, onclick: stop },
+      "Stop",
+    );
     const alert = h("p", { role: "alert", class: "error" });
     const form = h(
       "form",
@@ -232,8 +240,10 @@ export async function chatView(main, { sid }, { signal, app }) {
   // -- the session's own actions ---------------------------------------------------------
   function drawHeader() {
     const title = titleOf(session);
-    const agents = Array.isArray(session.agents) && session.agents.length ? session.agents : [session.agent];
-    fill(header, 
+    const agents =
+      Array.isArray(session.agents) && session.agents.length ? session.agents : [session.agent];
+    fill(
+      header,
       h("p", { class: "crumbs" }, h("a", { href: "#/" }, "Sessions"), " / "),
       h("h1", {}, title || session.session_id),
       title ? h("p", { class: "muted" }, session.session_id) : null,
@@ -277,7 +287,11 @@ export async function chatView(main, { sid }, { signal, app }) {
   }
 
   function rename() {
-    const input = h("input", { name: "title", value: titleOf(session) || "", "aria-label": "Title" });
+    const input = h("input", {
+      name: "title",
+      value: titleOf(session) || "",
+      "aria-label": "Title",
+    });
     const form = h(
       "form",
       {
@@ -330,7 +344,12 @@ export async function chatView(main, { sid }, { signal, app }) {
       },
       area,
       error,
-      h("div", { class: "actions" }, h("button", { type: "submit" }, "Save metadata"), h("button", { type: "button", onclick: () => drawHeader() }, "Cancel")),
+      h(
+        "div",
+        { class: "actions" },
+        h("button", { type: "submit" }, "Save metadata"),
+        h("button", { type: "button", onclick: () => drawHeader() }, "Cancel"),
+      ),
     );
     header.append(form);
     area.focus();
@@ -339,7 +358,8 @@ export async function chatView(main, { sid }, { signal, app }) {
   async function clearHistory() {
     const yes = await confirmDialog({
       title: "Clear the history?",
-      message: "Every message and turn of this session is deleted, with the notes its turns kept. The session itself stays.",
+      message:
+        "Every message and turn of this session is deleted, with the notes its turns kept. The session itself stays.",
       confirm: "Clear history",
     });
     if (!yes) return;
@@ -350,7 +370,10 @@ export async function chatView(main, { sid }, { signal, app }) {
       refresh();
       toast("History cleared.");
     } catch (error) {
-      report(error, error.status === 409 ? "A turn is under way: stop it first, then clear." : null);
+      report(
+        error,
+        error.status === 409 ? "A turn is under way: stop it first, then clear." : null,
+      );
     }
   }
 

@@ -70,11 +70,7 @@ export class DecisionCard {
   }
 
   button(text, body, title) {
-    const b = h(
-      "button",
-      { type: "button", title, onclick: () => this.decide(body) },
-      text,
-    );
+    const b = h("button", { type: "button", title, onclick: () => this.decide(body) }, text);
     this.buttons.push(b);
     return b;
   }
@@ -130,7 +126,8 @@ export class DecisionCard {
     this.decision = { ...this.decision, ...decision };
     for (const b of this.buttons) b.disabled = true;
     const words = DONE[decision.status] || decision.status;
-    const answer = decision.status === "answered" && decision.answer != null ? `: ${decision.answer}` : "";
+    const answer =
+      decision.status === "answered" && decision.answer != null ? `: ${decision.answer}` : "";
     const by = decision.decided_by ? ` (by ${decision.decided_by})` : "";
     this.status.textContent = `${words}${answer}${by}`;
     this.el.dataset.status = decision.status;

@@ -115,7 +115,13 @@ export function relative(ts) {
   const seconds = ts - Date.now() / 1000;
   const abs = Math.abs(seconds);
   const [value, unit] =
-    abs < 60 ? [abs, "s"] : abs < 3600 ? [abs / 60, "min"] : abs < 86400 ? [abs / 3600, "h"] : [abs / 86400, "d"];
+    abs < 60
+      ? [abs, "s"]
+      : abs < 3600
+        ? [abs / 60, "min"]
+        : abs < 86400
+          ? [abs / 3600, "h"]
+          : [abs / 86400, "d"];
   const text = `${Math.round(value)} ${unit}`;
   return seconds >= 0 ? `in ${text}` : `${text} ago`;
 }

@@ -5,16 +5,33 @@ import { add, confirmDialog, fill, h, report as tell, toast, when } from "./dom.
 import { scopePicker } from "./scope.js";
 
 const COLLECTION = /^[A-Za-z0-9._-]{1,64}$/;
-const ACCEPT = ".txt,.md,.markdown,.html,.htm,.pdf,text/plain,text/markdown,text/html,application/pdf";
+const ACCEPT =
+  ".txt,.md,.markdown,.html,.htm,.pdf,text/plain,text/markdown,text/html,application/pdf";
 
 export async function knowledgeView(main, _params, { signal, app }) {
   const collections = h("ul", { class: "collections", "aria-label": "Collections" });
-  const name = h("input", { name: "collection", value: "knowledge", "aria-label": "Collection", pattern: COLLECTION.source, required: true });
+  const name = h("input", {
+    name: "collection",
+    value: "knowledge",
+    "aria-label": "Collection",
+    pattern: COLLECTION.source,
+    required: true,
+  });
   const documents = h("tbody");
   const table = h(
     "table",
     { class: "documents", "aria-label": "Documents" },
-    h("thead", {}, h("tr", {}, ["Name", "Type", "Chunks", "Characters", "Added", ""].map((c) => h("th", { scope: "col" }, c)))),
+    h(
+      "thead",
+      {},
+      h(
+        "tr",
+        {},
+        ["Name", "Type", "Chunks", "Characters", "Added", ""].map((c) =>
+          h("th", { scope: "col" }, c),
+        ),
+      ),
+    ),
     documents,
   );
   const none = h("p", { class: "muted" }, "No documents in this collection yet.");
@@ -29,7 +46,8 @@ export async function knowledgeView(main, _params, { signal, app }) {
     const target = picker.value();
     const listed = await get(`/v1/knowledge${query(target)}`, { signal });
     if (mine !== generation) return;
-    fill(collections, 
+    fill(
+      collections,
       ...listed.data.map((c) =>
         h(
           "li",
@@ -52,7 +70,9 @@ export async function knowledgeView(main, _params, { signal, app }) {
       ),
     );
     if (!COLLECTION.test(collection())) return;
-    const docs = await get(path`/v1/knowledge/${collection()}/documents` + query(target), { signal });
+    const docs = await get(path`/v1/knowledge/${collection()}/documents` + query(target), {
+      signal,
+    });
     if (mine !== generation) return;
     documents.replaceChildren(...docs.data.map(docRow));
     none.hidden = docs.data.length > 0;
@@ -61,10 +81,17 @@ export async function knowledgeView(main, _params, { signal, app }) {
 
   function docRow(d) {
     const remove = async () => {
-      const yes = await confirmDialog({ title: `Delete ${d.name}?`, message: "The document and its chunks are deleted.", confirm: "Delete" });
+      const yes = await confirmDialog({
+        title: `Delete ${d.name}?`,
+        message: "The document and its chunks are deleted.",
+        confirm: "Delete",
+      });
       if (!yes) return;
       try {
-        await api("DELETE", path`/v1/knowledge/${d.collection}/documents/${d.id}` + query(picker.value()));
+        await api(
+          "DELETE",
+          path`/v1/knowledge/${d.collection}/documents/${d.id}` + query(picker.value()),
+        );
         await refresh();
       } catch (error) {
         report(error);
@@ -78,7 +105,15 @@ export async function knowledgeView(main, _params, { signal, app }) {
       h("td", {}, String(d.chunks)),
       h("td", {}, String(d.chars)),
       h("td", {}, when(d.created_at)),
-      h("td", {}, h("button", { type: "button", class: "danger", "aria-label": `Delete ${d.name}`, onclick: remove }, "Delete")),
+      h(
+        "td",
+        {},
+        h(
+          "button",
+          { type: "button", class: "danger", "aria-label": `Delete ${d.name}`, onclick: remove },
+          "Delete",
+        ),
+      ),
     );
   }
 
@@ -113,7 +148,12 @@ export async function knowledgeView(main, _params, { signal, app }) {
     }
   }
 
-  const input = h("input", { type: "file", multiple: true, accept: ACCEPT, "aria-label": "Choose files to upload" });
+  const input = h("input", {
+    type: "file",
+    multiple: true,
+    accept: ACCEPT,
+    "aria-label": "Choose files to upload",
+  });
   input.addEventListener("change", () => {
     send([...input.files]);
     input.value = "";
@@ -135,7 +175,12 @@ export async function knowledgeView(main, _params, { signal, app }) {
     send([...(event.dataTransfer?.files || [])]);
   });
 
-  const q = h("input", { type: "search", name: "query", "aria-label": "Search the collection", required: true });
+  const q = h("input", {
+    type: "search",
+    name: "query",
+    "aria-label": "Search the collection",
+    required: true,
+  });
   const results = h("ol", { class: "hits", "aria-label": "Search results" });
   const search = h(
     "form",
@@ -151,12 +196,20 @@ export async function knowledgeView(main, _params, { signal, app }) {
           if (target.session_id) body.session_id = target.session_id;
           if (target.agent) body.agent = target.agent;
           const hits = await api("POST", path`/v1/knowledge/${collection()}/search`, { body });
-          fill(results, 
+          fill(
+            results,
             ...hits.data.map((hit) =>
               h(
                 "li",
                 {},
-                h("p", { class: "meta" }, h("strong", {}, hit.document || "?"), hit.page ? ` page ${hit.page}` : "", hit.heading ? ` — ${hit.heading}` : "", ` · score ${hit.score.toFixed(4)}`),
+                h(
+                  "p",
+                  { class: "meta" },
+                  h("strong", {}, hit.document || "?"),
+                  hit.page ? ` page ${hit.page}` : "",
+                  hit.heading ? ` — ${hit.heading}` : "",
+                  ` · score ${hit.score.toFixed(4)}`,
+                ),
                 h("p", { class: "content" }, hit.content),
               ),
             ),
@@ -173,13 +226,20 @@ export async function knowledgeView(main, _params, { signal, app }) {
   );
 
   name.addEventListener("change", () => refresh().catch(report));
-  add(main, 
+  add(
+    main,
     h("h1", {}, "Knowledge"),
     h("div", { class: "toolbar" }, picker.el, h("label", {}, "Collection", name)),
     h("section", { "aria-label": "Your collections" }, h("h2", {}, "Collections"), collections),
     drop,
     uploads,
-    h("section", { "aria-label": "Documents of the collection" }, h("h2", {}, "Documents"), none, table),
+    h(
+      "section",
+      { "aria-label": "Documents of the collection" },
+      h("h2", {}, "Documents"),
+      none,
+      table,
+    ),
     search,
   );
   await refresh();

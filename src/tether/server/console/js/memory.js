@@ -19,7 +19,10 @@ export async function memoryView(main, _params, { signal, app }) {
   async function load(reset) {
     // Only the latest load draws: an earlier one that answers later is dropped.
     const mine = ++generation;
-    const page = await get(`/v1/memory${query({ ...picker.value(), limit: 50, cursor: reset ? null : cursor })}`, { signal });
+    const page = await get(
+      `/v1/memory${query({ ...picker.value(), limit: 50, cursor: reset ? null : cursor })}`,
+      { signal },
+    );
     if (mine !== generation) return;
     if (reset) list.replaceChildren();
     for (const item of page.data) list.append(new MemoryItem(item).el);
@@ -29,8 +32,17 @@ export async function memoryView(main, _params, { signal, app }) {
   }
   more.addEventListener("click", () => load(false).catch(report));
 
-  const content = h("textarea", { name: "content", rows: 2, "aria-label": "New memory", required: true });
-  const kind = h("select", { name: "kind", "aria-label": "Kind" }, KINDS.map((k) => h("option", { value: k }, k)));
+  const content = h("textarea", {
+    name: "content",
+    rows: 2,
+    "aria-label": "New memory",
+    required: true,
+  });
+  const kind = h(
+    "select",
+    { name: "kind", "aria-label": "Kind" },
+    KINDS.map((k) => h("option", { value: k }, k)),
+  );
   const addForm = h(
     "form",
     {
@@ -39,7 +51,9 @@ export async function memoryView(main, _params, { signal, app }) {
       onsubmit: async (event) => {
         event.preventDefault();
         try {
-          const item = await api("POST", "/v1/memory", { body: { content: content.value, kind: kind.value, ...picker.value() } });
+          const item = await api("POST", "/v1/memory", {
+            body: { content: content.value, kind: kind.value, ...picker.value() },
+          });
           list.prepend(new MemoryItem(item).el);
           empty.hidden = true;
           content.value = "";
@@ -50,7 +64,12 @@ export async function memoryView(main, _params, { signal, app }) {
     },
     h("h2", {}, "Remember something"),
     content,
-    h("div", { class: "row" }, h("label", { class: "inline" }, "Kind", kind), h("button", { type: "submit" }, "Add memory")),
+    h(
+      "div",
+      { class: "row" },
+      h("label", { class: "inline" }, "Kind", kind),
+      h("button", { type: "submit" }, "Add memory"),
+    ),
   );
 
   const clearAll = h("button", { type: "button", class: "danger" }, "Clear this scope");
@@ -71,7 +90,8 @@ export async function memoryView(main, _params, { signal, app }) {
     }
   });
 
-  add(main, 
+  add(
+    main,
     h("h1", {}, "Memory"),
     h("div", { class: "toolbar" }, picker.el, clearAll),
     addForm,
@@ -95,7 +115,8 @@ class MemoryItem {
   draw() {
     const it = this.item;
     const author = AUTHORS[it.provenance?.author];
-    fill(this.el,
+    fill(
+      this.el,
       h("p", { class: "content" }, it.content),
       h(
         "p",
@@ -104,7 +125,9 @@ class MemoryItem {
         h("span", {}, it.kind),
         h("span", {}, `revision ${it.revision}`),
         h("span", {}, `updated ${when(it.updated_at)}`),
-        it.provenance?.session_id ? h("span", {}, `from session ${it.provenance.session_id}`) : null,
+        it.provenance?.session_id
+          ? h("span", {}, `from session ${it.provenance.session_id}`)
+          : null,
       ),
       h(
         "div",
@@ -116,7 +139,12 @@ class MemoryItem {
   }
 
   edit(text, conflict = null) {
-    const area = h("textarea", { name: "content", rows: 3, "aria-label": "Edit memory", value: text });
+    const area = h("textarea", {
+      name: "content",
+      rows: 3,
+      "aria-label": "Edit memory",
+      value: text,
+    });
     const form = h(
       "form",
       {
@@ -132,7 +160,11 @@ class MemoryItem {
         "div",
         { class: "actions" },
         h("button", { type: "submit" }, conflict ? "Save mine over it" : "Save"),
-        h("button", { type: "button", onclick: () => this.draw() }, conflict ? "Keep theirs" : "Cancel"),
+        h(
+          "button",
+          { type: "button", onclick: () => this.draw() },
+          conflict ? "Keep theirs" : "Cancel",
+        ),
       ),
     );
     this.el.replaceChildren(form);
@@ -141,7 +173,9 @@ class MemoryItem {
 
   async save(text, revision) {
     try {
-      this.item = await api("PATCH", path`/v1/memory/${this.item.id}`, { body: { content: text, expected_revision: revision } });
+      this.item = await api("PATCH", path`/v1/memory/${this.item.id}`, {
+        body: { content: text, expected_revision: revision },
+      });
       this.draw();
     } catch (error) {
       if (error instanceof ApiError && error.status === 409) {
@@ -160,7 +194,8 @@ class MemoryItem {
     try {
       newer = await get(path`/v1/memory/${this.item.id}`);
     } catch (error) {
-      if (error.status === 404) this.el.replaceChildren(h("p", { role: "alert" }, "This memory was deleted elsewhere."));
+      if (error.status === 404)
+        this.el.replaceChildren(h("p", { role: "alert" }, "This memory was deleted elsewhere."));
       else report(error);
       return;
     }
@@ -168,7 +203,11 @@ class MemoryItem {
     const box = h(
       "div",
       { class: "conflict", role: "alert" },
-      h("p", {}, `Changed elsewhere while you edited it (now revision ${newer.revision}). The newer text:`),
+      h(
+        "p",
+        {},
+        `Changed elsewhere while you edited it (now revision ${newer.revision}). The newer text:`,
+      ),
       h("blockquote", {}, newer.content),
       h("p", {}, "Your edit is below: save it over theirs, or keep theirs."),
     );
@@ -176,7 +215,11 @@ class MemoryItem {
   }
 
   async remove() {
-    const yes = await confirmDialog({ title: "Delete this memory?", message: this.item.content, confirm: "Delete" });
+    const yes = await confirmDialog({
+      title: "Delete this memory?",
+      message: this.item.content,
+      confirm: "Delete",
+    });
     if (!yes) return;
     try {
       await api("DELETE", path`/v1/memory/${this.item.id}`);

@@ -58,14 +58,21 @@ export async function sessionsView(main, _params, { signal, app }) {
     load(false).catch(report);
   });
 
-  add(main, 
+  add(
+    main,
     h("h1", {}, "Sessions"),
     newSessionForm(app),
-    h("section", { "aria-label": "Your sessions" }, h("div", { class: "toolbar" }, search), list, empty, more),
+    h(
+      "section",
+      { "aria-label": "Your sessions" },
+      h("div", { class: "toolbar" }, search),
+      list,
+      empty,
+      more,
+    ),
   );
   await load(true);
 }
-
 
 function row(s) {
   const title = titleOf(s);
@@ -129,7 +136,12 @@ function newSessionForm(app) {
       },
     },
     h("h2", {}, "New session"),
-    h("div", { class: "row" }, h("label", {}, "Agent", agent), h("label", {}, "Session id (optional)", id)),
+    h(
+      "div",
+      { class: "row" },
+      h("label", {}, "Agent", agent),
+      h("label", {}, "Session id (optional)", id),
+    ),
     error,
     h("button", { type: "submit" }, "Create session"),
   );
@@ -146,7 +158,8 @@ export async function loadSession(sid, signal) {
 }
 
 export function notFound(main, sid) {
-  add(main, 
+  add(
+    main,
     h("h1", {}, "Session not found"),
     h(
       "p",

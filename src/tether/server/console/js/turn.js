@@ -7,7 +7,15 @@ import { DecisionCard } from "./decisions.js";
 import { fill, h } from "./dom.js";
 import { followTurn } from "./sse.js";
 
-export const ENDED = new Set(["completed", "cancelled", "interrupted", "rolled_back", "limit_reached", "failed", "rejected"]);
+export const ENDED = new Set([
+  "completed",
+  "cancelled",
+  "interrupted",
+  "rolled_back",
+  "limit_reached",
+  "failed",
+  "rejected",
+]);
 const STATUS_WORDS = {
   queued: "queued",
   running: "answering…",
@@ -52,7 +60,12 @@ export class TurnView {
     this.el = h(
       "article",
       { class: "turn", "aria-label": `Turn ${turn.seq}`, "data-turn": turn.id },
-      h("div", { class: "bubble user" }, h("span", { class: "who" }, "You"), h("p", {}, turn.input)),
+      h(
+        "div",
+        { class: "bubble user" },
+        h("span", { class: "who" }, "You"),
+        h("p", {}, turn.input),
+      ),
       this.reply,
     );
     this.showStatus(turn.status, turn.reason, turn.error);
@@ -176,13 +189,15 @@ export class TurnView {
     this.cards.set(decision.call_id, card);
     this.text = null;
     this.steps.append(card.el);
-    if (decision.status === "pending" && !this.ended) card.el.querySelector("button, input")?.focus({ preventScroll: true });
+    if (decision.status === "pending" && !this.ended)
+      card.el.querySelector("button, input")?.focus({ preventScroll: true });
   }
 
   memoryRecalled(items) {
     const n = items.length;
     this.recalled.hidden = n === 0;
-    fill(this.recalled, 
+    fill(
+      this.recalled,
       h("summary", {}, `used ${n} ${n === 1 ? "memory" : "memories"}`),
       h(
         "ul",
@@ -206,7 +221,9 @@ export class TurnView {
     this.agent = data.to;
     this.who.textContent = data.to;
     const reason = data.reason ? `: ${data.reason}` : "";
-    this.steps.append(h("p", { class: "handoff" }, `Handed over from ${data.from} to ${data.to}${reason}`));
+    this.steps.append(
+      h("p", { class: "handoff" }, `Handed over from ${data.from} to ${data.to}${reason}`),
+    );
   }
 
   note(kind, text) {
@@ -218,7 +235,13 @@ export class TurnView {
     if (this.text && data.status !== "completed") this.markIncomplete(this.text);
     this.text = null;
     for (const card of this.cards.values()) card.close();
-    this.turn = { ...this.turn, status: data.status, reason: data.reason, error: data.error, usage: data.usage };
+    this.turn = {
+      ...this.turn,
+      status: data.status,
+      reason: data.reason,
+      error: data.error,
+      usage: data.usage,
+    };
     this.showStatus(data.status, data.reason, data.error);
   }
 
@@ -227,9 +250,11 @@ export class TurnView {
     this.el.dataset.status = status;
     this.el.classList.toggle("rolled-back", status === "rolled_back");
     const parts = [h("span", { class: `status ${status}` }, word)];
-    if (ENDED.has(status) && reason) parts.push(" ", h("span", { class: "reason" }, `reason: ${reason}`));
+    if (ENDED.has(status) && reason)
+      parts.push(" ", h("span", { class: "reason" }, `reason: ${reason}`));
     if (error) parts.push(h("span", { class: "error-text" }, ` — ${error}`));
-    if (status === "rolled_back") parts.push(h("span", { class: "muted" }, " (its messages were removed from the history)"));
+    if (status === "rolled_back")
+      parts.push(h("span", { class: "muted" }, " (its messages were removed from the history)"));
     this.outcome.replaceChildren(...parts);
   }
 }

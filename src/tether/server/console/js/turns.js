@@ -12,8 +12,16 @@ export async function turnsView(main, { sid }, { signal }) {
   if (!session) return notFound(main, sid);
   const turns = await allTurns(get, sid, signal);
   const back = `#/sessions/${encodeURIComponent(sid)}`;
-  add(main, 
-    h("p", { class: "crumbs" }, h("a", { href: "#/" }, "Sessions"), " / ", h("a", { href: back }, sid), " / "),
+  add(
+    main,
+    h(
+      "p",
+      { class: "crumbs" },
+      h("a", { href: "#/" }, "Sessions"),
+      " / ",
+      h("a", { href: back }, sid),
+      " / ",
+    ),
     h("h1", {}, `Turns of ${sid}`),
     turns.length ? null : h("p", { class: "muted" }, "No turns yet."),
     h(
@@ -35,7 +43,14 @@ function turnRow(sid, t, signal) {
         signal,
         onEvent: (type, data, seq) =>
           events.append(
-            h("li", {}, h("span", { class: "seq" }, `${seq}`), " ", h("strong", {}, type), h("pre", {}, JSON.stringify(data, null, 2))),
+            h(
+              "li",
+              {},
+              h("span", { class: "seq" }, `${seq}`),
+              " ",
+              h("strong", {}, type),
+              h("pre", {}, JSON.stringify(data, null, 2)),
+            ),
           ),
       });
     } finally {
@@ -71,7 +86,11 @@ function turnRow(sid, t, signal) {
         " — ",
         h("span", { class: "input" }, t.input.length > 80 ? `${t.input.slice(0, 80)}…` : t.input),
       ),
-      h("dl", { class: "facts" }, facts.map(([k, v]) => h("div", {}, h("dt", {}, k), h("dd", {}, String(v))))),
+      h(
+        "dl",
+        { class: "facts" },
+        facts.map(([k, v]) => h("div", {}, h("dt", {}, k), h("dd", {}, String(v)))),
+      ),
       t.error ? h("p", { class: "error-text" }, t.error) : null,
       h("p", {}, h("code", {}, t.id)),
       load,
