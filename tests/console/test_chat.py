@@ -224,7 +224,7 @@ def test_a_message_sent_while_busy_follows_the_chosen_policy(
 ) -> None:
     page, _ = open_chat(console, "alice")
     fake.chunk_delay_ms = 60
-    fake.script(LONG, "second answer")
+    fake.script(LONG, LONG, "third answer")
     send(page, "first")
     expect(turn(page, 1).locator(".text")).to_contain_text("w2")
 
@@ -239,8 +239,14 @@ def test_a_message_sent_while_busy_follows_the_chosen_policy(
     send(page, "now this")
     expect(turn(page, 1).locator(".outcome .status")).to_have_text("interrupted")
     expect(turn(page, 1).get_by_text("incomplete: the reply was cut off")).to_be_visible()
-    expect(turn(page, 2).locator(".outcome")).to_contain_text("completed")
-    expect(turn(page, 2).locator(".text")).to_have_text("second answer")
+    expect(turn(page, 2).locator(".text")).to_contain_text("w2")
+
+    page.get_by_label("If a turn is under way").select_option("rollback")
+    send(page, "no, this")
+    expect(turn(page, 2).locator(".outcome .status")).to_have_text("rolled back")
+    expect(turn(page, 2).locator(".outcome")).to_contain_text("its messages were removed")
+    expect(turn(page, 3).locator(".outcome")).to_contain_text("completed")
+    expect(turn(page, 3).locator(".text")).to_have_text("third answer")
 
 
 def test_shift_enter_makes_a_new_line(console: Console, fake: FakeOpenAIServer) -> None:
@@ -322,6 +328,18 @@ def test_a_decision_made_elsewhere_updates_the_card(
     expect(card).to_contain_text("Approved for the rest of the session (by alice)")
     expect(card.get_by_role("button", name="Approve")).to_be_disabled()
     expect(turn(page, 1).locator(".text")).to_have_text("Probe away.")
+
+
+def test_a_turn_sent_from_elsewhere_shows_up(console: Console, fake: FakeOpenAIServer) -> None:
+    page, sid = open_chat(console, "alice")
+    send(page, "from the console")
+    expect(turn(page, 1).locator(".outcome")).to_contain_text("completed")
+    with console.api("alice") as c:  # tether chat, the SDK, another tab…
+        r = c.post(f"/v1/sessions/{sid}/turns", json={"input": "from a script"})
+        assert r.status_code == 200, r.text
+    expect(turn(page, 2).locator(".bubble.user")).to_contain_text("from a script")
+    expect(turn(page, 2).locator(".text")).to_have_text("echo: from a script")
+    expect(page.locator("article.turn")).to_have_count(2)
 
 
 def test_ask_user_questions_are_answered_by_choice_and_by_text(

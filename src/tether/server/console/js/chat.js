@@ -28,6 +28,7 @@ export async function chatView(main, { sid }, { signal, app }) {
   if (!session) return notFound(main, sid);
 
   const views = []; // TurnViews in order
+  let hidden = 0; // earlier turns not drawn (yet)
   const transcript = h("section", { class: "transcript", "aria-label": "Conversation" });
   const header = h("header", { class: "session-head" });
   const composer = makeComposer();
@@ -63,6 +64,7 @@ export async function chatView(main, { sid }, { signal, app }) {
   // -- history ---------------------------------------------------------------------------
   const turns = await allTurns(get, sid, signal);
   const earlier = turns.slice(0, Math.max(0, turns.length - RECENT));
+  hidden = earlier.length;
   if (earlier.length) {
     const button = h(
       "button",
@@ -73,6 +75,7 @@ export async function chatView(main, { sid }, { signal, app }) {
       const older = earlier.map((t) => new TurnView(sid, t));
       button.replaceWith(...older.map((v) => v.el));
       views.unshift(...older);
+      hidden = 0;
       replay(older.filter((v) => v.ended));
     });
     transcript.append(button);
@@ -82,6 +85,28 @@ export async function chatView(main, { sid }, { signal, app }) {
   transcript.append(...recent.map((v) => v.el));
   for (const view of recent.filter((v) => !v.ended)) follow(view);
   replay(recent.filter((v) => v.ended)).then(() => scrollDown());
+
+  /** A turn new to this page (ours, or sent from elsewhere), drawn once whoever saw it first. */
+  function addTurn(turn) {
+    if (views.some((v) => v.turn.id === turn.id)) return;
+    const view = new TurnView(sid, turn);
+    views.push(view);
+    transcript.append(view.el);
+    if (view.ended) replay([view]);
+    else follow(view);
+  }
+
+  // Turns sent from elsewhere (another tab, the SDK, `tether chat`) show up here too: while the
+  // page is visible, the session is read every few seconds and any newer turns are fetched.
+  const poll = setInterval(async () => {
+    if (document.hidden || signal.aborted) return;
+    await refresh();
+    if ((session.turn_count ?? 0) <= views.length + hidden) return;
+    const last = Math.max(0, ...views.map((v) => v.turn.seq));
+    const newer = await allTurns(get, sid, signal, last || null).catch(() => []);
+    for (const turn of newer) addTurn(turn);
+  }, 4000);
+  signal.addEventListener("abort", () => clearInterval(poll));
 
   function replay(ended) {
     const queue = [...ended];
@@ -132,10 +157,7 @@ export async function chatView(main, { sid }, { signal, app }) {
         throw error;
       }
     }
-    const view = new TurnView(sid, turn);
-    views.push(view);
-    transcript.append(view.el);
-    follow(view);
+    addTurn(turn);
     pinned = true;
     scrollDown();
     refresh();
@@ -366,6 +388,7 @@ export async function chatView(main, { sid }, { signal, app }) {
     try {
       await api("DELETE", path`/v1/sessions/${sid}/items`);
       views.length = 0;
+      hidden = 0;
       transcript.replaceChildren();
       refresh();
       toast("History cleared.");

@@ -259,10 +259,10 @@ export class TurnView {
   }
 }
 
-/** Every turn of a session, oldest first (all pages). */
-export async function allTurns(get, sid, signal) {
+/** Every turn of a session (after the one of seq `after`), oldest first (all pages). */
+export async function allTurns(get, sid, signal, after = null) {
   const turns = [];
-  let cursor = null;
+  let cursor = after;
   do {
     const q = cursor ? `?limit=500&cursor=${cursor}` : "?limit=500";
     const page = await get(path`/v1/sessions/${sid}/turns` + q, { signal });
