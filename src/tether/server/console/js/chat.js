@@ -17,6 +17,8 @@ const POLICIES = [
   ["rollback", "rollback", "end the current turn and remove its messages, then answer"],
 ];
 
+const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
+
 /** A random key per message: a retried submission gets the turn the first one made. */
 function idempotencyKey() {
   const bytes = crypto.getRandomValues(new Uint8Array(16));
@@ -274,8 +276,8 @@ export async function chatView(main, { sid }, { signal, app }) {
         { class: "facts-line" },
         statusBadge(session.status),
         h("span", {}, `agents: ${agents.join(", ")}`),
-        session.item_count != null ? h("span", {}, `${session.item_count} items`) : null,
-        session.turn_count != null ? h("span", {}, `${session.turn_count} turns`) : null,
+        session.item_count != null ? h("span", {}, plural(session.item_count, "item")) : null,
+        session.turn_count != null ? h("span", {}, plural(session.turn_count, "turn")) : null,
         h("span", {}, `expires ${session.expires_at ? relative(session.expires_at) : "never"}`),
       ),
       h(
