@@ -219,6 +219,24 @@ def check_bind(settings: Settings) -> None:
         )
 
 
+def model_problems(agents: Iterable[Agent], default_model: str | None) -> list[str]:
+    """Why an agent's model cannot run, said when a server starts (a missing API key, an
+    unknown provider): its turns would all fail with that reason. The embedded models are
+    checked when first used (their weights load then)."""
+    from tether.models import default_model_spec, resolve_model
+
+    problems = []
+    for agent in agents:
+        spec = agent.model if agent.model is not None else default_model or default_model_spec()
+        if not isinstance(spec, str) or spec.startswith("local"):
+            continue
+        try:
+            resolve_model(spec)
+        except ConfigError as exc:
+            problems.append(f"agent {agent.name}: {exc}; its turns will fail until that is fixed")
+    return problems
+
+
 def load_agents(spec: str) -> list[Agent]:
     """Agents from ``module:attr`` (an App, an Agent or a list of them) or a YAML file."""
     if spec.endswith((".yaml", ".yml")):
