@@ -50,8 +50,9 @@ class App:
         )
         self.name = name
         names = [a.name for a in self.agents]
-        if len(set(names)) != len(names):
-            raise ConfigError("two agents of one app share a name")
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ConfigError(f"two agents of one app share the name {twice[0]!r}")
         for agent in self.agents:
             for h in agent.handoffs:
                 if h.agent_name not in names:
