@@ -149,6 +149,7 @@ def test_a_closed_session_refuses_every_use(data_dir: Path, tmp_path: Path) -> N
         lambda: session.clear(),
         lambda: session.is_expired(),
         lambda: session.time_to_expiry(),
+        lambda: helper.chat("its agent is closed with it"),
     ]
     for use in refused:
         with pytest.raises(SessionClosed, match="closing"):

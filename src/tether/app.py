@@ -50,8 +50,9 @@ class App:
         )
         self.name = name
         names = [a.name for a in self.agents]
-        if len(set(names)) != len(names):
-            raise ConfigError("two agents of one app share a name")
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ConfigError(f"two agents of one app share the name {twice[0]!r}")
         for agent in self.agents:
             for h in agent.handoffs:
                 if h.agent_name not in names:
@@ -217,6 +218,24 @@ def check_bind(settings: Settings) -> None:
             "this address would have full access. Create one with `tether keys create --user "
             "NAME`, bind to 127.0.0.1, or pass --insecure if that is really what you want."
         )
+
+
+def model_problems(agents: Iterable[Agent], default_model: str | None) -> list[str]:
+    """Why an agent's model cannot run, said when a server starts (a missing API key, an
+    unknown provider): its turns would all fail with that reason. The embedded models are
+    checked when first used (their weights load then)."""
+    from tether.models import default_model_spec, resolve_model
+
+    problems = []
+    for agent in agents:
+        spec = agent.model if agent.model is not None else default_model or default_model_spec()
+        if not isinstance(spec, str) or spec.startswith("local"):
+            continue
+        try:
+            resolve_model(spec)
+        except ConfigError as exc:
+            problems.append(f"agent {agent.name}: {exc}; its turns will fail until that is fixed")
+    return problems
 
 
 def load_agents(spec: str) -> list[Agent]:

@@ -757,10 +757,12 @@ class SessionAgent(AgentTemplate):
     _session: Session
 
     def chat(self, message: str, **kw: Any) -> Response:
+        self._session._check_open()  # a closed session's agents are closed with it
         reply = super().chat(message, **kw)
         return reply.passed_through(self._session.after_turn(message, reply))
 
     async def achat(self, message: str, **kw: Any) -> Response:
+        self._session._check_open()
         reply = await super().achat(message, **kw)
         return reply.passed_through(await self._session.aafter_turn(message, reply))
 

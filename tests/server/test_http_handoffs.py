@@ -103,8 +103,12 @@ def test_the_native_api_hands_off_and_back(desk: Server) -> None:
         hello = client.post(turns, json={"input": "hello"}).json()
         assert (hello["ran_by"], hello["output"].split(" saw:")[0]) == ("triage", "Triage.")
         # The handed-to agents are served and listed with the one that hands to them.
-        names = [a["name"] for a in client.get("/v1/agents").json()["data"]]
-        assert names == ["triage", "billing", "tech"]
+        listed = client.get("/v1/agents").json()["data"]
+        assert [(a["name"], a["handoffs"]) for a in listed] == [
+            ("triage", ["billing", "tech"]),
+            ("billing", ["triage"]),
+            ("tech", []),
+        ]
         # The stream carries the handoff event.
         with client.stream("POST", turns, json={"input": "bill again", "stream": True}) as s:
             events = [

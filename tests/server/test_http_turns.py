@@ -213,6 +213,11 @@ def test_two_agents_of_the_app_serve_one_session(server: Server) -> None:
         # Without a name a turn runs the session's own agent (the one that made it).
         own = c.post("/v1/sessions/duo/turns", json={"input": "and?"}).json()
         assert own["output"] == "You research topics." and own["agent"] == "researcher"
+        # /api/chat too: no agent_name is the session's own agent, not the app's first one.
+        writers = {"message": "draft", "session_id": "duo-w", "agent_name": "writer"}
+        assert c.post("/api/chat", json=writers).json()["agent_name"] == "writer"
+        again = c.post("/api/chat", json={"message": "more", "session_id": "duo-w"}).json()
+        assert (again["agent_name"], again["response"]) == ("writer", "You write articles.")
         turns = c.get("/v1/sessions/duo/turns").json()["data"]
         assert [t["agent"] for t in turns] == ["researcher", "writer", "writer", "researcher"]
         unknown = c.post("/v1/sessions/duo/turns", json={"input": "x", "agent": "nobody"})

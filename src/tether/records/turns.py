@@ -38,6 +38,7 @@ Reason = Literal[
     # completed
     "answered",
     "finished_at_limit",
+    "max_output_tokens",  # the reply was cut at the output cap: complete is False
     # limit_reached
     "loop",
     "max_iterations",

@@ -200,7 +200,14 @@ class TurnRunner:
         policy = agent.memory
         if agent.handoffs:
             agent = await self._handed_to(turn, agent)
-        ctx, memory = self._context(sink, turn, agent, user_item, policy)
+        try:
+            ctx, memory = self._context(sink, turn, agent, user_item, policy)
+        except ConfigError as exc:
+            # Its model cannot be made (an API key missing, say): the turn fails saying why,
+            # rather than the process looking as if it died with it.
+            log.warning("turn %s: agent %s's model cannot run: %s", turn.id, agent.name, exc)
+            ending = TurnEnding("failed", "model_error", error=str(exc))
+            return await _end(sink, turn, ending, _aborted(sink))
         ctx.resumed = resumed
         if resumed is not None or any(t.requires_approval for t in agent.tools):
             # Read only when it can matter: most turns have no tool that asks.

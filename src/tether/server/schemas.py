@@ -53,6 +53,10 @@ class AgentOut(BaseModel):
     description: str
     model: str
     tools: list[str]
+    handoffs: list[str] = Field(
+        default_factory=list, description="The agents it may pass a conversation to."
+    )
+    ask_user: bool = Field(False, description="Whether it may ask the user a question.")
 
 
 class AgentList(BaseModel):

@@ -157,12 +157,18 @@ async def _turn(
     response to give instead (499 gone, 202 waiting for a human, a problem)."""
     if not st.agents:
         raise InvalidInput("this server has no agents")
-    agent = st.runtime.served(agent_name or st.agents[0].name)
+    named = st.runtime.served(agent_name) if agent_name else None
     check_message(st, message)
     session_id = session_id or new_session_id()
     key = SessionKey.of(caller, session_id)
-    # A session may be served by several of the app's agents: the turn names its own.
-    await st.runtime.sessions.create(key, agent.name, exist_ok=True, replace_expired=True)
+    # A session may be served by several of the app's agents: the turn names its own, and one
+    # that names none runs the session's own agent (the app's first for a new session).
+    first = named.name if named is not None else st.agents[0].name
+    record, _ = await st.runtime.sessions.create(key, first, exist_ok=True, replace_expired=True)
+    if named is not None:
+        agent = named
+    else:
+        agent = st.runtime.agents.get(record.agent) or st.runtime.served(st.agents[0].name)
     turn = await st.runtime.scheduler.submit(
         key,
         message,

@@ -53,6 +53,8 @@ async def list_agents(st: State, caller: Caller) -> AgentList:
                 description=a.description,
                 model=_model_label(a.model, default),
                 tools=[t.name for t in a.tools],
+                handoffs=[h.agent_name for h in a.handoffs],
+                ask_user=a.ask_user,
             )
             for a in st.agents
         ]

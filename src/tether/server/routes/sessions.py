@@ -23,6 +23,10 @@ from tether.server.schemas import (
 )
 from tether.server.state import ServerState
 
+# A session id, after a page of ids; ``<updated_at>|<session id>`` after a page of the newest
+# (rules.newest_cursor: a timestamp's repr is digits and a point).
+CURSOR = r"^(?:[0-9]{1,17}(?:\.[0-9]{1,17})?\|)?[A-Za-z0-9._:-]{1,128}$"
+
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
 NOT_FOUND = responses(404)
@@ -102,7 +106,14 @@ async def list_sessions(
     st: State,
     caller: Caller,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    cursor: Annotated[str | None, Query(max_length=160)] = None,
+    cursor: Annotated[
+        str | None,
+        Query(
+            max_length=160,
+            pattern=CURSOR,
+            description="next_cursor of the previous page (of the same order)",
+        ),
+    ] = None,
     order: Annotated[
         SessionOrder, Query(description="id (default), or newest: the most recently active first")
     ] = "id",

@@ -1,0 +1,71 @@
+"""A model that cannot run is a failed turn that says why, and a server says so when it starts;
+a reply cut at the output cap is kept and flagged, never passed off as whole."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.helpers import key, running
+from tether import Agent, TurnFailed
+from tether.app import model_problems
+from tether.models.base import Finish, ModelEvent, ModelRequest, TextDelta, Usage
+from tether.store import InMemoryStore
+
+
+async def test_a_model_without_its_api_key_fails_the_turn_saying_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    agent = Agent(name="a", model="openai:gpt-no-key-here")
+    async with running(InMemoryStore(), agent) as rt:
+        with pytest.raises(TurnFailed) as failed:
+            await rt.chat(agent, "hi", session_id="s")
+        turn = failed.value.turn
+        assert (turn.status, turn.reason) == ("failed", "model_error")
+        assert turn.error is not None and "API key" in turn.error
+        # The session is fine: it was the model, not a lost process.
+        assert [t.reason for t in await rt.store.list_turns(key("s"))] == ["model_error"]
+
+
+def test_a_server_names_the_agents_whose_model_cannot_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    agents = [
+        Agent(name="fine", model="local"),
+        Agent(name="keyless", model="openai:gpt-still-no-key"),
+        Agent(name="unknown", model="nowhere:model"),
+    ]
+    problems = model_problems(agents, None)
+    assert len(problems) == 2
+    assert problems[0].startswith("agent keyless:") and "API key" in problems[0]
+    assert problems[1].startswith("agent unknown:")
+
+
+class CutModel:
+    """Streams a reply and stops at its cap (finish reason ``length``)."""
+
+    name = "cut"
+    context_window = 4096
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        yield TextDelta("Once upon a time there was a")
+        yield Usage(5, 7)
+        yield Finish("length")
+
+
+async def test_a_reply_cut_at_the_output_cap_is_kept_and_flagged() -> None:
+    agent = Agent(name="teller", model=CutModel())
+    async with running(InMemoryStore(), agent) as rt:
+        reply = await rt.chat(agent, "tell me a story", session_id="s")
+        assert reply == "Once upon a time there was a"
+        [turn] = await rt.store.list_turns(key("s"))
+        assert (turn.status, turn.reason, turn.complete) == (
+            "completed",
+            "max_output_tokens",
+            False,
+        )
+        items = await rt.store.list_items(key("s"))
+        assert [(i.kind, i.complete) for i in items] == [("user", True), ("assistant", False)]
