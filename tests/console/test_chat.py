@@ -396,10 +396,18 @@ def test_recalled_memory_and_a_handoff_are_shown(console: Console, fake: FakeOpe
     expect(recalled.locator("summary")).to_have_text("used 1 memory")
     recalled.locator("summary").click()
     expect(recalled).to_contain_text("user fact")
+    # What was recalled is read with the user's key when the list opens (the event names ids).
+    expect(recalled).to_contain_text("Dave's favourite colour is teal.")
     expect(
         first.get_by_text("Handed over from assistant to helper: colours are my job")
     ).to_be_visible()
     expect(first.locator(".who").last).to_have_text("helper")
+    # The next turn is the helper's too (the session stays handed over), live and reloaded.
+    send(page, "And my second favourite?")
+    expect(turn(page, 2).locator(".outcome")).to_contain_text("completed")
+    expect(turn(page, 2).locator(".who").last).to_have_text("helper")
+    page.reload()
+    expect(turn(page, 2).locator(".who").last).to_have_text("helper")
     # The session's agents now include the one it was handed to.
     expect(page.locator(".session-head")).to_contain_text("agents: assistant, helper")
 

@@ -377,6 +377,7 @@ def terminal_event_data(turn_id: str, ending: TurnEnding) -> dict[str, Any]:
         "complete": ending.complete,
         "error": ending.error,
         "usage": usage_data(ending.usage),
+        "agent": ending.agent,  # who answered, after any handoff (the turn's ran_by)
     }
 
 

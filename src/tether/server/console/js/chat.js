@@ -251,9 +251,12 @@ export async function chatView(main, { sid }, { signal, app }) {
     };
   }
 
-  // Esc stops the reply, wherever the focus is (but not while a dialog is open: Esc closes it).
+  // Esc stops the reply, wherever the focus is — but not while a dialog is open (Esc closes
+  // it), nor while one is typing an answer to a turn's question (Esc there is not "cancel").
   const onKey = (event) => {
-    if (event.key === "Escape" && !document.querySelector("dialog[open]") && active().length) {
+    const answering = event.target instanceof Element && event.target.closest(".decision");
+    const open = document.querySelector("dialog[open]");
+    if (event.key === "Escape" && !open && !answering && active().length) {
       event.preventDefault();
       stop();
     }

@@ -53,6 +53,7 @@ export function confirmDialog({ title, message, confirm = "Confirm", typed = nul
       ? h("input", { type: "text", autocomplete: "off", spellcheck: "false" })
       : null;
     const ok = h("button", { type: "submit", class: "danger", value: "ok" }, confirm);
+    const cancel = h("button", { type: "submit", value: "cancel" }, "Cancel");
     const dialog = h(
       "dialog",
       { class: "confirm", "aria-label": title },
@@ -65,7 +66,7 @@ export function confirmDialog({ title, message, confirm = "Confirm", typed = nul
         h(
           "div",
           { class: "actions" },
-          h("button", { type: "submit", value: "cancel" }, "Cancel"),
+          cancel,
           ok,
         ),
       ),
@@ -82,7 +83,8 @@ export function confirmDialog({ title, message, confirm = "Confirm", typed = nul
     });
     document.body.append(dialog);
     dialog.showModal();
-    (input || ok).focus();
+    // Focus on the safe choice: an Enter pressed at once must not delete anything.
+    (input || cancel).focus();
   });
 }
 

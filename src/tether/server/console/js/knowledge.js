@@ -14,7 +14,8 @@ export async function knowledgeView(main, _params, { signal, app }) {
     name: "collection",
     value: "knowledge",
     "aria-label": "Collection",
-    pattern: COLLECTION.source,
+    // An HTML pattern is compiled with the v flag, where a bare "-" in a class is an error.
+    pattern: "[A-Za-z0-9._\\-]{1,64}",
     required: true,
   });
   const documents = h("tbody");

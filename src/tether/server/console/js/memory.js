@@ -9,7 +9,14 @@ const AUTHORS = { auto: "automatic note", model: "remembered by the model" };
 
 export async function memoryView(main, _params, { signal, app }) {
   const list = h("ul", { class: "memory-list", "aria-label": "Memory items" });
-  const empty = h("p", { class: "muted", hidden: true }, "Nothing remembered here.");
+  // Automatic notes go to the session they were said in (unless an agent keeps them for the
+  // user), so "Mine" may be empty while a chat says it remembered something: say where to look.
+  const empty = h(
+    "p",
+    { class: "muted", hidden: true },
+    "Nothing remembered here. Automatic notes are kept with the session they were said in: " +
+      "choose “One session” to see a session's.",
+  );
   const more = h("button", { type: "button", hidden: true }, "Load more");
   let cursor = null;
 

@@ -2,7 +2,7 @@
 // happens, a turn replayed after a reload, and one resumed after a dropped connection, so
 // what the page shows is always a fold of the events the server stored — once each.
 
-import { path } from "./api.js";
+import { get, path } from "./api.js";
 import { DecisionCard } from "./decisions.js";
 import { fill, h } from "./dom.js";
 import { followTurn } from "./sse.js";
@@ -41,11 +41,17 @@ export class TurnView {
     this.text = null; // the text segment being streamed into
     this.tools = new Map(); // call_id → {status, result}
     this.cards = new Map(); // call_id → DecisionCard
-    this.agent = turn.agent;
+    // The agent that answered: a handoff (in this turn or an earlier one) makes it another
+    // than the one the turn was sent to.
+    this.agent = turn.ran_by || turn.agent;
     this.onWait = null; // called when the turn starts waiting for a human
 
-    this.who = h("span", { class: "who" }, turn.agent || "agent");
+    this.who = h("span", { class: "who" }, this.agent || "agent");
     this.recalled = h("details", { class: "recalled", hidden: true });
+    this.recalledTexts = []; // [memory id, element] still to fill in
+    this.recalled.addEventListener("toggle", () => {
+      if (this.recalled.open) this.showRecalledTexts();
+    });
     this.steps = h("div", { class: "steps" });
     this.outcome = h("p", { class: "outcome" });
     this.link = h("span", { class: "link-state", role: "status" });
@@ -202,18 +208,37 @@ export class TurnView {
       h(
         "ul",
         {},
-        items.map((i) =>
-          h(
+        items.map((i) => {
+          const text = h("span", { class: "recalled-text" });
+          const li = h(
             "li",
             {},
-            i.collection ? `knowledge “${i.collection}”` : `${i.scope} ${i.kind}`,
+            i.collection
+              ? `knowledge “${i.collection}”${i.meta?.document ? `, ${i.meta.document}` : ""}`
+              : `${i.scope} ${i.kind}`,
             i.meta?.author === "auto" ? " (automatic note)" : "",
-            " ",
-            h("code", {}, i.id),
-          ),
-        ),
+            ": ",
+            text,
+          );
+          if (!i.collection) this.recalledTexts.push([i.id, text]);
+          return li;
+        }),
       ),
     );
+  }
+
+  /** The event names what was recalled, never its text (DESIGN §8): the memory items' texts
+   * are fetched when the list is first opened, with the user's own key (a deleted one says so). */
+  async showRecalledTexts() {
+    const wanted = this.recalledTexts.splice(0);
+    for (const [id, el] of wanted) {
+      try {
+        const item = await get(path`/v1/memory/${id}`, { quiet401: true });
+        el.textContent = item.content;
+      } catch {
+        el.textContent = "(no longer in memory)";
+      }
+    }
   }
 
   handoff(data) {
@@ -232,8 +257,14 @@ export class TurnView {
 
   end(data) {
     this.ended = true;
-    if (this.text && data.status !== "completed") this.markIncomplete(this.text);
+    // A completed turn's reply may still be cut short (at the model's output cap).
+    const cut = data.status !== "completed" || data.complete === false;
+    if (this.text && cut) this.markIncomplete(this.text);
     this.text = null;
+    if (data.agent) {
+      this.agent = data.agent; // who answered, after any handoff
+      this.who.textContent = data.agent;
+    }
     for (const card of this.cards.values()) card.close();
     this.turn = {
       ...this.turn,
