@@ -360,3 +360,31 @@ def test_a_sessions_memory_options_hold_after_its_agent_hands_off(
     assert len(prompts) == 3
     assert all("PINEAPPLE is the code word" in p for p in prompts), prompts
     assert not any("TEAL" in p for p in prompts), prompts
+
+
+async def test_a_tool_approved_for_good_runs_after_a_handoff_without_asking(
+    store: Store,
+) -> None:
+    refunds: list[str] = []
+
+    @tool(requires_approval=True)
+    def refund(order: str) -> str:
+        """Refund an order."""
+        refunds.append(order)
+        return f"refunded {order}"
+
+    def billing_flow(request: ModelRequest) -> str | ToolCalls:
+        if request.messages[-1].role == "tool" and "refunded" in request.messages[-1].content:
+            return "done"
+        return ToolCalls(Call("refund", {"order": "B2"}))
+
+    billing = Agent(name="billing", model=ScriptedModel(default=billing_flow), tools=[refund])
+    triage = Agent(name="triage", model=ScriptedModel(default=routes), handoffs=[billing])
+    asked: list[Decision] = []
+    async with running(store, triage) as rt:
+        await rt.ensure_session(key("s"), "triage")
+        await rt.store.update_session(key("s"), state={"always_approve": ["refund"]})
+        # The turn starts with triage, which has no tool that asks; billing's does, and the
+        # session approved it for good: it runs, and nobody is asked.
+        reply = await rt.chat(triage, "refund my bill", session_id="s", on_decision=asked.append)
+        assert (reply, refunds, asked) == ("done", ["B2"], [])

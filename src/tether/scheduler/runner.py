@@ -209,8 +209,10 @@ class TurnRunner:
             ending = TurnEnding("failed", "model_error", error=str(exc))
             return await _end(sink, turn, ending, _aborted(sink))
         ctx.resumed = resumed
-        if resumed is not None or any(t.requires_approval for t in agent.tools):
-            # Read only when it can matter: most turns have no tool that asks.
+        asks = any(t.requires_approval for t in agent.tools)
+        if resumed is not None or asks or agent.handoffs:
+            # Read only when it can matter: most turns have no tool that asks (an agent that
+            # hands off may pass the turn to one whose tools do).
             record = await self._store.get_session(turn.key)
             ctx.always = always_approved(record.state) if record is not None else frozenset()
         if memory is not None and held is not None:
