@@ -13,6 +13,7 @@ from tether.agent import Agent
 from tether.runtime import Runtime
 from tether.server import problems
 from tether.server.auth import Authenticator
+from tether.server.faces import openai as openai_face
 from tether.server.local_mode import LocalMode
 from tether.server.routes import chat, console, knowledge, memory, meta, sessions, turns, users
 from tether.server.settings import Settings
@@ -154,6 +155,9 @@ def create_app(settings: Settings | None = None, agents: Sequence[Agent] | None 
     for router in routers:
         app.include_router(router)
     problems.document(app, [route for router in routers for route in router.routes])
+    if settings.faces_openai:
+        # Other APIs' faces document their own errors, in their own shapes (DESIGN §9).
+        app.include_router(openai_face.router)
     console.install(app)
     app.add_middleware(
         BodyLimit,

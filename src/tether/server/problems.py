@@ -337,6 +337,8 @@ def document(app: FastAPI, api_routes: Iterable[BaseRoute]) -> None:
                 for code in sorted(implied):
                     documented.setdefault(str(code), {"description": DESCRIPTIONS[code]})
                 for code, response in documented.items():
+                    if route is None:
+                        continue  # another API's face (DESIGN §9): its errors are its own
                     if code.isdigit() and int(code) >= 400:
                         response["content"] = {PROBLEM_JSON: {"schema": _REF}}
                     elif SSE in response.get("content", {}):

@@ -127,6 +127,9 @@ class Settings:
     """Seconds a waiting (``wait``/``stream``) request may wait for room in a full queue."""
     lease_ttl: float = 30.0
     node: str | None = None
+    faces_openai: bool = True
+    """Serve the OpenAI-compatible face (``/v1/models``, ``/v1/chat/completions``);
+    ``TETHER_FACES_OPENAI=off`` turns it off."""
     limits: Limits = field(default_factory=Limits)
     principal: PrincipalLimits = DEFAULT_PRINCIPAL_LIMITS
     """What one principal may hold at once (TETHER_MAX_RUNNING_TURNS, TETHER_MAX_QUEUED_TURNS,
@@ -150,6 +153,11 @@ class Settings:
             raw = env.get(f"TETHER_{name.upper()}")
             if raw:
                 values[name] = tuple(part.strip() for part in raw.split(",") if part.strip())
+        face = env.get("TETHER_FACES_OPENAI", "").strip().lower()
+        if face:
+            if face not in ("on", "off", "true", "false", "1", "0", "yes", "no"):
+                raise ConfigError(f"TETHER_FACES_OPENAI={face!r}: on or off")
+            values["faces_openai"] = face in ("on", "true", "1", "yes")
         limits = _limits_from_env(env)
         if limits is not None:
             values["limits"] = limits

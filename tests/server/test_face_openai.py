@@ -1,0 +1,191 @@
+"""The OpenAI-compatible face, driven by the real ``openai`` SDK against a real server."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx2
+import openai
+import pytest
+
+from tests.server.cli_keys import create_key
+from tests.server.conftest import Server, ServerFactory
+from tether.testing.fake_openai import FakeError, FakeOpenAIServer
+
+SESSION = "X-Tether-Session"
+
+
+def sdk(server: Server, key: str | None = None) -> openai.OpenAI:
+    """A client of the server; with no key, local mode (the SDK must send no Authorization:
+    an unknown key is refused even when the server has none). No retries: a retried request
+    would be a second turn."""
+    if key is None:
+        unsigned = openai.DefaultHttpxClient(event_hooks={"request": [_drop_authorization]})
+        return openai.OpenAI(
+            base_url=server.url + "/v1", api_key="local", http_client=unsigned, max_retries=0
+        )
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0)
+
+
+def _drop_authorization(request: httpx2.Request) -> None:
+    request.headers.pop("Authorization", None)
+
+
+@pytest.fixture
+def client(server: Server) -> Iterator[openai.OpenAI]:
+    with sdk(server) as c:
+        yield c
+
+
+def say(c: openai.OpenAI, *texts: str, session: str | None = None, model: str = "echo") -> str:
+    headers = {SESSION: session} if session else None
+    messages = [{"role": "user", "content": t} for t in texts]
+    reply = c.chat.completions.create(
+        model=model,
+        messages=messages,  # type: ignore[arg-type]
+        extra_headers=headers,
+    )
+    return reply.choices[0].message.content or ""
+
+
+def test_models_lists_the_apps_agents(client: openai.OpenAI) -> None:
+    models = client.models.list().data
+    names = [m.id for m in models]
+    assert names[:3] == ["echo", "slow", "approver"]
+    assert all(m.owned_by == "tether" and m.object == "model" for m in models)
+
+
+def test_a_completion_has_openais_shape_and_names_its_session(client: openai.OpenAI) -> None:
+    raw = client.chat.completions.with_raw_response.create(
+        model="echo",
+        messages=[{"role": "user", "content": "hello"}],
+        extra_headers={SESSION: "shape-1"},
+    )
+    assert raw.headers[SESSION] == "shape-1"
+    reply = raw.parse()
+    assert reply.object == "chat.completion" and reply.id.startswith("chatcmpl-")
+    assert reply.model == "echo"
+    choice = reply.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content == "saw [] then hello"
+    assert choice.finish_reason == "stop"
+    assert reply.usage is not None
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+
+
+def test_a_session_continues_and_resent_history_is_not_duplicated(
+    client: openai.OpenAI,
+) -> None:
+    assert say(client, "one", session="conv-1") == "saw [] then one"
+    assert say(client, "two", session="conv-1") == "saw [one] then two"
+    # A client that resends the whole conversation: only the last user message is new.
+    assert say(client, "one", "two", "three", session="conv-1") == "saw [one, two] then three"
+    # metadata.session_id names the session too.
+    reply = client.chat.completions.create(
+        model="echo",
+        messages=[{"role": "user", "content": "four"}],
+        metadata={"session_id": "conv-1"},
+    )
+    assert reply.choices[0].message.content == "saw [one, two, three] then four"
+
+
+def test_without_a_session_each_call_is_fresh(client: openai.OpenAI) -> None:
+    raw = client.chat.completions.with_raw_response.create(
+        model="echo", messages=[{"role": "user", "content": "a"}]
+    )
+    assert raw.parse().choices[0].message.content == "saw [] then a"
+    first = raw.headers[SESSION]
+    raw = client.chat.completions.with_raw_response.create(
+        model="echo", messages=[{"role": "user", "content": "b"}]
+    )
+    assert raw.parse().choices[0].message.content == "saw [] then b"
+    assert raw.headers[SESSION] != first
+
+
+def test_an_unknown_model_is_not_found(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        say(client, "hi", model="nobody")
+    body = caught.value.body
+    assert isinstance(body, dict) and body["code"] == "model_not_found"
+    assert body["type"] == "not_found_error" and body["param"] == "model"
+
+
+def test_bad_bodies_are_openai_errors(client: openai.OpenAI, server: Server) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="echo", messages=[{"role": "system", "content": "x"}])
+    assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "messages"
+    with server.client() as c:
+        r = c.post("/v1/chat/completions", content=b"{not json")
+        assert r.status_code == 400
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_a_failed_model_is_an_error_not_an_answer(
+    client: openai.OpenAI, fake_openai: FakeOpenAIServer
+) -> None:
+    fake_openai.script(FakeError(500, "upstream melted", times=2), "fine now")
+    with pytest.raises(openai.APIStatusError) as caught:
+        say(client, "doomed", session="face-fail", model="upstream")
+    assert caught.value.status_code == 502
+    assert "Traceback" not in caught.value.response.text
+    assert say(client, "again", session="face-fail", model="upstream") == "fine now"
+
+
+def test_a_turn_awaiting_a_decision_is_a_409(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.ConflictError) as caught:
+        say(client, "hello", session="face-ask", model="asker")
+    assert "decide" in caught.value.message
+    assert caught.value.response.headers["x-should-retry"] == "false"
+
+
+def test_a_cancelled_turn_is_a_409(client: openai.OpenAI, server: Server) -> None:
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            say(client, "go", session="face-cancel", model="slow")
+        except BaseException as exc:
+            errors.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    with server.client() as c:
+        running: list[dict[str, object]] = []
+        for _ in range(400):
+            r = c.get("/v1/sessions/face-cancel/turns")
+            if r.status_code == 200:
+                running = [t for t in r.json()["data"] if t["status"] == "running"]
+                if running:
+                    break
+            time.sleep(0.01)
+        assert running, "the turn never started"
+        c.post(f"/v1/sessions/face-cancel/turns/{running[0]['id']}/cancel")
+    worker.join(timeout=30)
+    assert len(errors) == 1 and isinstance(errors[0], openai.ConflictError)
+
+
+def test_two_users_sessions_with_one_id_stay_apart(make_server: ServerFactory) -> None:
+    srv = make_server()
+    alice = create_key(srv.data_dir, "alice")
+    bob = create_key(srv.data_dir, "bob")
+    with sdk(srv, alice.secret) as a, sdk(srv, bob.secret) as b:
+        for _ in range(200):  # the server caches "are there keys" for a second
+            try:
+                a.models.list()
+                break
+            except openai.AuthenticationError:
+                time.sleep(0.02)
+        assert say(a, "alice here", session="shared") == "saw [] then alice here"
+        assert say(b, "bob here", session="shared") == "saw [] then bob here"
+        assert say(a, "again", session="shared") == "saw [alice here] then again"
+    nobody = sdk(srv, "tk_00000000_not-a-real-key-at-all-000000")
+    with nobody, pytest.raises(openai.AuthenticationError):
+        nobody.models.list()
+
+
+def test_the_face_can_be_switched_off(make_server: ServerFactory) -> None:
+    srv = make_server(env={"TETHER_FACES_OPENAI": "off"})
+    with srv.client() as c:
+        assert c.get("/v1/models").status_code == 404
+        assert c.get("/v1/agents").status_code == 200
