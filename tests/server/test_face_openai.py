@@ -6,7 +6,6 @@ import threading
 import time
 from collections.abc import Iterator
 
-import httpx2
 import openai
 import pytest
 
@@ -18,19 +17,17 @@ SESSION = "X-Tether-Session"
 
 
 def sdk(server: Server, key: str | None = None) -> openai.OpenAI:
-    """A client of the server; with no key, local mode (the SDK must send no Authorization:
-    an unknown key is refused even when the server has none). No retries: a retried request
-    would be a second turn."""
-    if key is None:
-        unsigned = openai.DefaultHttpxClient(event_hooks={"request": [_drop_authorization]})
-        return openai.OpenAI(
-            base_url=server.url + "/v1", api_key="local", http_client=unsigned, max_retries=0
-        )
-    return openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0)
+    """A client of the server; with no key, local mode, where the key the SDK insists on is a
+    placeholder. No retries: a retried request would be a second turn."""
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=key or "sk-local", max_retries=0)
 
 
-def _drop_authorization(request: httpx2.Request) -> None:
-    request.headers.pop("Authorization", None)
+def begin(server: Server, session: str, agent: str = "echo", key: str | None = None) -> str:
+    """Make the caller's session ``session`` (a header naming an unknown one is a 404)."""
+    with server.client(key) as c:
+        r = c.post("/v1/sessions", json={"session_id": session, "agent": agent})
+        assert r.status_code == 201, r.text
+    return session
 
 
 @pytest.fixture
@@ -57,7 +54,10 @@ def test_models_lists_the_apps_agents(client: openai.OpenAI) -> None:
     assert all(m.owned_by == "tether" and m.object == "model" for m in models)
 
 
-def test_a_completion_has_openais_shape_and_names_its_session(client: openai.OpenAI) -> None:
+def test_a_completion_has_openais_shape_and_names_its_session(
+    client: openai.OpenAI, server: Server
+) -> None:
+    begin(server, "shape-1")
     raw = client.chat.completions.with_raw_response.create(
         model="echo",
         messages=[{"role": "user", "content": "hello"}],
@@ -75,8 +75,9 @@ def test_a_completion_has_openais_shape_and_names_its_session(client: openai.Ope
 
 
 def test_a_session_continues_and_resent_history_is_not_duplicated(
-    client: openai.OpenAI,
+    client: openai.OpenAI, server: Server
 ) -> None:
+    begin(server, "conv-1")
     assert say(client, "one", session="conv-1") == "saw [] then one"
     assert say(client, "two", session="conv-1") == "saw [one] then two"
     # A client that resends the whole conversation: only the last user message is new.
@@ -122,9 +123,10 @@ def test_bad_bodies_are_openai_errors(client: openai.OpenAI, server: Server) -> 
 
 
 def test_a_failed_model_is_an_error_not_an_answer(
-    client: openai.OpenAI, fake_openai: FakeOpenAIServer
+    client: openai.OpenAI, server: Server, fake_openai: FakeOpenAIServer
 ) -> None:
     fake_openai.script(FakeError(500, "upstream melted", times=2), "fine now")
+    begin(server, "face-fail", "upstream")
     with pytest.raises(openai.APIStatusError) as caught:
         say(client, "doomed", session="face-fail", model="upstream")
     assert caught.value.status_code == 502
@@ -132,7 +134,8 @@ def test_a_failed_model_is_an_error_not_an_answer(
     assert say(client, "again", session="face-fail", model="upstream") == "fine now"
 
 
-def test_a_turn_awaiting_a_decision_is_a_409(client: openai.OpenAI) -> None:
+def test_a_turn_awaiting_a_decision_is_a_409(client: openai.OpenAI, server: Server) -> None:
+    begin(server, "face-ask", "asker")
     with pytest.raises(openai.ConflictError) as caught:
         say(client, "hello", session="face-ask", model="asker")
     assert "decide" in caught.value.message
@@ -140,6 +143,7 @@ def test_a_turn_awaiting_a_decision_is_a_409(client: openai.OpenAI) -> None:
 
 
 def test_a_cancelled_turn_is_a_409(client: openai.OpenAI, server: Server) -> None:
+    begin(server, "face-cancel", "slow")
     errors: list[BaseException] = []
 
     def run() -> None:
@@ -176,12 +180,31 @@ def test_two_users_sessions_with_one_id_stay_apart(make_server: ServerFactory) -
                 break
             except openai.AuthenticationError:
                 time.sleep(0.02)
+        begin(srv, "shared", key=alice.secret)
         assert say(a, "alice here", session="shared") == "saw [] then alice here"
+        # Bob naming Alice's session: OpenAI's 404, as for any session he does not have.
+        with pytest.raises(openai.NotFoundError) as caught:
+            say(b, "bob here", session="shared")
+        assert isinstance(caught.value.body, dict)
+        assert caught.value.body["code"] == "session_not_found"
+        begin(srv, "shared", key=bob.secret)
         assert say(b, "bob here", session="shared") == "saw [] then bob here"
         assert say(a, "again", session="shared") == "saw [alice here] then again"
-    nobody = sdk(srv, "tk_00000000_not-a-real-key-at-all-000000")
-    with nobody, pytest.raises(openai.AuthenticationError):
-        nobody.models.list()
+    # Once keys exist, the placeholder local mode took is refused like any unknown key.
+    for secret in ("tk_00000000_not-a-real-key-at-all-000000", "sk-local"):
+        with sdk(srv, secret) as nobody, pytest.raises(openai.AuthenticationError):
+            nobody.models.list()
+
+
+def test_an_unknown_session_is_a_404_and_makes_nothing(
+    client: openai.OpenAI, server: Server
+) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        say(client, "hello?", session="never-made")
+    assert isinstance(caught.value.body, dict)
+    assert caught.value.body["code"] == "session_not_found"
+    with server.client() as c:
+        assert c.get("/v1/sessions/never-made").status_code == 404
 
 
 def test_the_face_can_be_switched_off(make_server: ServerFactory) -> None:
@@ -189,3 +212,15 @@ def test_the_face_can_be_switched_off(make_server: ServerFactory) -> None:
     with srv.client() as c:
         assert c.get("/v1/models").status_code == 404
         assert c.get("/v1/agents").status_code == 200
+
+
+def test_a_session_id_no_header_can_hold_is_a_400(server: Server) -> None:
+    body = {
+        "model": "nobody",
+        "metadata": {"session_id": "\U0001d0c2 not an id"},
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    with server.client() as c:
+        r = c.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "metadata"
+    assert SESSION not in r.headers

@@ -155,7 +155,7 @@ def create_app(settings: Settings | None = None, agents: Sequence[Agent] | None 
     for router in routers:
         app.include_router(router)
     problems.document(app, [route for router in routers for route in router.routes])
-    if settings.faces_openai:
+    if "openai" in settings.faces:
         # Other APIs' faces document their own errors, in their own shapes (DESIGN §9).
         app.include_router(openai_face.router)
     console.install(app)

@@ -42,10 +42,22 @@ class Authenticator:
             self._keys_exist = (now, exist)
         return exist
 
-    async def resolve(self, request: Request) -> Principal:
+    async def resolve(self, request: Request, *, placeholder_keys: bool = False) -> Principal:
+        """The caller. ``placeholder_keys`` (the protocol faces): while no API key exists, an
+        unknown key is taken for the placeholder an SDK insists on sending (the ``openai``
+        SDK will not run without one) and the request is judged by local mode instead."""
         secret = _credential(request)
         if secret is not None:
-            return await self._keys.principal(secret)
+            try:
+                return await self._keys.principal(secret)
+            except Unauthorized:
+                # Asked of the store, not the cache: a key made a moment ago must not let its
+                # holder be taken for the local principal.
+                if not placeholder_keys or await self._keys.any_exist():
+                    raise
+                self._keys_exist = (time.monotonic(), False)
+                self._local.check(request)
+                return LOCAL_PRINCIPAL
         if await self.keys_exist():
             raise Unauthorized("an API key is required (Authorization: Bearer <key>)")
         self._local.check(request)

@@ -107,6 +107,10 @@ _ENV_VALUES: dict[str, tuple[str, Callable[[str], object]]] = {
 """Settings read as they are from ``TETHER_*`` (checked by ``_check_runtime_values``)."""
 
 
+FACES: tuple[str, ...] = ("openai",)
+"""The protocol faces a server can serve besides tether's own API (each ``server/faces/…``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     host: str = "127.0.0.1"
@@ -127,9 +131,9 @@ class Settings:
     """Seconds a waiting (``wait``/``stream``) request may wait for room in a full queue."""
     lease_ttl: float = 30.0
     node: str | None = None
-    faces_openai: bool = True
-    """Serve the OpenAI-compatible face (``/v1/models``, ``/v1/chat/completions``);
-    ``TETHER_FACES_OPENAI=off`` turns it off."""
+    faces: frozenset[str] = frozenset(FACES)
+    """The protocol faces served (DESIGN §9); ``TETHER_FACES_<NAME>=off`` turns one off
+    (``TETHER_FACES_OPENAI=off``…)."""
     limits: Limits = field(default_factory=Limits)
     principal: PrincipalLimits = DEFAULT_PRINCIPAL_LIMITS
     """What one principal may hold at once (TETHER_MAX_RUNNING_TURNS, TETHER_MAX_QUEUED_TURNS,
@@ -153,11 +157,9 @@ class Settings:
             raw = env.get(f"TETHER_{name.upper()}")
             if raw:
                 values[name] = tuple(part.strip() for part in raw.split(",") if part.strip())
-        face = env.get("TETHER_FACES_OPENAI", "").strip().lower()
-        if face:
-            if face not in ("on", "off", "true", "false", "1", "0", "yes", "no"):
-                raise ConfigError(f"TETHER_FACES_OPENAI={face!r}: on or off")
-            values["faces_openai"] = face in ("on", "true", "1", "yes")
+        faces = _faces_from_env(env)
+        if faces is not None:
+            values["faces"] = faces
         limits = _limits_from_env(env)
         if limits is not None:
             values["limits"] = limits
@@ -176,6 +178,27 @@ class Settings:
     @property
     def loopback(self) -> bool:
         return is_loopback(self.host)
+
+
+def _faces_from_env(env: Mapping[str, str]) -> frozenset[str] | None:
+    """The faces ``TETHER_FACES_<NAME>`` leave on (None: no such variable set)."""
+    served = set(FACES)
+    told = False
+    for name in FACES:
+        variable = f"TETHER_FACES_{name.upper()}"
+        raw = env.get(variable, "").strip().lower()
+        if not raw:
+            continue
+        if raw not in _ON + _OFF:
+            raise ConfigError(f"{variable}={raw!r}: on or off")
+        told = True
+        if raw in _OFF:
+            served.discard(name)
+    return frozenset(served) if told else None
+
+
+_ON = ("on", "true", "1", "yes")
+_OFF = ("off", "false", "0", "no")
 
 
 def is_loopback(host: str) -> bool:

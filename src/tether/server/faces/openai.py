@@ -22,12 +22,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
-from tether.errors import InvalidInput, TetherError
-from tether.records import Principal, SessionKey, Turn, new_session_id
-from tether.server.deps import State, check_message
+from tether.errors import AgentNotFound, SessionNotFound, TetherError
+from tether.records import SESSION_ID_PATTERN, Principal, Turn
+from tether.server.conversation import agent_named, run_turn
+from tether.server.deps import State
 from tether.server.problems import Problem, from_error, problem_response
 from tether.server.routes.outcomes import turn_problem
-from tether.server.routes.turns import wait_for_turn
 from tether.server.schemas import NO_NUL
 from tether.server.state import ServerState
 
@@ -197,7 +197,7 @@ _COMPLETIONS_RESPONSES = {
 async def models(request: Request, st: State) -> Response:
     """The app's agents, as OpenAI models."""
     try:
-        await st.auth.resolve(request)
+        await st.auth.resolve(request, placeholder_keys=True)
     except (TetherError, Problem) as exc:
         return _from_problem(_problem_of(exc))
     data = [
@@ -214,7 +214,7 @@ async def chat_completions(request: Request, st: State) -> Response:
     """An OpenAI chat completion answered by the agent ``model`` names (non-streaming)."""
     session_id: str | None = None
     try:
-        caller = await st.auth.resolve(request)
+        caller = await st.auth.resolve(request, placeholder_keys=True)
         body = await _body(request)
         model, text, session_id, stream = _parse(body, request)
         if stream:
@@ -294,6 +294,14 @@ def _parse(body: dict[str, Any], request: Request) -> tuple[str, str, str | None
                 400, "metadata.session_id must be a string", "invalid_value", "metadata"
             )
         session_id = given
+    if session_id and not SESSION_ID_PATTERN.fullmatch(session_id):
+        # Never echoed back: a header cannot hold what a JSON string can.
+        raise FaceError(
+            400,
+            "a session id is 1-128 characters of letters, digits and '._:-'",
+            "invalid_value",
+            SESSION_HEADER if request.headers.get(SESSION_HEADER) else "metadata",
+        )
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise FaceError(400, "stream must be true or false", "invalid_value", "stream")
@@ -323,33 +331,24 @@ async def _run(
     session_id: str | None,
 ) -> Turn | Response:
     """The completed turn on the caller's session, or the error response to give instead."""
-    if not st.agents:
-        raise InvalidInput("this server has no agents")
     try:
-        agent = st.runtime.served(model)
-    except TetherError:
+        agent_named(st, model)
+    except AgentNotFound:
         message = f"the model {model!r} does not exist"
         raise FaceError(404, message, "model_not_found", "model") from None
-    check_message(st, text)
-    session_id = session_id or new_session_id()
-    key = SessionKey.of(caller, session_id)
-    await st.runtime.sessions.create(key, agent.name, exist_ok=True, replace_expired=True)
-    turn = await st.runtime.scheduler.submit(
-        key,
-        text,
-        principal=caller,
-        wait_for_slot=st.settings.admission_wait,
-        agent=agent.ref,
-    )
-    done = await wait_for_turn(st, request, turn, "continue")
-    headers = {SESSION_HEADER: session_id}
+    try:
+        opened, done = await run_turn(st, request, caller, text, session_id, model, create=False)
+    except SessionNotFound:
+        message = f"no session {session_id!r}: omit {SESSION_HEADER} to start one"
+        raise FaceError(404, message, "session_not_found") from None
+    headers = {SESSION_HEADER: opened.key.session_id}
     if done is None:
         return Response(status_code=499)
     if not done.ended:
         message = (
             f"turn {done.id} is waiting for a human decision; decide it through tether's API "
-            f"(GET /v1/sessions/{session_id}/turns/{done.id}, then POST its /decisions) "
-            "and follow the turn to its reply"
+            f"(GET /v1/sessions/{opened.key.session_id}/turns/{done.id}, then POST its "
+            "/decisions) and follow the turn to its reply"
         )
         return error_response(409, message, "awaiting_input", headers=_no_retry(headers))
     if done.status != "completed":

@@ -23,12 +23,11 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 from starlette.responses import JSONResponse, Response
 
-from tether.errors import InvalidInput
-from tether.records import Principal, SessionKey, Turn, new_session_id
-from tether.server.deps import Caller, State, check_message
+from tether.records import Principal, Turn
+from tether.server.conversation import run_turn
+from tether.server.deps import Caller, State
 from tether.server.problems import responses
 from tether.server.routes.outcomes import turn_problem
-from tether.server.routes.turns import wait_for_turn
 from tether.server.schemas import (
     AgentMetadata,
     AgentReply,
@@ -155,34 +154,15 @@ async def _turn(
 ) -> Turn | Response:
     """Run one turn on the caller's session (made if need be): the completed turn, or the
     response to give instead (499 gone, 202 waiting for a human, a problem)."""
-    if not st.agents:
-        raise InvalidInput("this server has no agents")
-    named = st.runtime.served(agent_name) if agent_name else None
-    check_message(st, message)
-    session_id = session_id or new_session_id()
-    key = SessionKey.of(caller, session_id)
     # A session may be served by several of the app's agents: the turn names its own, and one
     # that names none runs the session's own agent (the app's first for a new session).
-    first = named.name if named is not None else st.agents[0].name
-    record, _ = await st.runtime.sessions.create(key, first, exist_ok=True, replace_expired=True)
-    if named is not None:
-        agent = named
-    else:
-        agent = st.runtime.agents.get(record.agent) or st.runtime.served(st.agents[0].name)
-    turn = await st.runtime.scheduler.submit(
-        key,
-        message,
-        principal=caller,
-        wait_for_slot=st.settings.admission_wait,
-        agent=agent.ref,
-    )
-    done = await wait_for_turn(st, request, turn, "continue")
+    opened, done = await run_turn(st, request, caller, message, session_id, agent_name)
     if done is None:
         return Response(status_code=499)
     if not done.ended:
         return done  # waiting for a human: each route answers 202 in its own shape
     if done.status != "completed":
-        return turn_problem(done, agent_name=agent.name, session_id=session_id)
+        return turn_problem(done, agent_name=opened.agent.name, session_id=opened.key.session_id)
     return done
 
 

@@ -1,0 +1,113 @@
+"""What every door does with one message: find the agent, open the caller's session, submit.
+
+``/api/chat``, ``POST /agent`` and each protocol face (DESIGN §9) map their own words onto
+these steps, so a message behaves alike whichever door it comes through: the same principal,
+the same namespace, the same size checks, the same scheduler. Only the answer's shape differs,
+and that is each door's own business.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from starlette.requests import Request
+
+from tether.agent import Agent
+from tether.errors import InvalidInput
+from tether.records import Policy, Principal, SessionKey, SessionRecord, Turn, new_session_id
+from tether.server.deps import check_message
+from tether.server.routes.turns import wait_for_turn
+from tether.server.state import ServerState
+
+
+@dataclass(frozen=True)
+class Opened:
+    """The caller's session and the agent a turn on it runs."""
+
+    key: SessionKey
+    record: SessionRecord
+    agent: Agent
+    created: bool
+
+
+def agent_named(st: ServerState, name: str) -> Agent:
+    """The served agent ``name`` (AgentNotFound names the ones that are)."""
+    if not st.agents:
+        raise InvalidInput("this server has no agents")
+    return st.runtime.served(name)
+
+
+async def open_session(
+    st: ServerState,
+    caller: Principal,
+    session_id: str | None,
+    agent_name: str | None = None,
+    *,
+    create: bool = True,
+    message: str | None = None,
+) -> Opened:
+    """The caller's session ``session_id`` (None: a fresh one) and the agent to run.
+
+    ``create``: a session that is not there is made (an expired one starts afresh); without
+    it, an unknown, foreign or expired id is SessionNotFound, like every other door's 404.
+    ``message`` is checked (size, NUL) before anything is stored. A turn that names no agent
+    runs the session's own agent (the app's first one for a new session).
+    """
+    if not st.agents:
+        raise InvalidInput("this server has no agents")
+    named = st.runtime.served(agent_name) if agent_name else None
+    if message is not None:
+        check_message(st, message)
+    key = SessionKey.of(caller, session_id or new_session_id())
+    if create or session_id is None:
+        first = named.name if named is not None else st.agents[0].name
+        record, created = await st.runtime.sessions.create(
+            key, first, exist_ok=True, replace_expired=True
+        )
+    else:
+        record, created = await st.runtime.sessions.own(key), False
+    if named is not None:
+        agent = named
+    else:
+        agent = st.runtime.agents.get(record.agent) or st.runtime.served(st.agents[0].name)
+    return Opened(key, record, agent, created)
+
+
+async def submit(
+    st: ServerState,
+    opened: Opened,
+    caller: Principal,
+    message: str,
+    *,
+    policy: Policy = "enqueue",
+    idempotency_key: str | None = None,
+) -> Turn:
+    """Queue ``message`` as a turn of the opened session's agent."""
+    check_message(st, message)
+    return await st.runtime.scheduler.submit(
+        opened.key,
+        message,
+        policy=policy,
+        principal=caller,
+        wait_for_slot=st.settings.admission_wait,
+        agent=opened.agent.ref,
+        idempotency_key=idempotency_key,
+    )
+
+
+async def run_turn(
+    st: ServerState,
+    request: Request,
+    caller: Principal,
+    message: str,
+    session_id: str | None,
+    agent_name: str | None = None,
+    *,
+    create: bool = True,
+    policy: Policy = "enqueue",
+) -> tuple[Opened, Turn | None]:
+    """Open, submit and wait: the turn when it ended or waits for a human decision, None when
+    the client went away first (the turn goes on: a request's end is not a cancel)."""
+    opened = await open_session(st, caller, session_id, agent_name, create=create, message=message)
+    turn = await submit(st, opened, caller, message, policy=policy)
+    return opened, await wait_for_turn(st, request, turn, "continue")
