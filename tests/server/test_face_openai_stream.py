@@ -11,6 +11,7 @@ import openai
 import pytest
 from openai.types.responses import (
     ResponseCompletedEvent,
+    ResponseErrorEvent,
     ResponseFailedEvent,
     ResponseTextDeltaEvent,
     ResponseTextDoneEvent,
@@ -226,3 +227,21 @@ def test_another_users_responses_are_not_found(make_server: ServerFactory) -> No
         # Alice's conversation is untouched by Bob's attempts.
         on = a.responses.create(model="echo", input="more", previous_response_id=mine.id)
         assert on.output_text == "saw [secret plans] then more"
+
+
+def test_a_streamed_turn_that_asks_a_human_ends_in_an_error_naming_it(
+    client: openai.OpenAI, server: Server
+) -> None:
+    sid = begin(server, "stream-ask", "asker")
+    stream = client.chat.completions.create(
+        model="asker",
+        messages=[{"role": "user", "content": "hello"}],
+        stream=True,
+        extra_headers={SESSION: sid},
+    )
+    with pytest.raises(openai.APIError) as caught:
+        list(stream)
+    assert isinstance(caught.value.body, dict) and caught.value.body["code"] == "awaiting_input"
+    assert "decide" in caught.value.message
+    events = list(client.responses.create(model="asker", input="hi", stream=True))
+    assert isinstance(events[-1], ResponseErrorEvent) and events[-1].code == "awaiting_input"
