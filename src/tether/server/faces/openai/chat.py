@@ -148,7 +148,11 @@ async def open_for(
         message = f"the model {model!r} does not exist"
         raise FaceError(404, message, "model_not_found", "model") from None
     try:
-        return await open_session(st, caller, session_id, model, create=False, message=text)
+        # A call without a session is a one-off: its session is kept a while, not for ever.
+        ttl = st.settings.one_off_ttl if session_id is None else None
+        return await open_session(
+            st, caller, session_id, model, create=False, message=text, ttl=ttl
+        )
     except SessionNotFound:
         message = f"no session {session_id!r}: omit {SESSION_HEADER} to start one"
         raise FaceError(404, message, "session_not_found") from None
