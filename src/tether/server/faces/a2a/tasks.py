@@ -157,7 +157,7 @@ def ask(d: Decision) -> str:
     """What a pending decision asks, in words, with the answers it takes."""
     payload = d.payload
     if d.kind == "approval" and "tool" in payload:
-        arguments = json.dumps(payload.get("arguments", {}), ensure_ascii=False, sort_keys=True)
+        arguments = json.dumps(_arguments(payload), ensure_ascii=False, sort_keys=True)
         return (
             f"Approve the call of tool {payload['tool']} with arguments {arguments}? "
             "Answer approve, deny or always (approve this tool for the rest of the conversation)."
@@ -178,7 +178,7 @@ def asked(pending: Sequence[Decision]) -> list[dict[str, Any]]:
         item: dict[str, Any] = {"callId": d.call_id, "kind": d.kind, "deadline": d.deadline}
         if d.kind == "approval" and "tool" in d.payload:
             item["tool"] = d.payload["tool"]
-            item["arguments"] = d.payload.get("arguments", {})
+            item["arguments"] = _arguments(d.payload)
             item["verdicts"] = list(APPROVAL_VERDICTS)
         elif d.kind == "approval":
             item["question"] = d.payload.get("question")
@@ -190,6 +190,18 @@ def asked(pending: Sequence[Decision]) -> list[dict[str, Any]]:
                 item["choices"] = list(d.payload["choices"])
         out.append(item)
     return out
+
+
+def _arguments(payload: dict[str, Any]) -> Any:
+    """A call's arguments as data: the model's JSON text is parsed (kept as text if it is not
+    JSON, so the human sees exactly what the model asked)."""
+    arguments = payload.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except ValueError:
+            return arguments
+    return arguments
 
 
 def _message(turn: Turn, suffix: str, role: pb.Role, text: str) -> pb.Message:
