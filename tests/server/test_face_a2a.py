@@ -172,6 +172,15 @@ async def test_one_context_is_one_conversation(server: Server) -> None:
         # A message naming no context starts another conversation.
         other = await send(client, user("three"))
         assert other.context_id != context and reply_of(other) == "saw [] then three"
+        # A retried message (its messageId again) is the task it made, not a second turn.
+        retried = user("four", context=context)
+        fourth = await send(client, retried)
+        assert (await send(client, retried)).id == fourth.id
+        fifth = await send(client, user("five", context=context))
+        assert reply_of(fifth) == "saw [one, two, four] then five"
+        retried.message.parts[0].text = "not four"
+        with pytest.raises(InvalidParamsError):  # one messageId, another message
+            await send(client, retried)
         # tasks/get reads the task back from the store.
         again = await client.get_task(pb.GetTaskRequest(id=first.id))
         assert again.status.state == S.TASK_STATE_COMPLETED and reply_of(again) == reply_of(first)

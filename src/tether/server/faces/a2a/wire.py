@@ -31,6 +31,7 @@ from a2a.utils.errors import (
     UnsupportedOperationError,
     VersionNotSupportedError,
 )
+from a2a.utils.proto_utils import validate_proto_required_fields
 from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
 from pydantic import ValidationError
 
@@ -152,14 +153,31 @@ def parse(body: dict[str, Any], rid: RequestId, version: str | None) -> Call:
             parsed = ParseDict(params, kind(), ignore_unknown_fields=True)
         except ParseError as exc:
             raise error(InvalidParamsError, f"invalid params for {method}: {exc}") from None
-        return Call(rid, method, op, "1.0", parsed)
+        return Call(rid, method, op, "1.0", _required(method, parsed))
     if method in _V03:
-        return Call(rid, method, _V03[method], "0.3", _parse_v03(method, params))
+        return Call(rid, method, _V03[method], "0.3", _required(method, _parse_v03(method, params)))
     if method in _PUSH:
         raise error(PushNotificationNotSupportedError, "this agent sends no push notifications")
     if method in _UNSUPPORTED:
         raise error(UnsupportedOperationError, f"{method} is not served by this agent")
     raise error(MethodNotFoundError, f"no method {method!r} (see the agent card)")
+
+
+def _required(method: str, params: Params) -> Params:
+    """``params`` if every field A2A marks REQUIRED is there (a2a-sdk's own check)."""
+    try:
+        validate_proto_required_fields(params)
+    except InvalidParamsError as exc:
+        errors = exc.data.get("errors", []) if isinstance(exc.data, dict) else []
+        fields = ", ".join(_camel(str(e.get("field", ""))) for e in errors) or "?"
+        raise error(InvalidParamsError, f"invalid params for {method}: missing {fields}") from None
+    return params
+
+
+def _camel(field: str) -> str:
+    """A proto field path as A2A's JSON spells it (``message.message_id`` → ``messageId``)."""
+    head, *rest = field.split("_")
+    return head + "".join(word[:1].upper() + word[1:] for word in rest)
 
 
 def _check_version(version: str | None) -> None:
