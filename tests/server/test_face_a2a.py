@@ -159,6 +159,9 @@ async def test_the_client_finds_the_card_and_talks_to_the_url_in_it(server: Serv
         assert raw["url"] == f"{server.url}/a2a/approver" and raw["protocolVersion"] == "0.3"
         assert raw["skills"][0]["tags"] == ["tether", "launch"]
         assert c.get("/a2a/nobody/.well-known/agent-card.json").status_code == 404
+        # Local mode serves its card as it serves everything: to its own names only.
+        foreign = c.get("/.well-known/agent-card.json", headers={"Host": "evil.example"})
+        assert foreign.status_code == 403
 
 
 async def test_one_context_is_one_conversation(server: Server) -> None:
@@ -278,6 +281,7 @@ async def test_a_question_streams_to_input_required_and_the_answer_streams_to_th
             await stream(client, user("Mars", task=tid, context="elsewhere"))
         answered = await stream(client, user(task=tid, context=context, data={"answer": "Mars"}))
         assert answered[0].task.id == tid
+        assert answered[0].task.status.state == S.TASK_STATE_SUBMITTED  # queued again to go on
         assert states(answered)[0] == S.TASK_STATE_WORKING
         assert states(answered)[-1] == S.TASK_STATE_COMPLETED
         assert assembled(answered) == "noted: The user answered: Mars"
@@ -438,7 +442,14 @@ def test_bad_requests_are_json_rpc_errors(server: Server) -> None:
     assert code(versioned) == -32009
     with server.client() as c:
         unknown = c.post("/a2a/nobody", json=call("SendMessage", {"message": hello}))
-    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == -32601
+        assert unknown.status_code == 404 and unknown.json()["error"]["code"] == -32601
+        # The same principal as every door: local mode takes no message from another origin.
+        elsewhere = c.post(
+            "/a2a/echo",
+            json=call("SendMessage", {"message": hello}),
+            headers={"Origin": "http://evil.example"},
+        )
+        assert elsewhere.status_code == 403 and elsewhere.json()["error"]["code"] == -32600
 
 
 def test_the_face_can_be_switched_off(make_server: ServerFactory) -> None:

@@ -12,7 +12,7 @@ import contextlib
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from a2a.types import a2a_pb2 as pb
 from a2a.utils.errors import (
@@ -83,11 +83,12 @@ async def begin(
         )
     except (SessionNotFound, InvalidSessionId):
         # A2A §3.4.1: a contextId the agent cannot accept is refused, and no new one is made.
+        shown = str(context)[:128]
         raise error(
             TaskNotFoundError,
-            f"no context {context!r} here (unknown, expired or not yours): omit contextId to "
+            f"no context {shown!r} here (unknown, expired or not yours): omit contextId to "
             "start a new conversation",
-            contextId=str(context),
+            contextId=shown,
         ) from None
     except (SessionBusy, LimitExceeded, ShuttingDown) as exc:
         return Begun(refused=tasks.rejected(key or _nowhere(caller, context), str(exc)))
@@ -186,7 +187,9 @@ async def _answer(st: ServerState, caller: Principal, message: pb.Message) -> Be
         raise error(
             UnsupportedOperationError, f"that was decided already ({exc.decision.status})"
         ) from None
-    return Begun(await st.runtime.sessions.turn(key, turn.id) or turn, after=after)
+    # Queued again by the decision, to go on wherever the session is taken next: the task as
+    # it stands now; what it does from here is in its events after ``after``.
+    return Begun(replace(turn, status="queued"), after=after)
 
 
 def verdict_of(

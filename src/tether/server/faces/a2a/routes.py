@@ -66,7 +66,10 @@ async def _card(request: Request, st: ServerState, agent: Agent) -> Response:
         try:
             await st.auth.resolve(request, placeholder_keys=True)
         except (TetherError, Problem) as exc:
-            return _error(_auth_rpc_error(exc), None, "1.0")
+            refused = _auth_rpc_error(exc)
+            return JSONResponse(
+                {"error": refused.message}, status_code=refused.status, headers=refused.headers
+            )
     return JSONResponse(agent_card_to_dict(card(request, agent, keys=keys)))
 
 

@@ -144,7 +144,8 @@ def _status_text(turn: Turn, pending: Sequence[Decision], behind: Turn | None) -
     if status == "completed":
         return turn.output or ""
     if status in ("cancelled", "interrupted", "rolled_back"):
-        return f"the task was {status.replace('_', ' ')} ({reason})"
+        said = f"the task was {status.replace('_', ' ')}"
+        return said if reason in (None, status) else f"{said} ({reason})"
     if status == "limit_reached":
         return f"the task stopped at a limit ({reason})"
     detail = f"the task failed ({reason})"
