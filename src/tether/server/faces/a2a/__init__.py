@@ -35,6 +35,17 @@ decides the first pending decision. The turn then goes on, and the reply to that
 task again, run on to its end (or to its next question). A message to a task that is not
 ``input-required`` is UnsupportedOperation (-32004).
 
+The endpoint's agent runs a new turn, whichever agent a context began with (as ``POST
+/agents/{name}``); a message answering a task streams from the task ``submitted`` (the decision
+queued it again) to its end.
+
+Built on a2a-sdk's types, not on its server: its request handler runs an ``AgentExecutor`` in
+the process that took the request and keeps tasks in its own ``TaskStore``, while a tether
+turn runs wherever the session is leased and lives in tether's store. So this is a thin
+JSON-RPC adapter (:mod:`.wire`) that validates and writes with the SDK's protobuf messages (and
+its 0.3 models and conversions), and reads every task from the store: ``GetTask`` and
+``CancelTask`` work on any process.
+
 Errors are JSON-RPC error objects (HTTP 200) with a ``google.rpc.ErrorInfo`` detail in 1.0;
 a missing or unknown API key is HTTP 401 with ``WWW-Authenticate: Bearer`` (code -32000), an
 unknown agent in the path HTTP 404 (-32601).
