@@ -81,7 +81,7 @@ errors, sent with HTTP 401 and ``WWW-Authenticate`` (what A2A asks of an HTTP bi
 _V03_CODES = frozenset({-32700, -32600, -32601, -32602, -32603, *range(-32007, -32000)})
 
 
-@dataclass
+@dataclass(eq=False)  # compared and hashed as the exception it is, by identity
 class RpcError(Exception):
     """A JSON-RPC error answer: code, message and ``google.rpc.ErrorInfo`` (reason, metadata)."""
 
