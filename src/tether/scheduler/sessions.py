@@ -120,6 +120,17 @@ class SessionService:
     async def turn(self, key: SessionKey, turn_id: str) -> Turn | None:
         return await self._store.get_turn(key, turn_id)
 
+    async def latest_event_seq(self, key: SessionKey, turn_id: str) -> int:
+        """The seq of the turn's latest event, 0 for none (a stream that goes on after it
+        repeats nothing)."""
+        seq, page = 0, 1000
+        while True:
+            events = await self._store.list_events(key, turn_id, after_seq=seq, limit=page)
+            if events:
+                seq = events[-1].seq
+            if len(events) < page:
+                return seq
+
     async def active_turns(self, key: SessionKey) -> list[Turn]:
         """The session's turns not ended (queued, running, awaiting input), in order."""
         return await self._store.active_turns(key)

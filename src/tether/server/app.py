@@ -13,6 +13,7 @@ from tether.agent import Agent
 from tether.runtime import Runtime
 from tether.server import problems
 from tether.server.auth import Authenticator
+from tether.server.faces import a2a as a2a_face
 from tether.server.faces import openai as openai_face
 from tether.server.local_mode import LocalMode
 from tether.server.routes import chat, console, knowledge, memory, meta, sessions, turns, users
@@ -158,6 +159,8 @@ def create_app(settings: Settings | None = None, agents: Sequence[Agent] | None 
     if "openai" in settings.faces:
         # Other APIs' faces document their own errors, in their own shapes (DESIGN §9).
         app.include_router(openai_face.router)
+    if "a2a" in settings.faces:
+        app.include_router(a2a_face.router)
     console.install(app)
     app.add_middleware(
         BodyLimit,
