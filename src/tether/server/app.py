@@ -13,6 +13,7 @@ from tether.agent import Agent
 from tether.runtime import Runtime
 from tether.server import problems
 from tether.server.auth import Authenticator
+from tether.server.faces import langgraph as langgraph_face
 from tether.server.faces import openai as openai_face
 from tether.server.local_mode import LocalMode
 from tether.server.routes import chat, console, knowledge, memory, meta, sessions, turns, users
@@ -158,6 +159,9 @@ def create_app(settings: Settings | None = None, agents: Sequence[Agent] | None 
     if "openai" in settings.faces:
         # Other APIs' faces document their own errors, in their own shapes (DESIGN §9).
         app.include_router(openai_face.router)
+    if "langgraph" in settings.faces:
+        # Out of the OpenAPI document: LangGraph documents its dialect (faces/langgraph).
+        app.include_router(langgraph_face.router)
     console.install(app)
     app.add_middleware(
         BodyLimit,
