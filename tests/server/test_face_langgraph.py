@@ -228,6 +228,48 @@ def test_a_turn_waiting_for_a_human_is_an_interrupted_run(client: SyncLangGraphC
         client.runs.create(tid, "asker", input=human("hello?"))
 
 
+def test_a_resume_command_answers_the_interrupt_and_the_run_goes_on(
+    client: SyncLangGraphClient,
+) -> None:
+    tid = client.threads.create()["thread_id"]
+    asked = client.runs.wait(tid, "asker", input=human("pick one"))
+    [interrupt] = asked["__interrupt__"]  # type: ignore[call-overload]
+    [run] = client.runs.list(tid)
+    done = client.runs.wait(tid, "asker", command={"resume": "Mars"})
+    assert "__interrupt__" not in done
+    reply = texts(done)[-1]
+    assert reply.startswith("noted:") and "Mars" in reply
+    # The same run went on: no second run, and it ended well.
+    [after] = client.runs.list(tid)
+    assert after["run_id"] == run["run_id"] and after["status"] == "success"
+    kinds = [m["type"] for m in done["messages"]]  # type: ignore[call-overload]
+    assert kinds == ["human", "ai", "tool", "ai"]
+    assert done["messages"][1]["tool_calls"][0]["id"] == interrupt["id"]  # type: ignore[call-overload]
+    with pytest.raises(ConflictError):  # nothing waits any more
+        client.runs.create(tid, "asker", command={"resume": "Venus"})
+
+
+def test_a_streamed_run_stops_at_an_approval_and_a_resume_streams_the_rest(
+    client: SyncLangGraphClient,
+) -> None:
+    tid = client.threads.create()["thread_id"]
+    modes: list[Any] = ["values", "updates"]
+    first = list(client.runs.stream(tid, "approver", input=human("launch"), stream_mode=modes))
+    assert first[-1].event == "end" and first[-1].data["status"] == "interrupted"
+    [interrupt] = first[-2].data["__interrupt__"]
+    assert interrupt["value"]["kind"] == "approval"
+    assert interrupt["value"]["payload"]["tool"] == "launch"
+    rest = list(
+        client.runs.stream(tid, "approver", command={"resume": "approve"}, stream_mode=modes)
+    )
+    assert rest[0].event == "metadata" and rest[0].data["run_id"] == first[0].data["run_id"]
+    assert rest[-1].event == "end" and rest[-1].data["status"] == "success"
+    assert not {p.id for p in rest[1:]} & {p.id for p in first}, "frames sent twice"
+    tools = [p.data["tools"] for p in rest if p.event == "updates" and "tools" in p.data]
+    assert tools[0]["messages"][0]["content"] == "launched rocket"
+    assert texts(rest[-2].data)[-1] == "tool said: launched rocket"
+
+
 def test_threads_are_the_callers_own(make_server: ServerFactory) -> None:
     srv = make_server()
     alice_key = create_key(srv.data_dir, "alice")

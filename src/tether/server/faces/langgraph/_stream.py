@@ -30,6 +30,7 @@ from tether import events as ev
 from tether.records import Event, SessionKey, Turn
 from tether.server.faces.langgraph._errors import invalid
 from tether.server.faces.langgraph._messages import Message, TurnMessages, ai, chunk_of
+from tether.server.faces.langgraph._resume import parked_on
 from tether.server.faces.langgraph._state import messages_before
 from tether.server.faces.langgraph._wire import interrupt_of, run_status
 from tether.server.sse import PING_SECONDS
@@ -268,8 +269,11 @@ async def run_stream(
     modes: frozenset[str],
     after: tuple[int, int] = (-1, 0),
     ping: float = PING_SECONDS,
+    *,
+    metadata: bool = False,
 ) -> AsyncIterator[bytes]:
-    """The run's SSE frames after ``after``, until its end (or until it waits for a human)."""
+    """The run's SSE frames after ``after``, until its end (or until it waits for a human);
+    ``metadata``: the ``metadata`` frame first even so (a resumed run's new stream)."""
     frames = RunFrames(st, run)
     wanted = modes | {_ALWAYS}
 
@@ -280,6 +284,9 @@ async def run_stream(
                 out.append(_sse(f"{seq}-{k}", name, data))
         return out
 
+    if metadata and after >= (0, 0):
+        (_, name, data), *_ = frames.first()
+        yield _sse("0-0", name, data)
     for chunk in emit(0, frames.first()):
         yield chunk
     scheduler = st.runtime.scheduler
@@ -289,8 +296,8 @@ async def run_stream(
             continue
         parked = False
         if event.type == ev.TURN_AWAITING_INPUT:
-            now = await st.runtime.sessions.turn(run.key, run.turn.id)
-            parked = now is not None and now.status == "awaiting_input"
+            call_id = str(event.data.get("call_id", ""))
+            parked = await parked_on(st, run.key, run.turn.id, call_id)
         made = await frames.of(event, parked)
         for chunk in emit(event.seq, made):
             yield chunk

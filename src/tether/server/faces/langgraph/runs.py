@@ -11,11 +11,14 @@ with ``Last-Event-ID`` through ``GET …/runs/{run_id}/stream``, which the ``Loc
 names. A stateless run (``/runs``, ``/runs/wait``, ``/runs/stream``) runs on a thread of its own,
 deleted when the run ends unless ``on_completion`` is ``keep``.
 
+A run with ``command: {"resume": …}`` answers what the thread's parked turn asks, and that
+same run goes on (:mod:`._resume`); its stream picks up where the interrupted one stopped.
+
 Refused rather than ignored, since ignoring them would change what the run does:
 ``interrupt_before``/``interrupt_after``, ``after_seconds``, ``webhook``, ``checkpoint``,
-``command``, and cancelling with ``action=rollback``. ``config``, ``context``, ``metadata``,
-``stream_subgraphs``, ``stream_resumable`` (every run's stream can be resumed) and the like are
-accepted and have no effect.
+``command`` other than ``resume``, and cancelling with ``action=rollback``. ``config``,
+``context``, ``metadata``, ``stream_subgraphs``, ``stream_resumable`` (every run's stream can be
+resumed) and the like are accepted and have no effect.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from tether.server.faces.langgraph._common import (
     thread_key,
 )
 from tether.server.faces.langgraph._errors import LangGraphRoute, invalid, not_found
+from tether.server.faces.langgraph._resume import resume, resumed_after, waits_for_human
 from tether.server.faces.langgraph._state import all_turns, messages_through
 from tether.server.faces.langgraph._stream import RunInfo, resume_point, run_stream, stream_modes
 from tether.server.faces.langgraph._wire import MULTITASK, interrupt_of, run_out, run_status
@@ -51,20 +55,23 @@ from tether.server.state import ServerState
 
 router = APIRouter(route_class=LangGraphRoute)
 
+_ALL = 10**6
+"""A frame index past every frame of one event: resume after all of them."""
 _REFUSED = (
     "interrupt_before",
     "interrupt_after",
     "webhook",
     "checkpoint",
     "checkpoint_id",
-    "command",
 )
 
 
 @dataclass(frozen=True)
 class RunSpec:
     agent: Agent
-    text: str
+    text: str | None
+    """The new human message (None: the run resumes a parked turn with ``command``)."""
+    command: dict[str, Any] | None
     policy: Policy
     modes: frozenset[str]
     on_disconnect: str
@@ -123,9 +130,15 @@ def _spec(st: ServerState, body: dict[str, Any]) -> RunSpec:
     on_completion = body.get("on_completion") or "delete"
     if on_completion not in ("delete", "keep"):
         raise invalid("on_completion must be delete or keep")
+    command = body.get("command")
+    if command is not None and not isinstance(command, dict):
+        raise invalid("command must be an object")
+    if command and body.get("input"):
+        raise invalid("send input or command, not both")
     return RunSpec(
         agent=agent,
-        text=_input_text(body),
+        text=None if command else _input_text(body),
+        command=command or None,
         policy=MULTITASK[strategy],
         modes=stream_modes(body.get("stream_mode")),
         on_disconnect=on_disconnect,
@@ -136,12 +149,19 @@ def _spec(st: ServerState, body: dict[str, Any]) -> RunSpec:
 
 async def _start(
     st: ServerState, request: Request, caller: Principal, thread_id: str | None
-) -> tuple[RunInfo, RunSpec]:
+) -> tuple[RunInfo, RunSpec, tuple[int, int]]:
+    """Submit the run's turn (or resume the parked one); also where its new stream starts."""
     spec = _spec(st, await body_of(request))
+    if spec.command is not None:
+        if thread_id is None:
+            raise invalid("a command resumes a thread's run: name the thread")
+        record = await own_thread(st, caller, thread_id)
+        turn = await resume(st, caller, record.key, spec.command)
+        after = (await resumed_after(st, turn), _ALL)
+        return RunInfo(record.key, turn, spec.agent.name), spec, after
+    assert spec.text is not None
     stateless = thread_id is None
-    session_id = (
-        str(uuid.uuid4()) if thread_id is None else thread_key(caller, thread_id).session_id
-    )
+    session_id = str(uuid.uuid4()) if stateless else thread_key(caller, str(thread_id)).session_id
     try:
         opened = await open_session(
             st,
@@ -154,7 +174,7 @@ async def _start(
     except SessionNotFound:
         raise not_found("thread", session_id) from None
     turn = await submit(st, opened, caller, spec.text, policy=spec.policy)
-    return RunInfo(opened.key, turn, spec.agent.name), spec
+    return RunInfo(opened.key, turn, spec.agent.name), spec, (-1, 0)
 
 
 def _headers(
@@ -201,12 +221,14 @@ def _sse(
     on_disconnect: str,
     headers: dict[str, str],
     temporary: bool = False,
+    *,
+    metadata: bool = False,
 ) -> StreamingResponse:
     async def body() -> AsyncIterator[bytes]:
         finished = False
         try:
             with contextlib.suppress(NotFound):  # the thread was deleted meanwhile
-                async for chunk in run_stream(st, run, modes, after):
+                async for chunk in run_stream(st, run, modes, after, metadata=metadata):
                     yield chunk
             finished = True
         finally:
@@ -225,10 +247,13 @@ def _sse(
 async def _waited(
     st: ServerState, request: Request, run: RunInfo, on_disconnect: str, headers: dict[str, str]
 ) -> Response:
-    done = await wait_for_turn(st, request, run.turn, on_disconnect)
-    if done is None:
-        return Response(status_code=499)  # nobody is listening any more
-    return JSONResponse(await _output(st, run.key, done), headers=headers)
+    while True:
+        done = await wait_for_turn(st, request, run.turn, on_disconnect)
+        if done is None:
+            return Response(status_code=499)  # nobody is listening any more
+        if done.status != "awaiting_input" or await waits_for_human(st, done):
+            return JSONResponse(await _output(st, run.key, done), headers=headers)
+        await asyncio.sleep(0.05)  # decided a moment ago (resumed): it is about to go on
 
 
 # -- on a thread -------------------------------------------------------------------------------
@@ -237,7 +262,7 @@ async def _waited(
 @router.post("/threads/{thread_id}/runs")
 async def create_run(thread_id: str, request: Request, st: State, caller: Caller) -> JSONResponse:
     """Start a run in the background; answers with the run (``pending``)."""
-    run, _ = await _start(st, request, caller, thread_id)
+    run, _, _ = await _start(st, request, caller, thread_id)
     return JSONResponse(
         run_out(run.turn, run.assistant_id), headers=_headers(request, run, "lg_join")
     )
@@ -246,7 +271,7 @@ async def create_run(thread_id: str, request: Request, st: State, caller: Caller
 @router.post("/threads/{thread_id}/runs/wait")
 async def wait_run(thread_id: str, request: Request, st: State, caller: Caller) -> Response:
     """Start a run and answer with the thread's values once it has ended."""
-    run, spec = await _start(st, request, caller, thread_id)
+    run, spec, _ = await _start(st, request, caller, thread_id)
     return await _waited(st, request, run, spec.on_disconnect, _headers(request, run, "lg_join"))
 
 
@@ -255,9 +280,9 @@ async def stream_run(
     thread_id: str, request: Request, st: State, caller: Caller
 ) -> StreamingResponse:
     """Start a run and stream its events."""
-    run, spec = await _start(st, request, caller, thread_id)
+    run, spec, after = await _start(st, request, caller, thread_id)
     headers = _headers(request, run, "lg_join_stream", spec.modes)
-    return _sse(st, run, spec.modes, (-1, 0), spec.on_disconnect, headers)
+    return _sse(st, run, spec.modes, after, spec.on_disconnect, headers, metadata=True)
 
 
 @router.get("/threads/{thread_id}/runs")
@@ -351,7 +376,7 @@ async def join_stream(
 
 @router.post("/runs")
 async def create_stateless_run(request: Request, st: State, caller: Caller) -> JSONResponse:
-    run, spec = await _start(st, request, caller, None)
+    run, spec, _ = await _start(st, request, caller, None)
     if not spec.keep:
         st.spawn(_discard_after_end(st, run.key, run.turn.id))
     return JSONResponse(run_out(run.turn, run.assistant_id), headers=_headers(request, run, None))
@@ -359,7 +384,7 @@ async def create_stateless_run(request: Request, st: State, caller: Caller) -> J
 
 @router.post("/runs/wait")
 async def wait_stateless_run(request: Request, st: State, caller: Caller) -> Response:
-    run, spec = await _start(st, request, caller, None)
+    run, spec, _ = await _start(st, request, caller, None)
     try:
         return await _waited(st, request, run, spec.on_disconnect, _headers(request, run, None))
     finally:
@@ -369,6 +394,8 @@ async def wait_stateless_run(request: Request, st: State, caller: Caller) -> Res
 
 @router.post("/runs/stream")
 async def stream_stateless_run(request: Request, st: State, caller: Caller) -> StreamingResponse:
-    run, spec = await _start(st, request, caller, None)
+    run, spec, _ = await _start(st, request, caller, None)
     headers = _headers(request, run, None)
-    return _sse(st, run, spec.modes, (-1, 0), spec.on_disconnect, headers, not spec.keep)
+    return _sse(
+        st, run, spec.modes, (-1, 0), spec.on_disconnect, headers, not spec.keep, metadata=True
+    )
