@@ -10,7 +10,6 @@ one get the same 404.
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -21,8 +20,6 @@ from starlette.responses import JSONResponse, Response
 
 from tether.errors import TetherError
 from tether.server.problems import Problem, from_error, problem_response
-
-log = logging.getLogger("tether.server")
 
 
 class LangGraphError(Exception):

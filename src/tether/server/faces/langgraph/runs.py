@@ -27,29 +27,27 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from tether.agent import Agent
 from tether.errors import NotFound, SessionNotFound
-from tether.records import Policy, Principal, SessionKey, Turn
+from tether.records import Principal, SessionKey, Turn
 from tether.server.conversation import open_session, submit
 from tether.server.deps import State
 from tether.server.faces.langgraph._common import (
     Caller,
-    assistant,
     body_of,
     own_thread,
     thread_key,
 )
 from tether.server.faces.langgraph._errors import LangGraphRoute, invalid, not_found
 from tether.server.faces.langgraph._resume import resume, resumed_after, waits_for_human
+from tether.server.faces.langgraph._spec import RunSpec, run_spec
 from tether.server.faces.langgraph._state import all_turns, messages_through
 from tether.server.faces.langgraph._stream import RunInfo, resume_point, run_stream, stream_modes
-from tether.server.faces.langgraph._wire import MULTITASK, interrupt_of, run_out, run_status
+from tether.server.faces.langgraph._wire import interrupt_of, run_out, run_status
 from tether.server.routes.turns import wait_for_turn
 from tether.server.state import ServerState
 
@@ -57,101 +55,13 @@ router = APIRouter(route_class=LangGraphRoute)
 
 _ALL = 10**6
 """A frame index past every frame of one event: resume after all of them."""
-_REFUSED = (
-    "interrupt_before",
-    "interrupt_after",
-    "webhook",
-    "checkpoint",
-    "checkpoint_id",
-)
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    agent: Agent
-    text: str | None
-    """The new human message (None: the run resumes a parked turn with ``command``)."""
-    command: dict[str, Any] | None
-    policy: Policy
-    modes: frozenset[str]
-    on_disconnect: str
-    create: bool
-    keep: bool
-
-
-def _text(content: object) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, str):
-                parts.append(part)
-            elif isinstance(part, dict) and part.get("type") == "text":
-                parts.append(str(part.get("text", "")))
-            else:
-                raise invalid("a message's content may hold only text parts")
-        return "".join(parts)
-    raise invalid("a message's content must be text")
-
-
-def _input_text(body: dict[str, Any]) -> str:
-    """The last human message of ``input.messages``: the only new input of the turn."""
-    given = body.get("input")
-    messages = given.get("messages") if isinstance(given, dict) else None
-    if isinstance(messages, dict):
-        messages = [messages]
-    if not isinstance(messages, list):
-        raise invalid('input must be {"messages": [...]} with a human message')
-    for message in reversed(messages):
-        if isinstance(message, dict) and (
-            message.get("role") in ("user", "human") or message.get("type") in ("user", "human")
-        ):
-            return _text(message.get("content"))
-    raise invalid("input.messages holds no human message")
-
-
-def _spec(st: ServerState, body: dict[str, Any]) -> RunSpec:
-    for name in _REFUSED:
-        if body.get(name):
-            raise invalid(f"{name} is not supported by this server")
-    if body.get("after_seconds"):
-        raise invalid("after_seconds is not supported by this server")
-    agent = assistant(st, body.get("assistant_id"))
-    strategy = body.get("multitask_strategy") or "reject"
-    if strategy not in MULTITASK:
-        raise invalid(f"multitask_strategy must be one of {', '.join(MULTITASK)}")
-    on_disconnect = body.get("on_disconnect") or "continue"
-    if on_disconnect not in ("cancel", "continue"):
-        raise invalid("on_disconnect must be cancel or continue")
-    if_not_exists = body.get("if_not_exists") or "reject"
-    if if_not_exists not in ("create", "reject"):
-        raise invalid("if_not_exists must be create or reject")
-    on_completion = body.get("on_completion") or "delete"
-    if on_completion not in ("delete", "keep"):
-        raise invalid("on_completion must be delete or keep")
-    command = body.get("command")
-    if command is not None and not isinstance(command, dict):
-        raise invalid("command must be an object")
-    if command and body.get("input"):
-        raise invalid("send input or command, not both")
-    return RunSpec(
-        agent=agent,
-        text=None if command else _input_text(body),
-        command=command or None,
-        policy=MULTITASK[strategy],
-        modes=stream_modes(body.get("stream_mode")),
-        on_disconnect=on_disconnect,
-        create=if_not_exists == "create",
-        keep=on_completion == "keep",
-    )
 
 
 async def _start(
     st: ServerState, request: Request, caller: Principal, thread_id: str | None
 ) -> tuple[RunInfo, RunSpec, tuple[int, int]]:
     """Submit the run's turn (or resume the parked one); also where its new stream starts."""
-    spec = _spec(st, await body_of(request))
+    spec = run_spec(st, await body_of(request))
     if spec.command is not None:
         if thread_id is None:
             raise invalid("a command resumes a thread's run: name the thread")
