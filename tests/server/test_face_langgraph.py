@@ -147,6 +147,26 @@ def test_the_join_stream_replays_and_resumes_after_last_event_id(
     assert list(client.runs.join_stream(tid, run_id, last_event_id=live[-1].id)) == []
 
 
+def test_a_stream_names_where_to_pick_it_up(client: SyncLangGraphClient, server: Server) -> None:
+    tid = client.threads.create()["thread_id"]
+    body = {"assistant_id": "echo", "input": human("hi"), "stream_mode": ["updates", "values"]}
+    with server.client() as c, c.stream("POST", f"/lg/threads/{tid}/runs/stream", json=body) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in r.iter_lines() if line.startswith("id: ")]
+        run_url = r.headers["Content-Location"]
+        location = r.headers["Location"]
+    run_id = run_url.rsplit("/", 1)[-1]
+    assert run_url == f"{server.url}/lg/threads/{tid}/runs/{run_id}"
+    assert location == f"{run_url}/stream?stream_mode=updates&stream_mode=values"
+    # What a client whose stream was cut off does: GET the Location, with Last-Event-ID.
+    last = lines[1].removeprefix("id: ")
+    with server.client() as c:
+        again = c.get(location, headers={"Last-Event-ID": last})
+    ids = [line for line in again.text.splitlines() if line.startswith("id: ")]
+    assert ids == lines[2:]
+    assert client.runs.get(tid, run_id)["status"] == "success"
+
+
 def test_reject_on_a_busy_thread_is_the_sdks_conflict_and_enqueue_waits(
     client: SyncLangGraphClient,
 ) -> None:

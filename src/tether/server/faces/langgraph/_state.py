@@ -66,8 +66,12 @@ async def thread_status(st: ServerState, key: SessionKey) -> str:
     if stats.status == "busy":
         return "busy"
     if stats.turns:
-        last = await st.runtime.sessions.turns(key, after=max(0, stats.turns - 1), limit=1)
-        if last and last[-1].status == "failed":
+        # Turn seqs count from 1, so the last is after ``turns - 1``; read on to the end all
+        # the same, and everything should that not hold.
+        tail = await st.runtime.sessions.turns(key, after=stats.turns - 1, limit=_PAGE)
+        if not tail or len(tail) == _PAGE:
+            tail = await all_turns(st, key)
+        if tail and tail[-1].status == "failed":
             return "error"
     return "idle"
 

@@ -285,8 +285,10 @@ async def run_stream(
         return out
 
     if metadata and after >= (0, 0):
+        # A resumed run's new stream: its metadata is numbered where it picks up, so that a
+        # client resuming after it gets what follows, not the frames before the interrupt.
         (_, name, data), *_ = frames.first()
-        yield _sse("0-0", name, data)
+        yield _sse(f"{after[0]}-{after[1]}", name, data)
     for chunk in emit(0, frames.first()):
         yield chunk
     scheduler = st.runtime.scheduler

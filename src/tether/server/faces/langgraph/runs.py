@@ -28,6 +28,7 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Header, Query, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -53,7 +54,7 @@ from tether.server.state import ServerState
 
 router = APIRouter(route_class=LangGraphRoute)
 
-_ALL = 10**6
+_ALL = 999_999
 """A frame index past every frame of one event: resume after all of them."""
 
 
@@ -98,7 +99,7 @@ def _headers(
     if follow is not None:
         url = request.url_for(follow, **ids)
         if modes:
-            url = url.include_query_params(stream_mode=sorted(modes))
+            url = url.replace(query=urlencode([("stream_mode", m) for m in sorted(modes)]))
         headers["Location"] = str(url)
     return headers
 
