@@ -224,3 +224,28 @@ def test_a_session_id_no_header_can_hold_is_a_400(server: Server) -> None:
         r = c.post("/v1/chat/completions", json=body)
     assert r.status_code == 400 and r.json()["error"]["param"] == "metadata"
     assert SESSION not in r.headers
+
+
+def test_a_one_off_calls_session_is_kept_a_while_not_for_ever(
+    client: openai.OpenAI, server: Server, make_server: ServerFactory
+) -> None:
+    raw = client.chat.completions.with_raw_response.create(
+        model="echo", messages=[{"role": "user", "content": "once"}]
+    )
+    with server.client() as c:
+        record = c.get(f"/v1/sessions/{raw.headers[SESSION]}").json()
+    assert record["expires_at"] - record["created_at"] == pytest.approx(30 * 86400, abs=5)
+    # A session the caller made stays until told otherwise.
+    kept = begin(server, "kept-1")
+    say(client, "hello", session=kept)
+    with server.client() as c:
+        assert c.get(f"/v1/sessions/{kept}").json()["expires_at"] is None
+    brief = make_server(env={"TETHER_ONE_OFF_TTL": "1"})
+    with sdk(brief) as b:
+        raw = b.chat.completions.with_raw_response.create(
+            model="echo", messages=[{"role": "user", "content": "once"}]
+        )
+        assert say(b, "twice", session=raw.headers[SESSION]) == "saw [once] then twice"
+        time.sleep(1.2)
+        with pytest.raises(openai.NotFoundError):
+            say(b, "thrice", session=raw.headers[SESSION])

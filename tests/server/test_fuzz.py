@@ -153,8 +153,17 @@ ROUTES = {
     ("post", "/agents/{name}"): "200",
     ("get", "/v1/models"): "200",
     ("post", "/v1/chat/completions"): "200",
+    ("post", "/v1/responses"): "200",
+    ("get", "/v1/responses/{response_id}"): "200",
+    ("post", "/v1/responses/{response_id}/cancel"): "200",
 }
-OPENAI_FACE = {"/v1/models", "/v1/chat/completions"}
+OPENAI_FACE = {
+    "/v1/models",
+    "/v1/chat/completions",
+    "/v1/responses",
+    "/v1/responses/{response_id}",
+    "/v1/responses/{response_id}/cancel",
+}
 """Errors in OpenAI's shape, not problem+json (but for the body limit's 413)."""
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from tether import Agent, ConfigError
 from tether.server.app import create_app
-from tether.server.settings import Settings
+from tether.server.settings import FACES, Settings
 from tether.testing import ScriptedModel
 
 VARS = ("TETHER_LEASE_TTL", "TETHER_NODE", "TETHER_DRAIN_TIMEOUT")
@@ -64,6 +64,9 @@ def test_flags_win_over_the_variables(monkeypatch: pytest.MonkeyPatch) -> None:
         ("TETHER_NODE", "   "),
         ("TETHER_NODE", "node\n2"),
         ("TETHER_NODE", "n" * 65),
+        ("TETHER_ONE_OFF_TTL", "0"),
+        ("TETHER_ONE_OFF_TTL", "soon"),
+        ("TETHER_FACES_OPENAI", "maybe"),
     ],
 )
 def test_bad_values_are_config_errors_naming_the_variable(
@@ -81,3 +84,11 @@ def test_bad_values_are_config_errors_naming_the_variable(
 def test_bad_values_from_flags_are_refused_too(overrides: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
         Settings.from_env(**overrides)
+
+
+def test_each_face_is_switched_by_its_own_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Settings.from_env().faces == frozenset(FACES)
+    monkeypatch.setenv("TETHER_FACES_OPENAI", "off")
+    assert "openai" not in Settings.from_env().faces
+    monkeypatch.setenv("TETHER_ONE_OFF_TTL", "off")
+    assert Settings.from_env().one_off_ttl is None

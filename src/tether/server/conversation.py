@@ -45,12 +45,14 @@ async def open_session(
     *,
     create: bool = True,
     message: str | None = None,
+    ttl: float | None = None,
 ) -> Opened:
     """The caller's session ``session_id`` (None: a fresh one) and the agent to run.
 
     ``create``: a session that is not there is made (an expired one starts afresh); without
     it, an unknown, foreign or expired id is SessionNotFound, like every other door's 404.
-    ``message`` is checked (size, NUL) before anything is stored. A turn that names no agent
+    ``message`` is checked (size, NUL) before anything is stored. ``ttl``: seconds a session
+    made here is kept. A turn that names no agent
     runs the session's own agent (the app's first one for a new session).
     """
     if not st.agents:
@@ -62,7 +64,7 @@ async def open_session(
     if create or session_id is None:
         first = named.name if named is not None else st.agents[0].name
         record, created = await st.runtime.sessions.create(
-            key, first, exist_ok=True, replace_expired=True
+            key, first, exist_ok=True, replace_expired=True, ttl_seconds=ttl
         )
     else:
         record, created = await st.runtime.sessions.own(key), False

@@ -131,6 +131,10 @@ class Settings:
     """Seconds a waiting (``wait``/``stream``) request may wait for room in a full queue."""
     lease_ttl: float = 30.0
     node: str | None = None
+    one_off_ttl: float | None = 30 * 86400.0
+    """Seconds a session that an OpenAI-face call without a session made is kept (then swept
+    with its history), so stateless clients do not pile up sessions without end;
+    ``TETHER_ONE_OFF_TTL`` (``off``: kept like any other)."""
     faces: frozenset[str] = frozenset(FACES)
     """The protocol faces served (DESIGN §9); ``TETHER_FACES_<NAME>=off`` turns one off
     (``TETHER_FACES_OPENAI=off``…)."""
@@ -157,6 +161,9 @@ class Settings:
             raw = env.get(f"TETHER_{name.upper()}")
             if raw:
                 values[name] = tuple(part.strip() for part in raw.split(",") if part.strip())
+        one_off = env.get("TETHER_ONE_OFF_TTL", "").strip().lower()
+        if one_off:
+            values["one_off_ttl"] = None if one_off == "off" else _seconds(one_off)
         faces = _faces_from_env(env)
         if faces is not None:
             values["faces"] = faces
@@ -178,6 +185,16 @@ class Settings:
     @property
     def loopback(self) -> bool:
         return is_loopback(self.host)
+
+
+def _seconds(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"TETHER_ONE_OFF_TTL={raw!r}: seconds above 0, or off")
+    return value
 
 
 def _faces_from_env(env: Mapping[str, str]) -> frozenset[str] | None:

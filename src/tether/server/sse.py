@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
 
 from tether.errors import InvalidInput
 from tether.records import Event
@@ -41,10 +42,21 @@ def resume_point(turn_id: str, last_event_id: str | None, after: int | None) -> 
     return after or 0
 
 
-async def stream(events: AsyncIterator[Event], ping: float = PING_SECONDS) -> AsyncIterator[bytes]:
-    """Frames of ``events``, with a comment line every ``ping`` idle seconds for proxies."""
-    iterator = aiter(events)
-    pending: asyncio.Future[Event] | None = None
+T = TypeVar("T")
+
+
+def stream(events: AsyncIterator[Event], ping: float = PING_SECONDS) -> AsyncIterator[bytes]:
+    """tether's frames of ``events``, with a comment line every ``ping`` idle seconds."""
+    return encoded(events, frame, ping)
+
+
+async def encoded(
+    items: AsyncIterator[T], encode: Callable[[T], bytes], ping: float = PING_SECONDS
+) -> AsyncIterator[bytes]:
+    """``encode`` of each of ``items`` (a face's own frames), with a comment line every
+    ``ping`` idle seconds, so proxies keep an idle stream open."""
+    iterator = aiter(items)
+    pending: asyncio.Future[T] | None = None
     try:
         while True:
             pending = asyncio.ensure_future(anext(iterator))
@@ -59,7 +71,7 @@ async def stream(events: AsyncIterator[Event], ping: float = PING_SECONDS) -> As
                 return
             finally:
                 pending = None
-            yield frame(event)
+            yield encode(event)
     finally:
         if pending is not None:
             # The client left while we waited for the next event: stop that wait before

@@ -1,0 +1,446 @@
+"""OpenAI's Responses API over tether's turns: ``POST /v1/responses``, ``GET /v1/responses/{id}``
+and ``POST /v1/responses/{id}/cancel``.
+
+A response is a turn. Its id, ``resp_<turn id>.<session id>``, names both, so any process can
+find it in the store, and only in the caller's namespace: another principal's response is a
+404 like one that never was.
+
+Which conversation a response continues:
+
+* ``previous_response_id``: that response's session. tether's conversations do not branch, so
+  it must be the session's latest answer: a completed turn (or one still under way) after it is
+  a 409 ``conversation_moved_on``. Turns after it that failed or were cancelled do not count.
+* ``conversation`` (an id, or ``{"id": …}``): the caller's session of that id (404 if none).
+* neither: a fresh session, the one-off of :mod:`.inputs`. Every response names its session in
+  ``conversation.id`` and the ``X-Tether-Session`` header, so it can be continued either way.
+
+``background: true`` answers at once with the queued response (poll it with GET; cancel it
+with ``/cancel``). ``stream: true`` sends ``response.*`` events numbered by
+``sequence_number``. A completed turn is ``completed`` (``incomplete`` when the reply was cut
+at the output cap); a failed one ``failed`` with its ``error``; a cancelled, interrupted or
+rolled-back one ``cancelled``. Without streaming or background a turn that did not complete is
+an OpenAI error, as for chat completions; a stream ends with ``response.failed`` (its status
+``failed`` or ``cancelled``) or, for a turn that waits for a human decision, an ``error`` event.
+``instructions``, ``temperature``, ``store`` and such are the agent's business (a template) and
+are ignored; client-side ``tools`` are refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from tether.errors import SessionNotFound, TetherError
+from tether.events import MESSAGE_DELTA, TURN_AWAITING_INPUT, TURN_ENDED
+from tether.records import SESSION_ID_PATTERN, Principal, SessionKey, Turn
+from tether.server import sse
+from tether.server.conversation import Opened, submit
+from tether.server.deps import State
+from tether.server.faces.openai.chat import SESSION_ID_SCHEMA, open_for
+from tether.server.faces.openai.errors import (
+    SESSION_HEADER,
+    TURN_ERRORS,
+    FaceError,
+    awaiting_message,
+    caller_of,
+    documented,
+    error_body,
+    outcome_error,
+    refusal,
+)
+from tether.server.faces.openai.inputs import (
+    checked_session,
+    conversation_input,
+    flag,
+    model_of,
+    no_client_tools,
+    read_body,
+)
+from tether.server.problems import Problem
+from tether.server.routes.turns import wait_for_turn
+from tether.server.schemas import NO_NUL, minted
+from tether.server.state import ServerState
+
+router = APIRouter(tags=["openai"])
+
+_PREFIX = "resp_"
+_TEXT = {"type": "string", "pattern": NO_NUL}
+_INPUT_MESSAGE = {
+    "type": "object",
+    "required": ["role", "content"],
+    "properties": {
+        "type": {"const": "message"},
+        "role": {"enum": ["system", "developer", "user", "assistant"]},
+        "content": {
+            "anyOf": [
+                _TEXT,
+                {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["type", "text"],
+                        "properties": {
+                            "type": {"enum": ["input_text", "output_text", "text"]},
+                            "text": _TEXT,
+                        },
+                    },
+                },
+            ]
+        },
+    },
+}
+_REQUEST = {
+    "type": "object",
+    "required": ["model", "input"],
+    "not": {"required": ["previous_response_id", "conversation"]},
+    "properties": {
+        "model": {"type": "string", "minLength": 1, "description": "An agent's name."},
+        "input": {
+            "anyOf": [
+                _TEXT,
+                {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": _INPUT_MESSAGE,
+                    "contains": {"type": "object", "properties": {"role": {"const": "user"}}},
+                },
+            ]
+        },
+        "previous_response_id": {"type": "string", "minLength": 1, "maxLength": 200},
+        "conversation": {
+            "anyOf": [
+                SESSION_ID_SCHEMA,
+                {"type": "object", "required": ["id"], "properties": {"id": SESSION_ID_SCHEMA}},
+            ]
+        },
+        "stream": {"type": "boolean"},
+        "background": {"type": "boolean"},
+        "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+        "tools": {"type": "array", "maxItems": 0, "description": "Not supported: the agent's."},
+    },
+}
+_RESPONSE_ID = {"type": "string", "minLength": 1, "maxLength": 200}
+_CREATE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "a response; with stream: true, response.* events",
+        "content": {
+            "application/json": {"schema": {"type": "object"}},
+            "text/event-stream": {"schema": {"type": "string"}},
+        },
+    },
+    **documented(
+        {
+            **TURN_ERRORS,
+            409: TURN_ERRORS[409] + "; or the conversation moved on past previous_response_id",
+        }
+    ),
+}
+_READ_RESPONSES = documented(
+    {
+        400: "ambiguous credentials",
+        401: "no valid API key",
+        404: "no such response of yours",
+        503: "the store is unreachable",
+    },
+    body=False,
+)
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What the creating request said that its response repeats."""
+
+    model: str | None = None
+    previous: str | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+    background: bool = False
+
+
+def response_id(turn: Turn) -> str:
+    return f"{_PREFIX}{turn.id}.{turn.key.session_id}"
+
+
+def _parse_id(value: str) -> tuple[str, str]:
+    """(turn id, session id) of a response id; FaceError 404 when it cannot be one of ours."""
+    turn_id, dot, session_id = value.removeprefix(_PREFIX).partition(".")
+    if not (
+        value.startswith(_PREFIX)
+        and dot
+        and minted(turn_id)
+        and SESSION_ID_PATTERN.fullmatch(session_id)
+    ):
+        raise FaceError(404, "no such response", "response_not_found")
+    return turn_id, session_id
+
+
+async def _own_turn(st: ServerState, caller: Principal, value: str) -> Turn:
+    turn_id, session_id = _parse_id(value)
+    key = SessionKey.of(caller, session_id)
+    try:
+        await st.runtime.sessions.own(key)
+    except SessionNotFound:
+        raise FaceError(404, "no such response", "response_not_found") from None
+    turn = await st.runtime.sessions.turn(key, turn_id)
+    if turn is None:
+        raise FaceError(404, "no such response", "response_not_found")
+    return turn
+
+
+def _status(turn: Turn) -> str:
+    if turn.status == "queued":
+        return "queued"
+    if not turn.ended:
+        return "in_progress"  # running, or waiting for a human decision
+    if turn.status == "completed":
+        return "completed" if turn.complete else "incomplete"
+    if turn.status == "failed":
+        return "failed"
+    if turn.status == "limit_reached":
+        return "incomplete"
+    return "cancelled"
+
+
+def _message(turn: Turn, text: str, status: str) -> dict[str, Any]:
+    return {
+        "type": "message",
+        "id": f"msg_{turn.id}",
+        "status": status,
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
+    }
+
+
+def response_object(turn: Turn, asked: Asked | None = None) -> dict[str, Any]:
+    """The Responses API's view of ``turn`` (``asked``: by the request that made it)."""
+    asked = asked or Asked()
+    status = _status(turn)
+    usage = turn.usage
+    output = []
+    if turn.ended and turn.output:
+        output.append(_message(turn, turn.output, "completed" if turn.complete else "incomplete"))
+    error = None
+    if status == "failed":
+        error = {"code": "server_error", "message": f"{turn.reason}: {turn.error or ''}".strip()}
+    incomplete = None
+    if status == "incomplete":
+        limit = turn.status == "limit_reached" or turn.reason == "finished_at_limit"
+        incomplete = {"reason": "max_messages" if limit else "max_output_tokens"}
+    return {
+        "id": response_id(turn),
+        "object": "response",
+        "created_at": turn.created_at,
+        "completed_at": turn.ended_at if status == "completed" else None,
+        "status": status,
+        "background": asked.background,
+        "model": asked.model or turn.agent_name,
+        "output": output,
+        "error": error,
+        "incomplete_details": incomplete,
+        "instructions": None,
+        "metadata": asked.metadata,
+        "parallel_tool_calls": False,
+        "tool_choice": "auto",
+        "tools": [],
+        "previous_response_id": asked.previous,
+        "conversation": {"id": turn.key.session_id},
+        "usage": {
+            "input_tokens": usage.input_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": usage.output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": usage.input_tokens + usage.output_tokens,
+        },
+    }
+
+
+@router.post(
+    "/v1/responses",
+    openapi_extra={
+        "requestBody": {"required": True, "content": {"application/json": {"schema": _REQUEST}}}
+    },
+    responses=_CREATE_RESPONSES,
+)
+async def create_response(request: Request, st: State) -> Response:
+    """A response of the agent ``model`` names, continuing ``previous_response_id`` or
+    ``conversation`` (or a fresh session)."""
+    session_id: str | None = None
+    try:
+        caller = await caller_of(st, request)
+        body = await read_body(request)
+        model = model_of(body)
+        previous = body.get("previous_response_id")
+        if previous is not None and not isinstance(previous, str):
+            raise FaceError(400, "previous_response_id must be a string", "invalid_value")
+        session_id = await _session_of(st, caller, previous, body.get("conversation"))
+        text = _input_text(body.get("input"), session_id is not None)
+        stream, background = flag(body, "stream"), flag(body, "background")
+        metadata = _metadata(body.get("metadata"))
+        no_client_tools(body)
+        opened = await open_for(st, caller, model, session_id, text)
+        if previous:
+            await _latest(st, opened, previous)
+        turn = await submit(st, opened, caller, text)
+    except (FaceError, TetherError, Problem) as exc:
+        return refusal(exc, {SESSION_HEADER: session_id} if session_id else None)
+    headers = {SESSION_HEADER: opened.key.session_id}
+    asked = Asked(model, previous, metadata, background)
+    if stream:
+        return StreamingResponse(
+            sse.encoded(_events(st, turn, asked), _frame),
+            media_type="text/event-stream",
+            headers={**headers, "Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+    if background:
+        return JSONResponse(response_object(turn, asked), headers=headers)
+    done = await wait_for_turn(st, request, turn, "continue")
+    if done is None:
+        return Response(status_code=499)
+    if done.status != "completed":
+        return outcome_error(done, headers)
+    return JSONResponse(response_object(done, asked), headers=headers)
+
+
+@router.get("/v1/responses/{response_id}", responses=_READ_RESPONSES)
+async def get_response(response_id: str, request: Request, st: State) -> Response:
+    """A response as it stands (queued, in progress, or how it ended)."""
+    try:
+        caller = await caller_of(st, request)
+        turn = await _own_turn(st, caller, response_id)
+    except (FaceError, TetherError, Problem) as exc:
+        return refusal(exc, None)
+    return JSONResponse(response_object(turn))
+
+
+@router.post("/v1/responses/{response_id}/cancel", responses=_READ_RESPONSES)
+async def cancel_response(response_id: str, request: Request, st: State) -> Response:
+    """Cancel a queued or running response; an ended one is answered as it is."""
+    try:
+        caller = await caller_of(st, request)
+        turn = await _own_turn(st, caller, response_id)
+        if not turn.ended:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(30):
+                    turn = await st.runtime.scheduler.cancel(turn.key, turn.id, "cancelled")
+    except (FaceError, TetherError, Problem) as exc:
+        return refusal(exc, None)
+    return JSONResponse(response_object(turn))
+
+
+async def _session_of(
+    st: ServerState, caller: Principal, previous: str | None, conversation: object
+) -> str | None:
+    if previous and conversation is not None:
+        raise FaceError(
+            400,
+            "previous_response_id and conversation cannot both be given",
+            "invalid_value",
+            "conversation",
+        )
+    if previous:
+        return _parse_id(previous)[1]
+    if isinstance(conversation, dict):
+        conversation = conversation.get("id")
+    return checked_session(conversation, "conversation")
+
+
+async def _latest(st: ServerState, opened: Opened, previous: str) -> None:
+    """Refuse to continue ``previous`` when the conversation has moved on past it."""
+    turn_id, _ = _parse_id(previous)
+    turn = await st.runtime.sessions.turn(opened.key, turn_id)
+    if turn is None:
+        raise FaceError(404, "no such response", "response_not_found", "previous_response_id")
+    later = await st.runtime.sessions.turns(opened.key, after=turn.seq, limit=100)
+    if any(t.status == "completed" or not t.ended for t in later):
+        raise FaceError(
+            409,
+            "the conversation has moved on past this response, and tether's conversations do "
+            "not branch: continue from its latest response",
+            "conversation_moved_on",
+            "previous_response_id",
+        )
+
+
+def _input_text(given: object, continuing: bool) -> str:
+    if isinstance(given, str):
+        return given
+    if not isinstance(given, list) or not given:
+        raise FaceError(400, "input must be text or a non-empty list", "invalid_value", "input")
+    return conversation_input(given, continuing, "input")
+
+
+def _metadata(given: object) -> dict[str, str]:
+    if given is None:
+        return {}
+    if not isinstance(given, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in given.items()
+    ):
+        raise FaceError(400, "metadata maps strings to strings", "invalid_value", "metadata")
+    return given
+
+
+def _frame(event: dict[str, Any]) -> bytes:
+    data = json.dumps(event, ensure_ascii=False)
+    return f"event: {event['type']}\ndata: {data}\n\n".encode()
+
+
+async def _events(st: ServerState, turn: Turn, asked: Asked) -> AsyncIterator[dict[str, Any]]:
+    """The turn as ``response.*`` events, ``sequence_number`` counting from 0."""
+    number = 0
+    item_id = f"msg_{turn.id}"
+    texts: list[str] = []
+
+    def event(kind: str, **fields: Any) -> dict[str, Any]:
+        nonlocal number
+        number += 1
+        return {"type": kind, "sequence_number": number - 1, **fields}
+
+    def part(text: str) -> dict[str, Any]:
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+    def where() -> dict[str, Any]:
+        return {"item_id": item_id, "output_index": 0, "content_index": 0}
+
+    obj = response_object(turn, asked)
+    yield event("response.created", response=obj)
+    yield event("response.in_progress", response={**obj, "status": "in_progress"})
+    async for ev in st.runtime.scheduler.events(turn.key, turn.id):
+        if ev.type == MESSAGE_DELTA:
+            piece = str(ev.data.get("text", ""))
+            if not texts:
+                item = _message(turn, "", "in_progress")
+                yield event("response.output_item.added", output_index=0, item=item)
+                yield event("response.content_part.added", **where(), part=part(""))
+            texts.append(piece)
+            yield event("response.output_text.delta", **where(), delta=piece, logprobs=[])
+        elif ev.type in (TURN_AWAITING_INPUT, TURN_ENDED):
+            done = await st.runtime.sessions.turn(turn.key, turn.id)
+            if done is None:
+                return
+            if not done.ended:
+                body = error_body(409, awaiting_message(done), "awaiting_input", None)["error"]
+                yield event("error", code=body["code"], message=body["message"], param=None)
+                return
+            final = response_object(done, asked)
+            if texts or done.output:
+                text = done.output if done.output is not None else "".join(texts)
+                state = "completed" if done.complete else "incomplete"
+                if not texts:
+                    item = _message(done, "", "in_progress")
+                    yield event("response.output_item.added", output_index=0, item=item)
+                    yield event("response.content_part.added", **where(), part=part(""))
+                yield event("response.output_text.done", **where(), text=text, logprobs=[])
+                yield event("response.content_part.done", **where(), part=part(text))
+                yield event(
+                    "response.output_item.done", output_index=0, item=_message(done, text, state)
+                )
+            status = final["status"]
+            kind = {"completed": "response.completed", "incomplete": "response.incomplete"}
+            yield event(kind.get(status, "response.failed"), response=final)
+            return

@@ -1,0 +1,247 @@
+"""The OpenAI face's streaming chat completions and its Responses API, driven by the real
+``openai`` SDK against a real server and the fake OpenAI model."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+from openai.types.responses import (
+    ResponseCompletedEvent,
+    ResponseErrorEvent,
+    ResponseFailedEvent,
+    ResponseTextDeltaEvent,
+    ResponseTextDoneEvent,
+)
+
+from tests.server.cli_keys import create_key
+from tests.server.conftest import Server, ServerFactory
+from tests.server.test_face_openai import SESSION, begin, sdk
+from tether.testing.fake_openai import FakeError, FakeOpenAIServer
+
+
+@pytest.fixture
+def client(server: Server) -> Iterator[openai.OpenAI]:
+    with sdk(server) as c:
+        yield c
+
+
+def _users_and_assistants(request: dict[str, Any]) -> list[tuple[str, str]]:
+    return [
+        (m["role"], m["content"])
+        for m in request["messages"]
+        if m["role"] in ("user", "assistant") and isinstance(m.get("content"), str)
+    ]
+
+
+def test_a_resent_history_reaches_the_model_once(
+    client: openai.OpenAI, server: Server, fake_openai: FakeOpenAIServer
+) -> None:
+    sid = begin(server, "once-1", "upstream")
+    fake_openai.script("first answer", "second answer")
+    headers = {SESSION: sid}
+    first = client.chat.completions.create(
+        model="upstream", messages=[{"role": "user", "content": "hello"}], extra_headers=headers
+    )
+    assert first.choices[0].message.content == "first answer"
+    fake_openai.reset()
+    # The client resends the whole conversation, as chat-completions clients do.
+    client.chat.completions.create(
+        model="upstream",
+        messages=[
+            {"role": "system", "content": "a system prompt the agent's template overrides"},
+            {"role": "user", "content": "hello"},
+            {"role": "assistant", "content": "first answer"},
+            {"role": "user", "content": "and again"},
+        ],
+        extra_headers=headers,
+    )
+    (seen,) = fake_openai.chat_requests
+    assert _users_and_assistants(seen) == [
+        ("user", "hello"),
+        ("assistant", "first answer"),
+        ("user", "and again"),
+    ]
+
+
+def test_a_one_off_call_gives_the_model_the_history_it_was_sent(
+    client: openai.OpenAI, fake_openai: FakeOpenAIServer
+) -> None:
+    fake_openai.reset()
+    fake_openai.script("fine")
+    client.chat.completions.create(
+        model="upstream",
+        messages=[
+            {"role": "user", "content": "my name is Ada"},
+            {"role": "assistant", "content": "hello Ada"},
+            {"role": "user", "content": "what is my name?"},
+        ],
+    )
+    (seen,) = fake_openai.chat_requests
+    said = _users_and_assistants(seen)
+    assert len(said) == 1 and said[0][0] == "user"
+    text = said[0][1]
+    assert "user: my name is Ada" in text and "assistant: hello Ada" in text
+    assert text.endswith("what is my name?")
+
+
+def test_streaming_yields_deltas_then_a_usage_chunk(
+    client: openai.OpenAI, server: Server, fake_openai: FakeOpenAIServer
+) -> None:
+    sid = begin(server, "stream-1", "upstream")
+    fake_openai.script("alpha beta gamma delta")
+    stream = client.chat.completions.create(
+        model="upstream",
+        messages=[{"role": "user", "content": "go"}],
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_headers={SESSION: sid},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    pieces = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+    assert "".join(pieces) == "alpha beta gamma delta"
+    assert len([p for p in pieces if p]) > 1, "the text came in one piece: not streamed"
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finish[-1] == "stop" and all(f is None for f in finish[:-1])
+    last = chunks[-1]
+    assert last.choices == [] and last.usage is not None and last.usage.total_tokens > 0
+    assert all(c.usage is None for c in chunks[:-1])
+    assert len({c.id for c in chunks}) == 1
+    # The streamed turn is in the session's history like any other.
+    reply = client.chat.completions.create(
+        model="echo", messages=[{"role": "user", "content": "next"}], extra_headers={SESSION: sid}
+    )
+    assert reply.choices[0].message.content == "saw [go] then next"
+
+
+def test_a_stream_whose_model_fails_ends_in_an_error(
+    client: openai.OpenAI, server: Server, fake_openai: FakeOpenAIServer
+) -> None:
+    sid = begin(server, "stream-fail", "upstream")
+    fake_openai.script(FakeError(500, "upstream melted", times=2))
+    stream = client.chat.completions.create(
+        model="upstream",
+        messages=[{"role": "user", "content": "go"}],
+        stream=True,
+        extra_headers={SESSION: sid},
+    )
+    seen: list[str] = []
+    with pytest.raises(openai.APIError) as caught:
+        for chunk in stream:
+            seen.extend(c.finish_reason or "" for c in chunk.choices)
+    assert "stop" not in seen
+    assert "failed" in caught.value.message
+
+
+def test_responses_continue_by_previous_response_id_and_by_conversation(
+    client: openai.OpenAI,
+) -> None:
+    first = client.responses.create(model="echo", input="one")
+    assert first.status == "completed" and first.output_text == "saw [] then one"
+    assert first.conversation is not None
+    second = client.responses.create(model="echo", input="two", previous_response_id=first.id)
+    assert second.output_text == "saw [one] then two"
+    assert second.previous_response_id == first.id
+    third = client.responses.create(
+        model="echo",
+        input=[{"role": "user", "content": "three"}],
+        conversation=first.conversation.id,
+    )
+    assert third.output_text == "saw [one, two] then three"
+    again = client.responses.retrieve(second.id)
+    assert again.status == "completed" and again.output_text == second.output_text
+    # tether's conversations do not branch: continuing an answer that has been followed up is
+    # refused, not silently continued from the latest.
+    with pytest.raises(openai.ConflictError) as caught:
+        client.responses.create(model="echo", input="fork", previous_response_id=first.id)
+    assert isinstance(caught.value.body, dict)
+    assert caught.value.body["code"] == "conversation_moved_on"
+
+
+def test_a_streamed_response_numbers_its_events(client: openai.OpenAI) -> None:
+    events = list(client.responses.create(model="slow", input="go", stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = [e.delta for e in events if isinstance(e, ResponseTextDeltaEvent)]
+    assert len(deltas) > 1
+    done = next(e for e in events if isinstance(e, ResponseTextDoneEvent))
+    assert isinstance(events[-1], ResponseCompletedEvent)
+    final = events[-1].response
+    assert "".join(deltas) == done.text == final.output_text
+    assert final.status == "completed" and final.usage is not None
+
+
+def test_a_failed_response_is_an_error_and_its_stream_says_failed(
+    client: openai.OpenAI, fake_openai: FakeOpenAIServer
+) -> None:
+    fake_openai.script(FakeError(500, "down", times=2))
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.responses.create(model="upstream", input="doomed")
+    assert caught.value.status_code == 502
+    fake_openai.script(FakeError(500, "down", times=2))
+    events = list(client.responses.create(model="upstream", input="doomed", stream=True))
+    assert isinstance(events[-1], ResponseFailedEvent)
+    failed = events[-1].response
+    assert failed.status == "failed" and failed.error is not None
+    assert not any(e.type == "response.completed" for e in events)
+
+
+def test_a_background_response_can_be_cancelled(client: openai.OpenAI) -> None:
+    queued = client.responses.create(model="slow", input="go", background=True)
+    assert queued.status in ("queued", "in_progress")
+    for _ in range(500):
+        if client.responses.retrieve(queued.id).status == "in_progress":
+            break
+        time.sleep(0.01)
+    cancelled = client.responses.cancel(queued.id)
+    assert cancelled.status == "cancelled"
+    assert client.responses.retrieve(queued.id).status == "cancelled"
+
+
+def test_another_users_responses_are_not_found(make_server: ServerFactory) -> None:
+    srv = make_server()
+    alice = create_key(srv.data_dir, "alice")
+    bob = create_key(srv.data_dir, "bob")
+    with sdk(srv, alice.secret) as a, sdk(srv, bob.secret) as b:
+        for _ in range(200):  # the server caches "are there keys" for a second
+            try:
+                a.models.list()
+                break
+            except openai.AuthenticationError:
+                time.sleep(0.02)
+        mine = a.responses.create(model="echo", input="secret plans")
+        with pytest.raises(openai.NotFoundError):
+            b.responses.retrieve(mine.id)
+        with pytest.raises(openai.NotFoundError):
+            b.responses.create(model="echo", input="peek", previous_response_id=mine.id)
+        with pytest.raises(openai.NotFoundError):
+            b.responses.cancel(mine.id)
+        with pytest.raises(openai.NotFoundError):
+            b.responses.retrieve("resp_t_AAAAAAAAAAAAAAAA.nothing")
+        # Alice's conversation is untouched by Bob's attempts.
+        on = a.responses.create(model="echo", input="more", previous_response_id=mine.id)
+        assert on.output_text == "saw [secret plans] then more"
+
+
+def test_a_streamed_turn_that_asks_a_human_ends_in_an_error_naming_it(
+    client: openai.OpenAI, server: Server
+) -> None:
+    sid = begin(server, "stream-ask", "asker")
+    stream = client.chat.completions.create(
+        model="asker",
+        messages=[{"role": "user", "content": "hello"}],
+        stream=True,
+        extra_headers={SESSION: sid},
+    )
+    with pytest.raises(openai.APIError) as caught:
+        list(stream)
+    assert isinstance(caught.value.body, dict) and caught.value.body["code"] == "awaiting_input"
+    assert "decide" in caught.value.message
+    events = list(client.responses.create(model="asker", input="hi", stream=True))
+    assert isinstance(events[-1], ResponseErrorEvent) and events[-1].code == "awaiting_input"
