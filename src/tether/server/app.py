@@ -14,6 +14,7 @@ from tether.runtime import Runtime
 from tether.server import problems
 from tether.server.auth import Authenticator
 from tether.server.faces import a2a as a2a_face
+from tether.server.faces import langgraph as langgraph_face
 from tether.server.faces import openai as openai_face
 from tether.server.local_mode import LocalMode
 from tether.server.routes import chat, console, knowledge, memory, meta, sessions, turns, users
@@ -161,6 +162,9 @@ def create_app(settings: Settings | None = None, agents: Sequence[Agent] | None 
         app.include_router(openai_face.router)
     if "a2a" in settings.faces:
         app.include_router(a2a_face.router)
+    if "langgraph" in settings.faces:
+        # Out of the OpenAPI document: LangGraph documents its dialect (faces/langgraph).
+        app.include_router(langgraph_face.router)
     console.install(app)
     app.add_middleware(
         BodyLimit,
