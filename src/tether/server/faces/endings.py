@@ -7,10 +7,13 @@ thing, and never present such a turn as an answer (DESIGN §1.5).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
+from tether.errors import TetherError
 from tether.records import Turn
+from tether.server.problems import Problem, from_error, problem_response
 from tether.server.routes.outcomes import failed_status
 from tether.server.schemas import DecisionOut
 from tether.server.state import ServerState
@@ -78,3 +81,32 @@ def _asks(payload: dict[str, Any]) -> str:
     if "steps" in payload:
         return f"go on for {payload['steps']} more steps"
     return "a decision"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """tether's answer to a refused request, for a face to restate in its own form."""
+
+    status: int
+    code: str
+    """The problem type's last segment, snake-cased (``queue_full``, ``unauthorized``…)."""
+    message: str
+    headers: dict[str, str]
+    """What the caller must see whatever the form: ``WWW-Authenticate``, ``Retry-After``."""
+
+
+def refusal(exc: TetherError | Problem) -> Refusal:
+    """What tether's own API would answer for ``exc`` (its status, reason and detail: the same
+    words at every door, and never an exception's raw text)."""
+    if isinstance(exc, TetherError):
+        answer = from_error(exc)
+    else:
+        answer = problem_response(
+            exc.status, exc.kind, exc.title, exc.detail, headers=exc.headers, **exc.extra
+        )
+    body = json.loads(bytes(answer.body))
+    code = str(body.get("type", "")).rsplit("/", 1)[-1].replace("-", "_") or "error"
+    kept = {
+        k: v for k, v in answer.headers.items() if k.lower() in ("www-authenticate", "retry-after")
+    }
+    return Refusal(answer.status_code, code, str(body.get("detail") or body.get("title")), kept)

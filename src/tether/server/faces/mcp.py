@@ -59,8 +59,8 @@ from starlette.types import Message, Receive, Scope, Send
 from tether.errors import SessionNotFound, TetherError
 from tether.records import SESSION_ID_PATTERN, Principal, SessionKey, Turn
 from tether.server.conversation import open_session, submit
-from tether.server.faces.endings import ended_code, ended_message, waiting
-from tether.server.problems import Problem, from_error, problem_response
+from tether.server.faces.endings import ended_code, ended_message, refusal, waiting
+from tether.server.problems import Problem
 from tether.server.state import ServerState
 from tether.version import __version__
 
@@ -328,35 +328,21 @@ def _error(code: str, message: str, **about: Any) -> types.CallToolResult:
     )
 
 
-def _problem(exc: TetherError | Problem | _BadArguments) -> tuple[int, str, str, dict[str, str]]:
-    """(HTTP status, reason code, detail, headers) of tether's problem for ``exc``."""
-    if isinstance(exc, _BadArguments):
-        return 400, "invalid_arguments", str(exc), {}
-    if isinstance(exc, TetherError):
-        answer = from_error(exc)
-    else:
-        answer = problem_response(
-            exc.status, exc.kind, exc.title, exc.detail, headers=exc.headers, **exc.extra
-        )
-    body = json.loads(bytes(answer.body))
-    code = str(body.get("type", "")).rsplit("/", 1)[-1].replace("-", "_") or "error"
-    kept = {k: v for k, v in answer.headers.items() if k.lower() in ("www-authenticate",)}
-    return answer.status_code, code, str(body.get("detail") or body.get("title")), kept
-
-
 def _refusal(exc: TetherError | Problem | _BadArguments) -> types.CallToolResult:
-    _, code, detail, _ = _problem(exc)
-    return _error(code, detail)
+    if isinstance(exc, _BadArguments):
+        return _error("invalid_arguments", str(exc))
+    said = refusal(exc)
+    return _error(said.code, said.message)
 
 
 async def _refuse(exc: TetherError | Problem, send: Send) -> None:
     """An HTTP refusal before the SDK: the status, with a JSON-RPC error the client reads."""
-    status, _, detail, headers = _problem(exc)
-    error = {"code": types.INVALID_REQUEST, "message": detail}
+    said = refusal(exc)
+    error = {"code": types.INVALID_REQUEST, "message": said.message}
     body = json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    raw += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
-    await send({"type": "http.response.start", "status": status, "headers": raw})
+    raw += [(k.lower().encode(), v.encode()) for k, v in said.headers.items()]
+    await send({"type": "http.response.start", "status": said.status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
 
 
