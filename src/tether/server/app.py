@@ -13,6 +13,7 @@ from tether.agent import Agent
 from tether.runtime import Runtime
 from tether.server import problems
 from tether.server.auth import Authenticator
+from tether.server.faces import agui as agui_face
 from tether.server.faces import mcp as mcp_face
 from tether.server.faces import openai as openai_face
 from tether.server.local_mode import LocalMode
@@ -168,6 +169,8 @@ def create_app(settings: Settings | None = None, agents: Sequence[Agent] | None 
         app.include_router(openai_face.router)
     if mcp is not None:
         mcp.install(app)
+    if "agui" in settings.faces:
+        app.include_router(agui_face.router)
     console.install(app)
     app.add_middleware(
         BodyLimit,
