@@ -1,9 +1,9 @@
 """Apps the server tests run in a real ``tether serve`` subprocess.
 
 Models are chosen so outcomes are deterministic: an echo model that shows what it was sent, a
-slow streaming model for cancellation, a tool-calling one that needs approval, one that asks the
-user (``ask_user``), and an OpenAI provider pointed at a fake server whose URL comes from
-``FAKE_OPENAI_URL``.
+slow streaming model for cancellation, a tool-calling one that needs approval, one whose tool
+needs none (``shouter``), one that asks the user (``ask_user``), and an OpenAI provider pointed
+at a fake server whose URL comes from ``FAKE_OPENAI_URL``.
 """
 
 from __future__ import annotations
@@ -50,6 +50,19 @@ def counted_flow(request: ModelRequest) -> str | ToolCalls:
     if last.role == "tool":
         return f"tool said: {last.content}"
     return ToolCalls(Call("counted_launch", {"target": last.content}))
+
+
+@tool
+def shout(text: str) -> str:
+    """Say it louder (runs without asking)."""
+    return text.upper()
+
+
+def shout_flow(request: ModelRequest) -> str | ToolCalls:
+    last = request.messages[-1]
+    if last.role == "tool":
+        return f"it says {last.content}"
+    return ToolCalls(Call("shout", {"text": last.content}))
 
 
 def instructions(request: ModelRequest) -> str:
@@ -121,6 +134,8 @@ agents = [
     Agent(name="asker", model=ScriptedModel(default=ask_flow), ask_user=True, approval_timeout=30),
     # Short steady turns (~0.2 s): load that spans an outage.
     Agent(name="steady", model=ScriptedModel(default=Slow("s " * 10, delay=0.02))),
+    # Calls a tool that needs no approval, then answers with what it returned.
+    Agent(name="shouter", model=ScriptedModel(default=shout_flow), tools=[shout]),
 ]
 if os.environ.get("FAKE_OPENAI_URL"):
     agents.append(

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from tether.errors import NotFound, SessionBusy, SessionNotFound, TurnNotFound
 from tether.records import (
+    Event,
     Item,
     Reason,
     SessionKey,
@@ -120,12 +121,18 @@ class SessionService:
     async def turn(self, key: SessionKey, turn_id: str) -> Turn | None:
         return await self._store.get_turn(key, turn_id)
 
+    async def stored_events(
+        self, key: SessionKey, turn_id: str, *, after_seq: int = 0, limit: int = 1000
+    ) -> list[Event]:
+        """A page of the turn's events as stored, after ``after_seq`` (no following)."""
+        return await self._store.list_events(key, turn_id, after_seq=after_seq, limit=limit)
+
     async def latest_event_seq(self, key: SessionKey, turn_id: str) -> int:
         """The seq of the turn's latest event, 0 for none (a stream that goes on after it
         repeats nothing)."""
         seq, page = 0, 1000
         while True:
-            events = await self._store.list_events(key, turn_id, after_seq=seq, limit=page)
+            events = await self.stored_events(key, turn_id, after_seq=seq, limit=page)
             if events:
                 seq = events[-1].seq
             if len(events) < page:

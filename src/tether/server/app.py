@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -14,7 +14,9 @@ from tether.runtime import Runtime
 from tether.server import problems
 from tether.server.auth import Authenticator
 from tether.server.faces import a2a as a2a_face
+from tether.server.faces import agui as agui_face
 from tether.server.faces import langgraph as langgraph_face
+from tether.server.faces import mcp as mcp_face
 from tether.server.faces import openai as openai_face
 from tether.server.local_mode import LocalMode
 from tether.server.routes import chat, console, knowledge, memory, meta, sessions, turns, users
@@ -126,11 +128,18 @@ def create_app(settings: Settings | None = None, agents: Sequence[Agent] | None 
         agents=agents,
     )
 
+    mcp = mcp_face.McpFace(state) if "mcp" in settings.faces else None
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await runtime.start()
         try:
-            yield
+            # Faces with machinery of their own (the MCP SDK's task group) run inside the
+            # runtime's life: they stop first, and the runtime drains after them.
+            async with AsyncExitStack() as faces:
+                if mcp is not None:
+                    await faces.enter_async_context(mcp.running())
+                yield
         finally:
             await runtime.close(drain_timeout=settings.drain_timeout)
 
@@ -165,6 +174,10 @@ def create_app(settings: Settings | None = None, agents: Sequence[Agent] | None 
     if "langgraph" in settings.faces:
         # Out of the OpenAPI document: LangGraph documents its dialect (faces/langgraph).
         app.include_router(langgraph_face.router)
+    if mcp is not None:
+        mcp.install(app)
+    if "agui" in settings.faces:
+        app.include_router(agui_face.router)
     console.install(app)
     app.add_middleware(
         BodyLimit,

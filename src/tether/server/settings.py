@@ -107,7 +107,7 @@ _ENV_VALUES: dict[str, tuple[str, Callable[[str], object]]] = {
 """Settings read as they are from ``TETHER_*`` (checked by ``_check_runtime_values``)."""
 
 
-FACES: tuple[str, ...] = ("openai", "a2a", "langgraph")
+FACES: tuple[str, ...] = ("openai", "a2a", "mcp", "langgraph", "agui")
 """The protocol faces a server can serve besides tether's own API (each ``server/faces/…``)."""
 
 

@@ -103,9 +103,9 @@ async def parked_on(st: ServerState, key: SessionKey, turn_id: str, call_id: str
 
 async def resumed_after(st: ServerState, turn: Turn) -> int:
     """The seq of the turn's last ``turn.awaiting_input``: a resumed run streams from there."""
-    store, last, seq = st.runtime.scheduler.store, 0, 0
+    sessions, last, seq = st.runtime.sessions, 0, 0
     while True:
-        page = await store.list_events(turn.key, turn.id, after_seq=seq, limit=1000)
+        page = await sessions.stored_events(turn.key, turn.id, after_seq=seq, limit=1000)
         last = next((e.seq for e in reversed(page) if e.type == TURN_AWAITING_INPUT), last)
         if len(page) < 1000:
             return last
