@@ -17,6 +17,22 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 
 
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of every thread of ``pid`` (``/proc/<pid>/stat``, fields 14 and 15)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+class Served(str):
+    """The server's URL, which also knows the server's pid (for its CPU time)."""
+
+    pid: int
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -24,7 +40,7 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve(data_dir: Path, log: Path, *args: str) -> Iterator[str]:
+def serve(data_dir: Path, log: Path, *args: str) -> Iterator[Served]:
     """Serve ``tests.server.apps:app`` on ``data_dir`` until the block ends; yields its URL
     once ``/readyz`` answers 200. The checkout's own src comes first on the path."""
     port = free_port()
@@ -33,7 +49,8 @@ def serve(data_dir: Path, log: Path, *args: str) -> Iterator[str]:
     cmd += ["--data-dir", str(data_dir), "--log-level", "warning", *args]
     with log.open("wb") as sink:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    url = Served(f"http://127.0.0.1:{port}")
+    url.pid = proc.pid
     try:
         deadline = time.monotonic() + 60
         while True:

@@ -64,6 +64,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from _serve import cpu_seconds
 from tether.testing.fake_openai import FakeOpenAIServer
 
 LoadPath = Literal["direct", "turns", "chat"]
@@ -89,19 +90,11 @@ ANSWER = (
     "holding it runs queued turns in order, and every write checks the token in the same "
     "transaction, so a stale worker cannot write anything at all."
 )
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 console = Console(highlight=False, width=max(150, Console().width))
 
 
 # -- processes -----------------------------------------------------------------------------------
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of every thread of ``pid`` (``/proc/<pid>/stat``, fields 14 and 15)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
 def rss_kb(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:

@@ -49,6 +49,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _serve import cpu_seconds
 from http_load import (
     MODEL,
     QUESTION,
@@ -57,7 +58,6 @@ from http_load import (
     _stop,
     _wait_ready,
     console,
-    cpu_seconds,
     free_port,
 )
 
