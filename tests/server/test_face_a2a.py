@@ -422,7 +422,9 @@ def code(response: httpx.Response) -> int:
 
 def test_bad_requests_are_json_rpc_errors(server: Server) -> None:
     hello = {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "hi"}]}
-    assert code(rpc(server, b"{not json")) == -32700
+    unparsed = rpc(server, b"{not json")
+    assert code(unparsed) == -32700
+    assert "INTERNAL_ERROR" not in unparsed.text  # the caller's fault, not the server's
     assert code(rpc(server, [call("GetTask", {"id": "a"})])) == -32600  # no batches
     assert code(rpc(server, {"id": 1, "method": "GetTask"})) == -32600  # no jsonrpc: 2.0
     assert code(rpc(server, call("DoSomething", {}))) == -32601

@@ -5,7 +5,6 @@ it."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid
 from typing import Any
@@ -114,14 +113,17 @@ def test_a_turn_is_a_well_formed_event_sequence(server: Server) -> None:
     thread = new_thread()
     run_id, found = run(server, "echo", body(thread, "hi"))
     assert_run_frame(found, thread, run_id)
-    assert kinds(found)[:2] == ["RUN_STARTED", "TEXT_MESSAGE_START"]
+    assert kinds(found)[:3] == ["RUN_STARTED", "CUSTOM", "TEXT_MESSAGE_START"]
     assert kinds(found)[-2:] == ["TEXT_MESSAGE_END", "RUN_FINISHED"]
-    assert set(kinds(found)[2:-2]) == {"TEXT_MESSAGE_CONTENT"}
+    assert set(kinds(found)[3:-2]) == {"TEXT_MESSAGE_CONTENT"}
     assert text_of(found) == "saw [] then hi"
     finished = found[-1]
     assert isinstance(finished, RunFinishedEvent)
     assert isinstance(finished.outcome, RunFinishedSuccessOutcome)
     assert isinstance(finished.result, dict) and finished.result["reply"] == "saw [] then hi"
+    named = found[1]
+    assert isinstance(named, CustomEvent) and named.name == "tether.turn"
+    assert named.value["turn_id"] == finished.result["turn_id"]
     # The thread is a tether session of the caller's, made on first use.
     with server.client() as c:
         assert c.get(f"/v1/sessions/{thread}").status_code == 200
@@ -221,24 +223,24 @@ def test_an_approval_is_an_interrupt_on_its_tool_call(server: Server) -> None:
     assert isinstance(resumed[-1], RunFinishedEvent)
 
 
-def test_a_cancelled_turn_is_a_run_error(server: Server) -> None:
+def test_a_stop_button_cancels_the_run_through_the_turn_it_names(server: Server) -> None:
     thread = new_thread()
     payload = body(thread, "go")
     found: list[BaseEvent] = []
-    worker = threading.Thread(target=lambda: found.extend(run(server, "slow", payload)[1]))
-    worker.start()
-    with server.client() as c:
-        running: list[dict[str, Any]] = []
-        for _ in range(500):
-            r = c.get(f"/v1/sessions/{thread}/turns")
-            if r.status_code == 200:
-                running = [t for t in r.json()["data"] if t["status"] == "running"]
-                if running:
-                    break
-            time.sleep(0.01)
-        assert running, "the turn never started"
-        c.post(f"/v1/sessions/{thread}/turns/{running[0]['id']}/cancel")
-    worker.join(timeout=30)
+    with (
+        server.client() as c,
+        c.stream("POST", "/agui/slow", content=payload, headers=_JSON) as r,
+    ):
+        for line in r.iter_lines():
+            if not line:
+                continue
+            event = EVENT.validate_json(line.removeprefix("data: "))
+            found.append(event)
+            if isinstance(event, CustomEvent) and event.name == "tether.turn":
+                # What a Stop button does: the run names its turn and where to cancel it.
+                assert event.value["session_id"] == thread
+                with server.client() as stop:
+                    assert stop.post(event.value["cancel"]).json()["status"] == "cancelled"
     error = found[-1]
     assert isinstance(error, RunErrorEvent) and error.code == "cancelled"
     # Partial text, if any came before the cancel, is closed before the error.
@@ -294,6 +296,16 @@ def test_bad_requests_are_refused_before_any_run(server: Server) -> None:
             {"threadId": "not a thread!", "runId": "r", "messages": [_user("hi")]}
         )
         assert_problem(c.post("/agui/echo", content=bad_thread, headers=_JSON), 400)
+        # A frontend's own tools would never be called: refused, not silently dropped.
+        thread = new_thread()
+        tool = {"name": "setTheme", "description": "Set the theme", "parameters": {}}
+        frontend = json.dumps(
+            {"threadId": thread, "runId": "r", "messages": [_user("hi")], "tools": [tool]}
+        )
+        r = c.post("/agui/echo", content=frontend, headers=_JSON)
+        assert_problem(r, 400)
+        assert "setTheme" in r.json()["detail"]
+        assert c.get(f"/v1/sessions/{thread}").status_code == 404  # nothing was stored
 
 
 def _user(text: str) -> dict[str, str]:

@@ -243,9 +243,10 @@ def test_a_turn_waiting_for_a_human_is_an_interrupted_run(client: SyncLangGraphC
     parts = list(client.runs.join_stream(tid, run["run_id"]))
     assert parts[-1].event == "end" and parts[-1].data["status"] == "interrupted"
     assert parts[-2].data["__interrupt__"] == [asked]
-    # A new run under reject is refused while the question waits.
-    with pytest.raises(ConflictError):
+    # A new run under reject is refused while the question waits, saying so.
+    with pytest.raises(ConflictError) as caught:
         client.runs.create(tid, "asker", input=human("hello?"))
+    assert caught.value.response.json()["code"] == "awaiting_input"
 
 
 def test_a_resume_command_answers_the_interrupt_and_the_run_goes_on(

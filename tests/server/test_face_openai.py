@@ -249,3 +249,40 @@ def test_a_one_off_calls_session_is_kept_a_while_not_for_ever(
         time.sleep(1.2)
         with pytest.raises(openai.NotFoundError):
             say(b, "thrice", session=raw.headers[SESSION])
+
+
+def _turns(server: Server, session: str) -> list[dict[str, object]]:
+    with server.client() as c:
+        data: list[dict[str, object]] = c.get(f"/v1/sessions/{session}/turns").json()["data"]
+    return data
+
+
+def test_the_sdks_own_retries_never_make_a_second_turn(
+    server: Server, fake_openai: FakeOpenAIServer
+) -> None:
+    session = begin(server, "no-retry", "upstream")
+    fake_openai.script(FakeError(500, "down", times=2))
+    # The SDK's defaults: two retries of a 5xx. The turn ran (tether retried its model):
+    # one failed turn, not three.
+    with (
+        openai.OpenAI(base_url=server.url + "/v1", api_key="sk-local") as retrying,
+        pytest.raises(openai.APIStatusError) as caught,
+    ):
+        say(retrying, "doomed", session=session, model="upstream")
+    assert caught.value.status_code == 502
+    assert caught.value.response.headers["x-should-retry"] == "false"
+    assert [t["status"] for t in _turns(server, session)] == ["failed"]
+
+
+def test_an_idempotency_key_makes_a_retry_the_same_turn(server: Server) -> None:
+    session = begin(server, "idem-1")
+    body = {"model": "echo", "messages": [{"role": "user", "content": "once"}]}
+    headers = {SESSION: session, "Idempotency-Key": "retry-me-1"}
+    with server.client() as c:
+        first = c.post("/v1/chat/completions", json=body, headers=headers)
+        again = c.post("/v1/chat/completions", json=body, headers=headers)
+        bad = c.post("/v1/chat/completions", json=body, headers={"Idempotency-Key": "a b"})
+    assert first.status_code == again.status_code == 200
+    assert first.json()["id"] == again.json()["id"]
+    assert len(_turns(server, session)) == 1
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_value"

@@ -218,8 +218,15 @@ def test_another_users_responses_are_not_found(make_server: ServerFactory) -> No
         mine = a.responses.create(model="echo", input="secret plans")
         with pytest.raises(openai.NotFoundError):
             b.responses.retrieve(mine.id)
-        with pytest.raises(openai.NotFoundError):
+        with pytest.raises(openai.NotFoundError) as caught:
             b.responses.create(model="echo", input="peek", previous_response_id=mine.id)
+        assert isinstance(caught.value.body, dict)
+        assert caught.value.body["code"] == "previous_response_not_found"
+        assert mine.conversation is not None
+        with pytest.raises(openai.NotFoundError) as caught:
+            b.responses.create(model="echo", input="peek", conversation=mine.conversation.id)
+        assert isinstance(caught.value.body, dict)
+        assert caught.value.body["code"] == "conversation_not_found"
         with pytest.raises(openai.NotFoundError):
             b.responses.cancel(mine.id)
         with pytest.raises(openai.NotFoundError):

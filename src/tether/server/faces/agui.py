@@ -8,7 +8,9 @@ last event. The history is tether's, so the input is only the **last user messag
 conversation does not duplicate it, and the other messages (system, assistant, tool) are not
 sent to the agent. Only text content parts are taken.
 
-The stream (SSE ``data:`` lines of ``ag_ui.encoder.EventEncoder``): ``RUN_STARTED``; the agent's
+The stream (SSE ``data:`` lines of ``ag_ui.encoder.EventEncoder``): ``RUN_STARTED``; a ``CUSTOM``
+event ``tether.turn`` ``{turn_id, session_id, cancel}`` naming the turn (a Stop button POSTs to
+``cancel``: a closed stream does not stop a turn); the agent's
 text as ``TEXT_MESSAGE_START`` / ``TEXT_MESSAGE_CONTENT`` (from tether's ``message.delta``) /
 ``TEXT_MESSAGE_END``; each tool the agent runs (tether runs it: these are not frontend tools) as
 ``TOOL_CALL_START`` / ``TOOL_CALL_ARGS`` / ``TOOL_CALL_END`` then ``TOOL_CALL_RESULT``; and one
@@ -31,7 +33,9 @@ whose turn waits for a decision is refused (``RUN_ERROR`` code ``awaiting_input`
 nowhere.
 
 Refusals before a run (no valid key 401, an unknown agent 404, a body that is not a
-``RunAgentInput`` or a bad thread id 400) are tether's problem+json; once the run has started,
+``RunAgentInput``, a bad thread id, or frontend ``tools`` 400) are tether's problem+json (the
+agent's tools run inside tether, so a frontend's own would never be called; ``state``,
+``context`` and ``forwardedProps`` are ignored); once the run has started,
 every refusal is ``RUN_ERROR`` with tether's reason code. A client that goes away mid-run does
 not stop the turn: it runs to its end and stays readable through tether's API (or cancel it
 there). ``TETHER_FACES_AGUI=off`` switches the face off.
@@ -45,6 +49,7 @@ from collections.abc import AsyncIterator
 from ag_ui.core import (
     PROTOCOL_VERSION,
     BaseEvent,
+    CustomEvent,
     ResumeEntry,
     RunAgentInput,
     RunErrorEvent,
@@ -88,6 +93,12 @@ async def run_agent(agent: str, request: Request, st: State) -> Response:
     caller = await st.auth.resolve(request, placeholder_keys=True)
     agent_named(st, agent)
     run = _parse(await request.body())
+    if run.tools:
+        # The agent's tools run inside tether; a frontend's own would never be called.
+        raise InvalidInput(
+            "frontend tools are not supported: the agent's own tools run inside tether "
+            f"(got {', '.join(t.name for t in run.tools)})"
+        )
     message = None if run.resume else _last_user_text(run)
     return StreamingResponse(
         _stream(st, caller, agent, run, message),
@@ -164,13 +175,26 @@ async def _events(
     opened = await open_session(st, caller, run.thread_id, agent, create=True, message=message)
     if message is None:
         turn, answered = await _resume(st, caller, opened.key, run.resume or [])
+        yield _turn_event(turn)
         async for event in _follow(st, opened.key, turn, translation, answered):
             yield event
         return
     await _refuse_if_waiting(st, opened)
     turn = await submit(st, opened, caller, message)
+    yield _turn_event(turn)
     async for event in _follow(st, opened.key, turn, translation, None):
         yield event
+
+
+def _turn_event(turn: Turn) -> CustomEvent:
+    """Which tether turn this run is, as soon as it is known: a Stop button cancels it with
+    ``POST`` to ``cancel`` (AG-UI has no cancel of its own; a closed stream is not one)."""
+    where = f"/v1/sessions/{turn.key.session_id}/turns/{turn.id}"
+    value = {"turn_id": turn.id, "session_id": turn.key.session_id, "cancel": f"{where}/cancel"}
+    return CustomEvent(name=TURN_EVENT, value=value)
+
+
+TURN_EVENT = "tether.turn"
 
 
 async def _refuse_if_waiting(st: ServerState, opened: Opened) -> None:

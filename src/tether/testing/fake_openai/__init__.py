@@ -21,6 +21,7 @@ from tether.testing.fake_openai._wire import fake_embedding
 from tether.testing.fake_openai.replies import (
     FakeCut,
     FakeError,
+    FakeLength,
     FakeReply,
     FakeToolCall,
     ReplyFunction,
@@ -31,6 +32,7 @@ from tether.testing.fake_openai.server import FakeOpenAIServer
 __all__ = [
     "FakeCut",
     "FakeError",
+    "FakeLength",
     "FakeOpenAIServer",
     "FakeReply",
     "FakeToolCall",

@@ -20,7 +20,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse, Response
 
-from tether.testing.fake_openai.replies import FakeCut, FakeReply, FakeToolCall
+from tether.testing.fake_openai.replies import FakeCut, FakeLength, FakeReply, FakeToolCall
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}
 _JSON_SEPARATORS = (",", ":")
@@ -76,6 +76,8 @@ class Answer:
     calls: tuple[FakeToolCall, ...]
     cut: bool
     id: str = ""
+    finish: str = "stop"
+    """Why a text answer ended: ``stop``, or ``length`` (cut at the output cap)."""
     model: str = ""
     prompt_tokens: int = 0
 
@@ -88,6 +90,8 @@ class Answer:
             return cls(None, calls, cut=False)
         if isinstance(reply, FakeCut):
             return cls(reply.text, (), cut=True)
+        if isinstance(reply, FakeLength):
+            return cls(reply.text, (), cut=False, finish="length")
         return cls(str(reply), (), cut=False)
 
     def usage(self, completion_tokens: int) -> dict[str, int]:
@@ -110,7 +114,7 @@ class Answer:
             ]
             finish, output = "tool_calls", sum(len(_pieces(c.arguments)) + 1 for c in self.calls)
         else:
-            finish, output = "stop", len(_pieces(self.text or ""))
+            finish, output = self.finish, len(_pieces(self.text or ""))
         return {
             "id": self.id,
             "object": "chat.completion",
@@ -163,7 +167,7 @@ class Answer:
             pieces = _pieces(self.text or "")
             out.extend(chunk({"content": piece}) for piece in pieces)
             output = len(pieces)
-            finish = "stop"
+            finish = self.finish
         if self.cut:
             return out
         out.append(chunk({}, finish))

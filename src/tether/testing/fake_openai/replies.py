@@ -44,7 +44,16 @@ class FakeCut:
     text: str = "partial answer"
 
 
-FakeReply: TypeAlias = str | FakeToolCall | tuple[FakeToolCall, ...] | FakeError | FakeCut
+@dataclass(frozen=True, slots=True)
+class FakeLength:
+    """Answer ``text`` with finish reason ``length``: a reply cut at the output cap."""
+
+    text: str = "a reply cut short"
+
+
+FakeReply: TypeAlias = (
+    str | FakeToolCall | tuple[FakeToolCall, ...] | FakeError | FakeCut | FakeLength
+)
 """Text, one tool call, parallel tool calls, an error, or a cut stream."""
 
 ReplyFunction: TypeAlias = Callable[[dict[str, Any]], FakeReply]

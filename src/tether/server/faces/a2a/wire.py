@@ -101,7 +101,9 @@ class RpcError(Exception):
 def error(kind: type[A2AError], message: str, **metadata: str) -> RpcError:
     """One of A2A's errors (its JSON-RPC code and ErrorInfo reason, as a2a-sdk maps them)."""
     code = JSON_RPC_ERROR_CODE_MAP.get(kind, -32603)
-    return RpcError(code, message, A2A_ERROR_REASONS.get(kind, "INTERNAL_ERROR"), metadata)
+    # a2a-sdk names no reason for a parse error; INTERNAL_ERROR would blame the server.
+    fallback = "PARSE_ERROR" if kind is JSONParseError else "INTERNAL_ERROR"
+    return RpcError(code, message, A2A_ERROR_REASONS.get(kind, fallback), metadata)
 
 
 @dataclass(frozen=True)

@@ -125,9 +125,15 @@ class TurnMessages:
         self.messages.append(message)
         return message
 
-    def add_text(self, text: str) -> Message:
+    def add_text(self, text: str, complete: bool = True) -> Message:
         self.close()
         message = ai(self._next_id(), text)
+        # LangChain's word for a reply cut short (at the output cap, or by a cancel): "length";
+        # ``complete`` says it outright, as tether's items do.
+        message["response_metadata"] = {
+            "finish_reason": "stop" if complete else "length",
+            "complete": complete,
+        }
         self.messages.append(message)
         self._open = message
         return message
@@ -147,7 +153,7 @@ class TurnMessages:
         if item.kind == "user":
             self.add_human(item.content)
         elif item.kind == "assistant":
-            self.add_text(item.content)
+            self.add_text(item.content, item.complete)
         elif item.kind == "tool_call":
             self.add_call(item.call_id or "", item.tool_name or "", item.arguments or "")
         elif item.kind == "tool_result":

@@ -147,7 +147,7 @@ class RunFrames:
         elif kind == ev.MESSAGE_DELTA:
             frames += self._delta(str(data.get("text", "")))
         elif kind == ev.MESSAGE_COMPLETED:
-            self.turn.add_text(str(data.get("text", "")))
+            self.turn.add_text(str(data.get("text", "")), data.get("complete") is not False)
         elif kind == ev.TOOL_RESULT:
             frames += await self._result(data)
         elif kind == ev.DECISION_REQUESTED:

@@ -43,7 +43,7 @@ from tether.server.faces.langgraph._common import (
     own_thread,
     thread_key,
 )
-from tether.server.faces.langgraph._errors import LangGraphRoute, invalid, not_found
+from tether.server.faces.langgraph._errors import LangGraphError, LangGraphRoute, invalid, not_found
 from tether.server.faces.langgraph._resume import resume, resumed_after, waits_for_human
 from tether.server.faces.langgraph._spec import RunSpec, run_spec
 from tether.server.faces.langgraph._state import all_turns, messages_through
@@ -84,6 +84,16 @@ async def _start(
         )
     except SessionNotFound:
         raise not_found("thread", session_id) from None
+    if spec.policy == "reject":
+        # Busy, but with nothing running: say what it waits for, not "a turn is running".
+        waiting = await st.runtime.scheduler.decisions(opened.key, status="pending", limit=1)
+        if waiting:
+            raise LangGraphError(
+                409,
+                f"the thread waits for an answer to interrupt {waiting[0].call_id}: resume it "
+                '(command={"resume": ...}) first; this run was not started',
+                "awaiting_input",
+            )
     turn = await submit(st, opened, caller, spec.text, policy=spec.policy)
     return RunInfo(opened.key, turn, spec.agent.name), spec, (-1, 0)
 

@@ -35,6 +35,7 @@ from tether.server.faces.openai.errors import (
     FaceError,
     caller_of,
     documented,
+    idempotency_key,
     outcome_error,
     refusal,
     stream_error,
@@ -50,7 +51,7 @@ from tether.server.faces.openai.inputs import (
 )
 from tether.server.problems import Problem
 from tether.server.routes.turns import wait_for_turn
-from tether.server.schemas import NO_NUL
+from tether.server.schemas import IDEMPOTENCY_KEY, NO_NUL
 from tether.server.state import ServerState
 
 router = APIRouter(tags=["openai"])
@@ -93,6 +94,14 @@ _REQUEST = {
         "tools": {"type": "array", "maxItems": 0, "description": "Not supported: the agent's."},
     },
 }
+IDEMPOTENCY_PARAM = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": IDEMPOTENCY_KEY},
+    "description": "Retries with this key (same session, same request, within a day) get the "
+    "turn the first one made.",
+}
 _COMPLETIONS_DOC: dict[str, Any] = {
     "parameters": [
         {
@@ -102,7 +111,8 @@ _COMPLETIONS_DOC: dict[str, Any] = {
             "schema": SESSION_ID_SCHEMA,
             "description": "Your session the turn continues (404 if you have none of that id); "
             "omit for a one-off turn on a fresh session.",
-        }
+        },
+        IDEMPOTENCY_PARAM,
     ],
     "requestBody": {"required": True, "content": {"application/json": {"schema": _REQUEST}}},
 }
@@ -139,7 +149,12 @@ async def models(request: Request, st: State) -> Response:
 
 
 async def open_for(
-    st: ServerState, caller: Principal, model: str, session_id: str | None, text: str
+    st: ServerState,
+    caller: Principal,
+    model: str,
+    session_id: str | None,
+    text: str,
+    missing: FaceError | None = None,
 ) -> Opened:
     """The caller's session for a turn of ``model``, in OpenAI's words when it is not there."""
     try:
@@ -154,6 +169,8 @@ async def open_for(
             st, caller, session_id, model, create=False, message=text, ttl=ttl
         )
     except SessionNotFound:
+        if missing is not None:
+            raise missing from None
         message = f"no session {session_id!r}: omit {SESSION_HEADER} to start one"
         raise FaceError(404, message, "session_not_found") from None
 
@@ -182,7 +199,7 @@ async def chat_completions(request: Request, st: State) -> Response:
         usage = _include_usage(body)
         no_client_tools(body)
         opened = await open_for(st, caller, model, session_id, text)
-        turn = await submit(st, opened, caller, text)
+        turn = await submit(st, opened, caller, text, idempotency_key=idempotency_key(request))
     except (FaceError, TetherError, Problem) as exc:
         return refusal(exc, _sid(session_id))
     headers = {SESSION_HEADER: opened.key.session_id}

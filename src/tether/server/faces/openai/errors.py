@@ -4,6 +4,7 @@ refuses, and how a turn that did not complete is told in it."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from starlette.requests import Request
@@ -13,6 +14,7 @@ from tether.errors import TetherError
 from tether.records import Principal, Turn
 from tether.server.problems import Problem, from_error, problem_response
 from tether.server.routes.outcomes import turn_problem
+from tether.server.schemas import IDEMPOTENCY_KEY
 from tether.server.state import ServerState
 
 SESSION_HEADER = "X-Tether-Session"
@@ -91,8 +93,22 @@ async def caller_of(st: ServerState, request: Request) -> Principal:
 
 
 def no_retry(headers: dict[str, str]) -> dict[str, str]:
-    """OpenAI's SDKs retry a 409 by default; a retry here would be a second turn."""
+    """OpenAI's SDKs retry 409s, 429s and 5xx by default; a retry of a turn that ran would
+    be a second turn (and the provider's retries times the SDK's)."""
     return {**headers, "x-should-retry": "false"}
+
+
+def idempotency_key(request: Request) -> str | None:
+    """``Idempotency-Key``: a retry with it gets the turn the first request made (DESIGN §9)."""
+    key = request.headers.get("idempotency-key")
+    if key is None:
+        return None
+    if not (0 < len(key) <= 255 and _IDEMPOTENCY.fullmatch(key)):
+        raise FaceError(400, "Idempotency-Key is 1-255 printable ASCII characters", "invalid_value")
+    return key
+
+
+_IDEMPOTENCY = re.compile(IDEMPOTENCY_KEY)
 
 
 def awaiting_message(turn: Turn) -> str:
@@ -106,14 +122,12 @@ def awaiting_message(turn: Turn) -> str:
 
 def outcome_error(turn: Turn, headers: dict[str, str]) -> JSONResponse:
     """A turn that did not complete (or waits for a human), as an OpenAI error: never an empty
-    answer. Cancelled, interrupted and waiting are 409s, which the SDK must not retry."""
+    answer. The turn ran (tether retried its model already), so the SDK must not retry: each
+    retry would be one more turn. Refusals before a turn (a full queue) stay retryable."""
     if not turn.ended:
         message = awaiting_message(turn)
         return error_response(409, message, "awaiting_input", None, no_retry(headers))
-    problem = turn_problem(turn)
-    if problem.status_code == 409:
-        headers = no_retry(headers)
-    return from_problem(problem, headers)
+    return from_problem(turn_problem(turn), no_retry(headers))
 
 
 def stream_error(turn: Turn) -> dict[str, Any]:

@@ -43,7 +43,7 @@ from tether.records import SESSION_ID_PATTERN, Principal, SessionKey, Turn
 from tether.server import sse
 from tether.server.conversation import Opened, submit
 from tether.server.deps import State
-from tether.server.faces.openai.chat import SESSION_ID_SCHEMA, open_for
+from tether.server.faces.openai.chat import IDEMPOTENCY_PARAM, SESSION_ID_SCHEMA, open_for
 from tether.server.faces.openai.errors import (
     SESSION_HEADER,
     TURN_ERRORS,
@@ -52,6 +52,7 @@ from tether.server.faces.openai.errors import (
     caller_of,
     documented,
     error_body,
+    idempotency_key,
     outcome_error,
     refusal,
 )
@@ -263,7 +264,8 @@ def response_object(turn: Turn, asked: Asked | None = None) -> dict[str, Any]:
 @router.post(
     "/v1/responses",
     openapi_extra={
-        "requestBody": {"required": True, "content": {"application/json": {"schema": _REQUEST}}}
+        "parameters": [IDEMPOTENCY_PARAM],
+        "requestBody": {"required": True, "content": {"application/json": {"schema": _REQUEST}}},
     },
     responses=_CREATE_RESPONSES,
 )
@@ -283,10 +285,10 @@ async def create_response(request: Request, st: State) -> Response:
         stream, background = flag(body, "stream"), flag(body, "background")
         metadata = _metadata(body.get("metadata"))
         no_client_tools(body)
-        opened = await open_for(st, caller, model, session_id, text)
+        opened = await open_for(st, caller, model, session_id, text, _missing(previous))
         if previous:
             await _latest(st, opened, previous)
-        turn = await submit(st, opened, caller, text)
+        turn = await submit(st, opened, caller, text, idempotency_key=idempotency_key(request))
     except (FaceError, TetherError, Problem) as exc:
         return refusal(exc, {SESSION_HEADER: session_id} if session_id else None)
     headers = {SESSION_HEADER: opened.key.session_id}
@@ -331,6 +333,24 @@ async def cancel_response(response_id: str, request: Request, st: State) -> Resp
     except (FaceError, TetherError, Problem) as exc:
         return refusal(exc, None)
     return JSONResponse(response_object(turn))
+
+
+def _missing(previous: str | None) -> FaceError:
+    """What a conversation the caller does not have is, in the Responses API's words."""
+    if previous:
+        return FaceError(
+            404,
+            f"no response {previous[:200]!r} (unknown or not yours)",
+            "previous_response_not_found",
+            "previous_response_id",
+        )
+    return FaceError(
+        404,
+        "no such conversation (unknown or not yours): omit conversation and "
+        "previous_response_id to start one",
+        "conversation_not_found",
+        "conversation",
+    )
 
 
 async def _session_of(
