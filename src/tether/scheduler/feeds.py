@@ -19,6 +19,42 @@ PARKED_POLL = 0.25
 """Seconds between store reads while a followed turn waits for a decision."""
 
 
+class Feeds(dict[str, "TurnFeed"]):
+    """The feeds of the turns running in this process, by turn id; a follower that comes
+    before its turn's worker waits to be told it opened, rather than polling for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._openings: dict[str, tuple[asyncio.Event, int]] = {}
+
+    def open(self, feed: TurnFeed) -> None:
+        self[feed.turn_id] = feed
+        opening = self._openings.pop(feed.turn_id, None)
+        if opening is not None:
+            opening[0].set()
+
+    async def opened(self, turn_id: str, within: float) -> None:
+        """Return when the turn's feed opens here, or after ``within`` seconds (the turn may
+        run on another process, or end without running: the caller looks at the store)."""
+        if turn_id in self:
+            return
+        event, waiting = self._openings.get(turn_id, (asyncio.Event(), 0))
+        self._openings[turn_id] = (event, waiting + 1)
+        try:
+            async with asyncio.timeout(within):
+                await event.wait()
+        except TimeoutError:
+            pass
+        finally:
+            current = self._openings.get(turn_id)
+            if current is not None and current[0] is event:
+                left = current[1] - 1
+                if left:
+                    self._openings[turn_id] = (event, left)
+                else:
+                    del self._openings[turn_id]
+
+
 class TurnFeed:
     def __init__(self, turn_id: str) -> None:
         self.turn_id = turn_id
@@ -118,6 +154,11 @@ async def follow_turn(
             # whichever process runs the turn, instead of being cut off at exit.
             return
         # A turn parked on a decision may wait minutes: look less often meanwhile (a decision
-        # made here starts a feed, which the next look picks up).
+        # made here starts a feed, which wakes this at once, as does the start of a turn queued
+        # here; the look at the store is for turns another process runs).
         parked = turn is not None and turn.status == "awaiting_input"
-        await asyncio.sleep(PARKED_POLL if parked else 0.05)
+        wait = PARKED_POLL if parked else 0.05
+        if isinstance(feeds, Feeds):
+            await feeds.opened(turn_id, wait)
+        else:
+            await asyncio.sleep(wait)

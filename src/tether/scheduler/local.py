@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from tether.loop.context import TurnContext
 from tether.records import LOCAL_PRINCIPAL, Lease, Principal, SessionKey, Turn
-from tether.scheduler.feeds import TurnFeed
+from tether.scheduler.feeds import Feeds
 
 
 @dataclass
@@ -33,7 +33,7 @@ class Local:
     """Set to wake a worker that lingers on its lease."""
     leases: dict[SessionKey, Lease] = field(default_factory=dict)
     running: dict[str, RunningTurn] = field(default_factory=dict)
-    feeds: dict[str, TurnFeed] = field(default_factory=dict)
+    feeds: Feeds = field(default_factory=Feeds)
     waiters: dict[str, tuple[SessionKey, list[asyncio.Future[Turn]]]] = field(default_factory=dict)
     """Turns accepted here and not yet ended: their key (so a caller naming the turn under
     another key learns nothing) and the futures of callers waiting for the end."""

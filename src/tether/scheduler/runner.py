@@ -106,7 +106,7 @@ class TurnRunner:
         Raises :class:`StaleLease` when the session was lost meanwhile: nothing more was written.
         """
         feed = TurnFeed(turn.id)
-        self._local.feeds[turn.id] = feed
+        self._local.feeds.open(feed)
         sink: FencedSink | None = None
         try:
             sink, started = await self._sink(lease, turn, feed)
