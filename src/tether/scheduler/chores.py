@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from tether.records import Lease, SessionKey
-from tether.scheduler.local import RunningTurn
+from tether.scheduler.local import Running, RunningTurn
 from tether.store.protocol import CancelFeed, DecisionStore, LeaseStore, Maintenance, TurnLog
 
 log = logging.getLogger("tether.scheduler")
@@ -68,6 +68,10 @@ async def watch_cancels(
         )
     try:
         while True:
+            if not running and isinstance(running, Running):
+                # Nothing of ours to end: no timer while idle. The first turn to start here
+                # wakes this (a request for it is then read at once).
+                await running.started()
             timeout = fallback_interval if listening.is_set() else interval
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), timeout)

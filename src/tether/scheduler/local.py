@@ -23,6 +23,25 @@ class RunningTurn:
     ctx: TurnContext
 
 
+class Running(dict[str, RunningTurn]):
+    """The turns running in this process, by id; a chore with nothing to watch waits here to
+    be told one started, instead of waking on a timer to find none."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._started = asyncio.Event()
+
+    def __setitem__(self, turn_id: str, run: RunningTurn) -> None:
+        super().__setitem__(turn_id, run)
+        self._started.set()
+
+    async def started(self) -> None:
+        """Return once some turn runs here."""
+        while not self:
+            self._started.clear()
+            await self._started.wait()
+
+
 @dataclass
 class Local:
     workers: dict[SessionKey, asyncio.Task[None]] = field(default_factory=dict)
@@ -32,7 +51,7 @@ class Local:
     kicked: dict[SessionKey, asyncio.Event] = field(default_factory=dict)
     """Set to wake a worker that lingers on its lease."""
     leases: dict[SessionKey, Lease] = field(default_factory=dict)
-    running: dict[str, RunningTurn] = field(default_factory=dict)
+    running: Running = field(default_factory=Running)
     feeds: Feeds = field(default_factory=Feeds)
     waiters: dict[str, tuple[SessionKey, list[asyncio.Future[Turn]]]] = field(default_factory=dict)
     """Turns accepted here and not yet ended: their key (so a caller naming the turn under

@@ -1,0 +1,59 @@
+"""While nothing runs, the scheduler's cancel watcher sleeps until a turn starts: no timer
+wakes it to find nothing to do (issue 15, "nothing runs while nothing happens")."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from tether.scheduler import chores
+from tether.scheduler.local import Running, RunningTurn
+
+
+class CountingRunning(Running):
+    """Counts how often the watcher looks whether anything runs."""
+
+    looks = 0
+
+    def __len__(self) -> int:
+        self.looks += 1
+        return super().__len__()
+
+
+class NoRequests:
+    """A store with no cancel requests, counting the reads."""
+
+    reads = 0
+
+    async def cancel_requests(self, turn_ids: list[str]) -> dict[str, Any]:
+        self.reads += 1
+        return {}
+
+
+async def test_the_cancel_watcher_sleeps_while_nothing_runs_and_wakes_when_a_turn_starts() -> None:
+    running = CountingRunning()
+    store = NoRequests()
+    watcher = asyncio.create_task(
+        chores.watch_cancels(store, running, 0.01)  # type: ignore[arg-type]
+    )
+    try:
+        await asyncio.sleep(0.3)  # thirty polls' worth of doing nothing
+        assert running.looks <= 3, f"woke {running.looks} times with nothing running"
+        assert store.reads == 0
+        running["t_1"] = RunningTurn(None, None)  # type: ignore[arg-type]
+        for _ in range(500):
+            if store.reads:
+                break
+            await asyncio.sleep(0.01)
+        assert store.reads > 0, "a turn started and its cancel requests were never read"
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+
+
+async def test_started_returns_at_once_when_a_turn_already_runs() -> None:
+    running = Running()
+    running["t_1"] = RunningTurn(None, None)  # type: ignore[arg-type]
+    await asyncio.wait_for(running.started(), 5)
