@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +27,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _serve import cpu_seconds, serve
+from _serve import cpu_seconds, free_port, serve
 
 
 async def fill(url: str, sessions: int) -> None:
@@ -50,6 +51,26 @@ def idle_cpu(pid: int, seconds: float) -> float:
     before, start = cpu_seconds(pid), time.monotonic()
     time.sleep(seconds)
     return (cpu_seconds(pid) - before) * 1000 / (time.monotonic() - start)
+
+
+SETTLE = 10.0
+"""Seconds between the last turn and the idle window (the WAL checkpoint, the last leases)."""
+
+BARE_APP = "async def app(scope, receive, send):\n    pass\n"
+
+
+def bare_uvicorn_cpu(tmp: Path, seconds: float) -> float:
+    """The same measure of a do-nothing ASGI app under uvicorn: the floor of any server."""
+    (tmp / "bare_app.py").write_text(BARE_APP)
+    port = free_port()
+    cmd = [sys.executable, "-m", "uvicorn", "bare_app:app", "--port", str(port)]
+    proc = subprocess.Popen([*cmd, "--log-level", "warning"], cwd=tmp, stdout=subprocess.DEVNULL)
+    try:
+        time.sleep(3.0)
+        return idle_cpu(proc.pid, seconds)
+    finally:
+        proc.terminate()
+        proc.wait()
 
 
 def cancel_latencies(runs_on: str, cancel_on: str, count: int, tag: str) -> list[float]:
@@ -100,12 +121,14 @@ def main() -> None:
             serve(base / "b", base / "b.log", "--store", db) as b,
         ):
             asyncio.run(fill(a, args.sessions))
-            time.sleep(2.0)  # let lingering leases go and the last writes settle
+            time.sleep(SETTLE)  # let lingering leases go and the last writes settle
             idle_a = idle_cpu(a.pid, args.seconds)
             same = cancel_latencies(a, a, args.cancels, "same")
             other = cancel_latencies(a, b, args.cancels, "other")
+        bare = bare_uvicorn_cpu(base, args.seconds)
     print("\n| measure | value |\n|---|---|")
     print(f"| idle CPU, {args.sessions} sessions, {args.seconds:.0f} s | {idle_a:.2f} ms/s |")
+    print(f"| idle CPU of a do-nothing uvicorn app (the floor) | {bare:.2f} ms/s |")
     for name, took in (("same process", same), ("another process", other)):
         print(
             f"| cancel latency, {name} (p50 / p99 ms) | "
