@@ -55,26 +55,33 @@ async def encoded(
 ) -> AsyncIterator[bytes]:
     """``encode`` of each of ``items`` (a face's own frames), with a comment line every
     ``ping`` idle seconds, so proxies keep an idle stream open."""
+    async for item in pinged(items, ping):
+        yield b": ping\n\n" if item is None else encode(item)
+
+
+async def pinged(items: AsyncIterator[T], seconds: float) -> AsyncIterator[T | None]:
+    """``items``, with None after every ``seconds`` without one (the caller's ping); closing
+    this closes ``items``."""
     iterator = aiter(items)
     pending: asyncio.Future[T] | None = None
     try:
         while True:
             pending = asyncio.ensure_future(anext(iterator))
             while True:
-                done, _ = await asyncio.wait({pending}, timeout=ping)
+                done, _ = await asyncio.wait({pending}, timeout=seconds)
                 if done:
                     break
-                yield b": ping\n\n"
+                yield None
             try:
-                event = pending.result()
+                item = pending.result()
             except StopAsyncIteration:
                 return
             finally:
                 pending = None
-            yield encode(event)
+            yield item
     finally:
         if pending is not None:
-            # The client left while we waited for the next event: stop that wait before
+            # The client left while we waited for the next item: stop that wait before
             # closing the generator it is running.
             pending.cancel()
             with contextlib.suppress(BaseException):

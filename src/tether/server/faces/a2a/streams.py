@@ -11,8 +11,6 @@ as the artifact (``append`` false, ``lastChunk`` true) before the final status.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -22,6 +20,7 @@ from a2a.types import a2a_pb2 as pb
 
 from tether.events import MESSAGE_DELTA, TURN_AWAITING_INPUT, TURN_ENDED, TURN_RESUMED, TURN_STARTED
 from tether.records import Event, Turn
+from tether.server import sse
 from tether.server.faces.a2a import tasks
 from tether.server.state import ServerState
 
@@ -94,33 +93,12 @@ def _ended(turn: Turn, event: Event) -> Turn:
     )
 
 
-async def frames(items: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+def frames(items: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
     """SSE ``data:`` frames of JSON-RPC answers, with a comment line every idle
     :data:`PING_SECONDS`; closing this closes ``items``."""
-    iterator = aiter(items)
-    pending: asyncio.Future[dict[str, Any]] | None = None
-    try:
-        while True:
-            pending = asyncio.ensure_future(anext(iterator))
-            while True:
-                done, _ = await asyncio.wait({pending}, timeout=PING_SECONDS)
-                if done:
-                    break
-                yield b": ping\n\n"
-            try:
-                item = pending.result()
-            except StopAsyncIteration:
-                return
-            finally:
-                pending = None
-            data = json.dumps(item, ensure_ascii=False, separators=(",", ":"))
-            yield f"data: {data}\n\n".encode()
-    finally:
-        if pending is not None:
-            # The client left while we waited: stop that wait before closing what it runs.
-            pending.cancel()
-            with contextlib.suppress(BaseException):
-                await pending
-        close = getattr(iterator, "aclose", None)
-        if close is not None:
-            await close()
+    return sse.encoded(items, _data_frame, PING_SECONDS)
+
+
+def _data_frame(item: dict[str, Any]) -> bytes:
+    data = json.dumps(item, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()

@@ -18,8 +18,6 @@ the frames after that id — no gap, no duplicate, whichever modes it asks for.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import re
 from collections.abc import AsyncIterator
@@ -28,6 +26,7 @@ from typing import Any
 
 from tether import events as ev
 from tether.records import Event, SessionKey, Turn
+from tether.server import sse
 from tether.server.faces.langgraph._errors import invalid
 from tether.server.faces.langgraph._messages import Message, TurnMessages, ai, chunk_of
 from tether.server.faces.langgraph._resume import parked_on
@@ -234,35 +233,6 @@ def _sse(frame_id: str, event: str, data: Any) -> bytes:
     return f"id: {frame_id}\nevent: {event}\ndata: {body}\n\n".encode()
 
 
-async def _pinged(events: AsyncIterator[Event], seconds: float) -> AsyncIterator[Event | None]:
-    """``events``, with None after every ``seconds`` without one (a ping for proxies)."""
-    iterator = aiter(events)
-    pending: asyncio.Future[Event] | None = None
-    try:
-        while True:
-            pending = asyncio.ensure_future(anext(iterator))
-            while True:
-                done, _ = await asyncio.wait({pending}, timeout=seconds)
-                if done:
-                    break
-                yield None
-            try:
-                event = pending.result()
-            except StopAsyncIteration:
-                return
-            finally:
-                pending = None
-            yield event
-    finally:
-        if pending is not None:
-            pending.cancel()
-            with contextlib.suppress(BaseException):
-                await pending
-        close = getattr(iterator, "aclose", None)
-        if close is not None:
-            await close()
-
-
 async def run_stream(
     st: ServerState,
     run: RunInfo,
@@ -292,7 +262,7 @@ async def run_stream(
     for chunk in emit(0, frames.first()):
         yield chunk
     scheduler = st.runtime.scheduler
-    async for event in _pinged(scheduler.events(run.key, run.turn.id), ping):
+    async for event in sse.pinged(scheduler.events(run.key, run.turn.id), ping):
         if event is None:
             yield b": ping\n\n"
             continue
