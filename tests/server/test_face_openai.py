@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from tests.server.cli_keys import create_key
+from tests.server.cli_keys import Key, create_key
 from tests.server.conftest import Server, ServerFactory
 from tether.testing.fake_openai import FakeError, FakeOpenAIServer
 
@@ -20,6 +20,20 @@ def sdk(server: Server, key: str | None = None) -> openai.OpenAI:
     """A client of the server; with no key, local mode, where the key the SDK insists on is a
     placeholder. No retries: a retried request would be a second turn."""
     return openai.OpenAI(base_url=server.url + "/v1", api_key=key or "sk-local", max_retries=0)
+
+
+def users(server: Server, *names: str) -> list[Key]:
+    """An API key for each of ``names``, once the server answers to them (it caches whether
+    any key exists for a second)."""
+    keys = [create_key(server.data_dir, name) for name in names]
+    with sdk(server, keys[0].secret) as c:
+        for _ in range(200):
+            try:
+                c.models.list()
+                break
+            except openai.AuthenticationError:
+                time.sleep(0.02)
+    return keys
 
 
 def begin(server: Server, session: str, agent: str = "echo", key: str | None = None) -> str:
@@ -171,15 +185,8 @@ def test_a_cancelled_turn_is_a_409(client: openai.OpenAI, server: Server) -> Non
 
 def test_two_users_sessions_with_one_id_stay_apart(make_server: ServerFactory) -> None:
     srv = make_server()
-    alice = create_key(srv.data_dir, "alice")
-    bob = create_key(srv.data_dir, "bob")
+    alice, bob = users(srv, "alice", "bob")
     with sdk(srv, alice.secret) as a, sdk(srv, bob.secret) as b:
-        for _ in range(200):  # the server caches "are there keys" for a second
-            try:
-                a.models.list()
-                break
-            except openai.AuthenticationError:
-                time.sleep(0.02)
         begin(srv, "shared", key=alice.secret)
         assert say(a, "alice here", session="shared") == "saw [] then alice here"
         # Bob naming Alice's session: OpenAI's 404, as for any session he does not have.

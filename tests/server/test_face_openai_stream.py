@@ -17,9 +17,8 @@ from openai.types.responses import (
     ResponseTextDoneEvent,
 )
 
-from tests.server.cli_keys import create_key
 from tests.server.conftest import Server, ServerFactory
-from tests.server.test_face_openai import SESSION, begin, sdk
+from tests.server.test_face_openai import SESSION, begin, sdk, users
 from tether.testing.fake_openai import FakeError, FakeOpenAIServer
 
 
@@ -206,15 +205,8 @@ def test_a_background_response_can_be_cancelled(client: openai.OpenAI) -> None:
 
 def test_another_users_responses_are_not_found(make_server: ServerFactory) -> None:
     srv = make_server()
-    alice = create_key(srv.data_dir, "alice")
-    bob = create_key(srv.data_dir, "bob")
+    alice, bob = users(srv, "alice", "bob")
     with sdk(srv, alice.secret) as a, sdk(srv, bob.secret) as b:
-        for _ in range(200):  # the server caches "are there keys" for a second
-            try:
-                a.models.list()
-                break
-            except openai.AuthenticationError:
-                time.sleep(0.02)
         mine = a.responses.create(model="echo", input="secret plans")
         with pytest.raises(openai.NotFoundError):
             b.responses.retrieve(mine.id)
