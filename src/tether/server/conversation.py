@@ -52,8 +52,8 @@ async def open_session(
     ``create``: a session that is not there is made (an expired one starts afresh); without
     it, an unknown, foreign or expired id is SessionNotFound, like every other door's 404.
     ``message`` is checked (size, NUL) before anything is stored. ``ttl``: seconds a session
-    made here is kept. A turn that names no agent
-    runs the session's own agent (the app's first one for a new session).
+    made here is kept. A turn that names no agent runs the session's own agent (the app's
+    first one for a new session).
     """
     if not st.agents:
         raise InvalidInput("this server has no agents")
