@@ -244,3 +244,24 @@ def test_a_streamed_turn_that_asks_a_human_ends_in_an_error_naming_it(
     assert "decide" in caught.value.message
     events = list(client.responses.create(model="asker", input="hi", stream=True))
     assert isinstance(events[-1], ResponseErrorEvent) and events[-1].code == "awaiting_input"
+
+
+def test_the_agents_own_tools_run_inside_tether_and_are_not_sent_to_the_client(
+    client: openai.OpenAI,
+) -> None:
+    reply = client.chat.completions.create(
+        model="shouter", messages=[{"role": "user", "content": "hey"}]
+    )
+    message = reply.choices[0].message
+    assert message.content == "it says HEY" and not message.tool_calls
+    assert reply.choices[0].finish_reason == "stop"
+    chunks = list(
+        client.chat.completions.create(
+            model="shouter", messages=[{"role": "user", "content": "hey"}], stream=True
+        )
+    )
+    assert not any(c.choices and c.choices[0].delta.tool_calls for c in chunks)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ("it says HEY")
+    response = client.responses.create(model="shouter", input="hey")
+    assert [item.type for item in response.output] == ["message"]
+    assert response.output_text == "it says HEY"
