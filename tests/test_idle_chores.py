@@ -57,3 +57,54 @@ async def test_started_returns_at_once_when_a_turn_already_runs() -> None:
     running = Running()
     running["t_1"] = RunningTurn(None, None)  # type: ignore[arg-type]
     await asyncio.wait_for(running.started(), 5)
+
+
+class Counted(NoRequests):
+    """A store shared with other processes that says when they wrote (SQLite's
+    data_version), and has one cancel request for ``t_1`` once ``requested`` is set."""
+
+    version = 0
+    requested = False
+
+    async def data_version(self) -> int:
+        return self.version
+
+    async def cancel_requests(self, turn_ids: list[str]) -> dict[str, Any]:
+        self.reads += 1
+        return {"t_1": ("cancelled", "cancelled")} if self.requested else {}
+
+
+class Cancellable:
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, str]] = []
+
+    def request_cancel(self, status: str, reason: str) -> None:
+        self.asked.append((status, reason))
+
+
+async def test_a_running_turn_costs_no_reads_until_another_process_writes() -> None:
+    running = Running()
+    store = Counted()
+    ctx = Cancellable()
+    watcher = asyncio.create_task(
+        chores.watch_cancels(store, running, 0.01, fallback_interval=60)  # type: ignore[arg-type]
+    )
+    try:
+        running["t_1"] = RunningTurn(None, ctx)  # type: ignore[arg-type]
+        for _ in range(500):  # the first look after a turn starts always reads
+            if store.reads:
+                break
+            await asyncio.sleep(0.01)
+        assert store.reads == 1
+        await asyncio.sleep(0.2)  # twenty looks while the turn waits on its model
+        assert store.reads == 1, "the requests were read with nothing written elsewhere"
+        store.requested, store.version = True, 1  # another process asked for a cancel
+        for _ in range(500):
+            if ctx.asked:
+                break
+            await asyncio.sleep(0.01)
+        assert ctx.asked == [("cancelled", "cancelled")]
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher

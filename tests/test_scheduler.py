@@ -387,3 +387,28 @@ async def test_a_turn_for_an_agent_not_served_ends_failed_and_forgets_it(store: 
         # The ending released what this process kept for the turn: nothing is left behind
         # (before, each such turn stayed in the waiter table for the life of the process).
         assert not rt.scheduler.local.waiters
+
+
+async def test_a_lingering_worker_takes_a_turn_another_process_accepted(
+    make_store: StoreFactory,
+) -> None:
+    """A worker lingering on its lease sees a turn accepted by another process at once (on
+    SQLite: by PRAGMA data_version moving), not when its linger runs out."""
+    if make_store is InMemoryStore:
+        pytest.skip("the in-memory store is one process's memory; it cannot be shared")
+    agent = Agent(name="a", model=ScriptedModel(default="ok"))
+    a, b = Runtime(make_store(), agents=[agent]), Runtime(make_store(), agents=[agent])
+    async with a, b:
+        a.scheduler.linger = 60.0  # only a look at the store lets B's turn run in time
+        key = SessionKey("local", "local", "linger-elsewhere")
+        await a.sessions.create(key, "a")
+        first = await a.scheduler.submit(key, "one")
+        await a.scheduler.wait(key, first.id)
+        lease = a.scheduler.lease_of(key)
+        assert lease is not None  # lingering
+        second = await b.scheduler.submit(key, "two")
+        async with asyncio.timeout(10):
+            done = await b.scheduler.wait(key, second.id)
+        assert done.status == "completed"
+        again = a.scheduler.lease_of(key)
+        assert again is not None and again.token == lease.token  # A ran it, under its lease

@@ -220,3 +220,21 @@ async def test_a_cancel_request_of_an_older_release_still_cancels_and_blocks_no_
         }
     finally:
         await store.close()
+
+
+async def test_the_data_version_moves_for_other_processes_writes_only(tmp_path: Path) -> None:
+    path = tmp_path / "t.db"
+    mine, theirs = SQLiteStore(path), SQLiteStore(path)
+    await mine.open()
+    await theirs.open()
+    try:
+        before = await mine.data_version()
+        await mine.create_session(KEY, "a")  # our own write: our pollers hear of it in-process
+        assert await mine.data_version() == before
+        await theirs.create_session(SessionKey("acme", "bob", "s2"), "a")
+        moved = await mine.data_version()
+        assert moved != before
+        assert await mine.data_version() == moved  # and stays until they write again
+    finally:
+        await mine.close()
+        await theirs.close()

@@ -14,7 +14,14 @@ from collections.abc import Callable, Mapping
 
 from tether.records import Lease, SessionKey
 from tether.scheduler.local import Running, RunningTurn
-from tether.store.protocol import CancelFeed, DecisionStore, LeaseStore, Maintenance, TurnLog
+from tether.store.protocol import (
+    CancelFeed,
+    ChangeCounter,
+    DecisionStore,
+    LeaseStore,
+    Maintenance,
+    TurnLog,
+)
 
 log = logging.getLogger("tether.scheduler")
 
@@ -55,23 +62,33 @@ async def watch_cancels(
 ) -> None:
     """Apply cancel/interrupt requests other processes left in the store for our turns.
 
-    With a store that announces requests (:class:`CancelFeed`), a request for one of our turns
-    wakes this at once and the store is polled only every ``fallback_interval`` (a request made
-    while the listener was reconnecting is still found). Otherwise it polls every ``interval``.
+    A request made in this process reaches its turn directly (:meth:`Scheduler.cancel`); this
+    is for the others. With a store that announces requests (:class:`CancelFeed`), a request
+    for one of our turns wakes this at once and the store is polled only every
+    ``fallback_interval`` (a request made while the listener was reconnecting is still found).
+    Otherwise it looks every ``interval``, and with a :class:`ChangeCounter` reads the requests
+    only when another process wrote (or ``fallback_interval`` has passed): a turn waiting on
+    its model costs no query meanwhile.
     """
     wake = asyncio.Event()
     listening = asyncio.Event()
     listener: asyncio.Task[None] | None = None
+    counter: ChangeCounter | None = None
     if isinstance(store, CancelFeed):
         listener = asyncio.create_task(
             _listen(store, running, wake, listening), name="tether-listen"
         )
+    elif isinstance(store, ChangeCounter):
+        counter = store
+    seen: int | None = None
+    last_read = 0.0
     try:
         while True:
             if not running and isinstance(running, Running):
                 # Nothing of ours to end: no timer while idle. The first turn to start here
                 # wakes this (a request for it is then read at once).
                 await running.started()
+                seen = None
             timeout = fallback_interval if listening.is_set() else interval
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), timeout)
@@ -79,9 +96,18 @@ async def watch_cancels(
             if not running:
                 continue  # nothing of ours to end: no store reads while idle
             try:
+                if counter is not None:
+                    # Read before the requests: a request committed after this moves it again.
+                    version = await counter.data_version()
+                    due = time.monotonic() - last_read >= fallback_interval
+                    if version == seen and not due:
+                        continue
+                    seen = version
+                last_read = time.monotonic()
                 requests = await store.cancel_requests(list(running))
             except Exception:
                 log.exception("reading cancel requests failed; retrying")
+                seen = None
                 continue
             for turn_id, (status, reason) in requests.items():
                 run = running.get(turn_id)

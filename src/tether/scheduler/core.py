@@ -292,8 +292,12 @@ class Scheduler:
         for turn in await self.store.active_turns(key):
             if turn.status == "running":
                 # Running in another process (or about to be registered here): ask through the
-                # store; its owner polls for requests and ends the turn itself.
+                # store; its owner polls for requests and ends the turn itself. Registered
+                # here meanwhile, it is told directly (see cancel()).
                 await self.store.request_cancel(key, turn.id, status, reason)
+                here = self.local.running.get(turn.id)
+                if here is not None:
+                    here.ctx.request_cancel(status, reason)
             elif turn.started_at is not None:  # parked, or decided and not yet resumed
                 ended = await self.store.end_waiting_turn(key, turn.id, reason, status=status)
                 if ended is not None:
@@ -368,6 +372,12 @@ class Scheduler:
                 # Running in another process, or started here a moment ago: the request goes
                 # through the store, where the owner's watcher finds it.
                 await self.store.request_cancel(key, turn_id, "cancelled", reason)
+                # It may have started here meanwhile, its watcher having read the requests
+                # before this one: a watcher that waits for other processes' writes would
+                # not look again for ours, so tell the turn directly.
+                running = self.local.running.get(turn_id)
+                if running is not None:
+                    running.ctx.request_cancel("cancelled", reason)
             done = await self.wait(key, turn_id, until_input=True)
             if done.ended:
                 return done

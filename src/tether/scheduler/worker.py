@@ -21,7 +21,13 @@ from tether.records import Lease, SessionKey, Turn
 from tether.scheduler.local import Local
 from tether.scheduler.owners import owner_is_dead
 from tether.scheduler.runner import TurnRunner
-from tether.store.protocol import FencedWrites, LeaseStore, SessionReader, TurnReader
+from tether.store.protocol import (
+    ChangeCounter,
+    FencedWrites,
+    LeaseStore,
+    SessionReader,
+    TurnReader,
+)
 
 log = logging.getLogger("tether.scheduler")
 
@@ -164,7 +170,8 @@ class Workers:
         giving up the lease (two write transactions) per turn. Turns submitted in this process
         wake the worker at once; turns accepted by another process (a load balancer spreading
         one session over several nodes) are seen by a look at the store every LINGER_POLL, so
-        they do not wait for the linger to run out.
+        they do not wait for the linger to run out (with a :class:`ChangeCounter`, a look at
+        the queue only when another process wrote).
         """
         local = self._local
         if local.closing or self.linger <= 0:
@@ -173,6 +180,11 @@ class Workers:
             return True
         kicked = local.kicked[key] = asyncio.Event()
         deadline = time.monotonic() + self.linger
+        # With a store that says when another process wrote (SQLite), look at the queue only
+        # then: a turn accepted here kicks this directly. The first look always reads it (a
+        # turn accepted elsewhere before the first version read is seen by that read).
+        counter = self._store if isinstance(self._store, ChangeCounter) else None
+        seen: int | None = None
         try:
             while True:
                 remaining = deadline - time.monotonic()
@@ -186,6 +198,11 @@ class Workers:
                     return not closing
                 if closing:
                     return False  # close() set the event to end lingering
+                if counter is not None:
+                    version = await counter.data_version()
+                    if version == seen:
+                        continue
+                    seen = version
                 try:
                     active = await self._store.active_turns(key)
                 except SessionNotFound:

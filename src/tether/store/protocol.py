@@ -579,6 +579,21 @@ class Store(
 
 
 @runtime_checkable
+class ChangeCounter(Protocol):
+    """A store that can say cheaply whether another process wrote to it.
+
+    Optional, for stores shared by processes that cannot announce changes (SQLite): a poller
+    reads what it polls for only when the counter moved, so a process whose turns wait on their
+    models reads nothing meanwhile. The counter moves for writes by *other* processes; a
+    process's own writes come to its pollers as in-process signals.
+    """
+
+    async def data_version(self) -> int:
+        """A number that changes when another process has committed since the last call."""
+        ...
+
+
+@runtime_checkable
 class CancelFeed(Protocol):
     """A store that can tell the owner of a turn of a cancel request as it is made.
 

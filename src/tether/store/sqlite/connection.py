@@ -123,6 +123,11 @@ class Connection:
         if worker is not None:
             await worker.stop()
 
+    async def data_version(self) -> int:
+        """SQLite's ``PRAGMA data_version``: it moves when another connection (another
+        process on this file) commits, never for this connection's own commits."""
+        return await self._run(_data_version)
+
     async def ping(self) -> None:
         """Readiness: within :data:`PING_WITHIN`, the store can take a write — its thread
         answers, the write lock can be taken, and its disk has room."""
@@ -185,3 +190,8 @@ def _checkpoint(c: sqlite3.Connection) -> bool:
     finally:
         c.execute(f"PRAGMA busy_timeout={BUSY_MS}")
     return int(busy) == 0
+
+
+def _data_version(c: sqlite3.Connection) -> int:
+    (version,) = c.execute("PRAGMA data_version").fetchone()
+    return int(version)
