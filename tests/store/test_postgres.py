@@ -14,8 +14,8 @@ from contextlib import asynccontextmanager
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 
-from tether.errors import InvalidInput, StaleLease, StoreError
-from tether.records import Lease, NewEvent, NewItem, SessionKey, TurnEnding
+from tether.errors import ConfigError, InvalidInput, LimitExceeded, StaleLease, StoreError
+from tether.records import Lease, NewEvent, NewItem, PrincipalLimits, SessionKey, TurnEnding
 from tether.store import PostgresStore, open_store_url
 from tether.store.postgres.migrations import MIGRATIONS
 
@@ -58,6 +58,54 @@ async def test_open_store_url_gives_a_postgres_store(postgres_url: str) -> None:
         await store.ping()
     finally:
         await store.close()
+
+
+async def test_the_url_sets_the_pool_size_and_asyncpg_never_sees_it(postgres_url: str) -> None:
+    sep = "&" if "?" in postgres_url else "?"
+    store = PostgresStore(f"{postgres_url}{sep}pool_size=2")
+    assert "pool_size" not in store.url  # it would become a server setting PostgreSQL refuses
+    await store.open()
+    try:
+        # Four calls at once on two connections: the pool never opens a third.
+        await asyncio.gather(*(store._fetchval("SELECT pg_sleep(0.1)") for _ in range(4)))
+        rows = await query(
+            postgres_url,
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND query LIKE 'SELECT pg_sleep(0.1)%'",
+        )
+        assert rows == [(2,)]
+    finally:
+        await store.close()
+    for bad in ("0", "x", "-3", "100001"):
+        with pytest.raises(ConfigError, match="pool_size"):
+            PostgresStore(f"{postgres_url}{sep}pool_size={bad}")
+
+
+async def test_a_call_cancelled_mid_transaction_leaves_its_connection_clean(
+    postgres_url: str,
+) -> None:
+    # The pool's reset is a no-op (no round trip per release); asyncpg still ends what a
+    # cancelled call left open before the one connection of this pool serves the next call.
+    sep = "&" if "?" in postgres_url else "?"
+    store = PostgresStore(f"{postgres_url}{sep}pool_size=1")
+    async with opened(store):
+        await store.create_session(KEY, "assistant")
+
+        async def stuck() -> None:
+            async with store._tx() as conn:
+                await conn.execute("UPDATE sessions SET agent = 'changed'")
+                await conn.execute("SELECT pg_sleep(30)")
+
+        task = asyncio.create_task(stuck())
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        async with asyncio.timeout(10):
+            record = await store.get_session(KEY)
+        assert record is not None and record.agent == "assistant"
+        updated = await store.update_session(KEY, state={"after": True})
+        assert updated.state == {"after": True} and updated.agent == "assistant"
 
 
 async def test_data_survives_close_and_reopen(postgres_url: str) -> None:
@@ -233,6 +281,44 @@ async def test_racing_writers_serialise_their_item_seqs(postgres_url: str) -> No
         )
         items = await b.list_items(KEY, limit=1000)
         assert [i.seq for i in items] == list(range(1, 32))
+
+
+async def test_racing_admissions_of_one_owner_never_pass_its_bound(postgres_url: str) -> None:
+    # Twenty turns on twenty idle sessions of one owner, at once from two pools, with room for
+    # five running: the owner's lock is taken last in the admission, and five get in.
+    a, b = (PostgresStore(postgres_url, min_size=10, max_size=10) for _ in range(2))
+    limits = PrincipalLimits(running_turns=5, queued_turns=0)
+    keys = [SessionKey("acme", "alice", f"r{n}") for n in range(20)]
+    async with opened(a, b):
+        for k in keys:
+            await a.create_session(k, "assistant")
+        await a.enqueue_turn(keys[0], turn_id="first", input="x", policy="enqueue")
+        start = asyncio.Event()
+
+        async def contend(n: int) -> bool:
+            store = a if n % 2 else b
+            await start.wait()
+            try:
+                await store.enqueue_turn(
+                    keys[n], turn_id=f"t{n}", input="x", policy="enqueue", limits=limits
+                )
+            except LimitExceeded:
+                return False
+            return True
+
+        tasks = [asyncio.create_task(contend(n)) for n in range(1, 20)]
+        await asyncio.sleep(0.05)
+        start.set()
+        admitted = sum(await asyncio.gather(*tasks))
+        assert admitted == 4  # "first" holds one of the five
+        # Behind a busy session a turn needs room among the queued ones: there is none.
+        with pytest.raises(LimitExceeded):
+            await b.enqueue_turn(keys[0], turn_id="q", input="x", policy="enqueue", limits=limits)
+        # A refused admission wrote nothing, not even its turn's seq.
+        turns = [t for k in keys for t in await a.list_turns(k)]
+        assert len(turns) == 5
+        again = await a.enqueue_turn(keys[0], turn_id="q2", input="x", policy="enqueue")
+        assert again.seq == 2
 
 
 async def test_ping_and_open_raise_store_error_when_unreachable() -> None:

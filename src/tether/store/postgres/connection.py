@@ -22,7 +22,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, NoReturn, Protocol, cast
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg  # type: ignore[import-untyped]
 
@@ -73,15 +73,60 @@ def _refused(exc: BaseException) -> str:
     return "a value cannot be stored"
 
 
+DEFAULT_POOL_SIZE = 20
+"""Connections a process keeps at most (the URL's ``pool_size`` parameter sets it). A store call
+holds one for its statements only, never across a model call, so a process needs about as many
+as it has store calls in flight at once: 20 kept 64 busy sessions from waiting for one on this
+machine (bench/hot_path.py). Each server process (each ``--workers``) has a pool of its own and
+one connection more for the cancel feed, all within the server's ``max_connections``."""
+
+
+async def _keep(_conn: object) -> None:
+    """The pool's reset of a connection given back: nothing to undo, so no round trip.
+
+    asyncpg's default (``pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL``) costs a
+    round trip on every release, a quarter of a turn's statements. Nothing here leaves state on
+    a pooled connection: advisory locks are transaction-scoped, no cursor outlives its
+    transaction, the cancel feed LISTENs on a connection of its own, nothing SETs a session
+    setting (the URL's server settings are the connection's own, set when it opens).
+    """
+
+
+def pool_settings(url: str) -> tuple[str, int]:
+    """The URL without tether's own ``pool_size`` parameter, and that size (or the default)."""
+    parts = urlsplit(url)
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    sizes = [v for k, v in pairs if k == "pool_size"]
+    if not sizes:
+        return url, DEFAULT_POOL_SIZE
+    try:
+        size = int(sizes[-1])
+    except ValueError:
+        size = 0
+    if not 1 <= size <= 10_000:
+        raise ConfigError(
+            f"invalid PostgreSQL URL: pool_size must be a whole number from 1 to 10000, "
+            f"not {sizes[-1]!r}"
+        )
+    rest = urlencode([(k, v) for k, v in pairs if k != "pool_size"])
+    return urlunsplit(parts._replace(query=rest)), size
+
+
 class Connection:
     """Plumbing every role of :class:`~tether.store.postgres.PostgresStore` runs its calls on."""
 
     def __init__(
-        self, url: str, *, min_size: int = 1, max_size: int = 10, connect_timeout: float = 10.0
+        self,
+        url: str,
+        *,
+        min_size: int = 1,
+        max_size: int | None = None,
+        connect_timeout: float = 10.0,
     ) -> None:
+        url, size = pool_settings(url)
         self.url = url
-        self._min_size = min_size
-        self._max_size = max_size
+        self._max_size = max_size or size
+        self._min_size = min(min_size, self._max_size)
         self._timeout = connect_timeout
         self._pool: _Pool | None = None
 
@@ -144,6 +189,7 @@ class Connection:
                     min_size=self._min_size,
                     max_size=self._max_size,
                     timeout=self._timeout,
+                    reset=_keep,
                 ),
             )
         except DRIVER_ERRORS as exc:

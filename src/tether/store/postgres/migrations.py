@@ -242,6 +242,99 @@ MIGRATIONS: list[tuple[int, str]] = [
         ALTER TABLE turns ADD COLUMN ran_by text;
         """,
     ),
+    (
+        9,
+        """
+        -- An admission's owner lock and the owner's counts in one round trip. The lock is held
+        -- to commit, so every round trip after it lengthens the queue of the owner's other
+        -- admissions (a busy client process waits long between round trips). Each statement
+        -- of a VOLATILE plpgsql function at READ COMMITTED takes a new snapshot, so the count
+        -- sees what the lock's previous holder committed (in one plain statement it would not).
+        CREATE FUNCTION tether_owner_active(p_tenant text, p_owner text,
+                                            OUT busy bigint, OUT active bigint)
+        LANGUAGE plpgsql VOLATILE AS $$
+        BEGIN
+            PERFORM pg_advisory_xact_lock(hashtextextended(p_tenant || chr(31) || p_owner, 7));
+            SELECT count(DISTINCT t.session_pk), count(*) INTO busy, active
+              FROM turns t JOIN sessions s ON s.pk = t.session_pk
+             WHERE t.status IN ('queued', 'running') AND s.tenant = p_tenant
+               AND s.owner = p_owner;
+        END
+        $$;
+        -- A whole admission in one statement: run outside a transaction, it commits as it
+        -- returns, so no lock it takes (the session's row, the owner's) waits on the client.
+        -- It decides as rules.admit and rules.admit_for_principal do; a refusal writes
+        -- nothing and returns the facts, from which the caller raises the rule's own error.
+        -- A known idempotency key is left to the caller's transaction ('known'). A turn id
+        -- that exists already fails the insert (unique_violation), which undoes the seq too.
+        CREATE FUNCTION tether_enqueue(
+            p_tenant text, p_owner text, p_session text, p_turn text, p_input text,
+            p_policy text, p_now double precision, p_agent text, p_fingerprint text,
+            p_idem text, p_digest text, p_max_queue bigint, p_limits boolean,
+            p_running bigint, p_queued bigint, p_event_seq bigint, p_event_type text,
+            OUT outcome text, OUT turn_seq bigint, OUT expires_at double precision,
+            OUT active_ids text[], OUT active_statuses text[], OUT busy bigint,
+            OUT total bigint)
+        LANGUAGE plpgsql VOLATILE AS $$
+        DECLARE
+            v_pk bigint;
+            v_active boolean;
+        BEGIN
+            SELECT s.pk, s.expires_at INTO v_pk, expires_at FROM sessions s
+             WHERE s.tenant = p_tenant AND s.owner = p_owner AND s.session_id = p_session
+               FOR UPDATE;
+            IF NOT FOUND THEN
+                outcome := 'missing';
+                RETURN;
+            END IF;
+            IF p_idem IS NOT NULL AND EXISTS (
+                SELECT 1 FROM turns t WHERE t.session_pk = v_pk AND t.idempotency_key = p_idem
+            ) THEN
+                outcome := 'known';
+                RETURN;
+            END IF;
+            SELECT coalesce(array_agg(t.id ORDER BY t.seq), '{}'),
+                   coalesce(array_agg(t.status ORDER BY t.seq), '{}')
+              INTO active_ids, active_statuses
+              FROM turns t
+             WHERE t.session_pk = v_pk AND t.status IN ('queued', 'running', 'awaiting_input');
+            v_active := cardinality(active_ids) > 0;
+            IF (expires_at IS NOT NULL AND expires_at <= p_now)
+               OR (p_policy = 'reject' AND v_active)
+               OR (SELECT count(*) FROM unnest(active_statuses) st WHERE st = 'queued')
+                  >= p_max_queue THEN
+                outcome := 'refused';
+                RETURN;
+            END IF;
+            IF p_limits THEN
+                -- After the lock, a new statement, so a new snapshot: the count sees what
+                -- the lock's previous holder committed.
+                PERFORM pg_advisory_xact_lock(
+                    hashtextextended(p_tenant || chr(31) || p_owner, 7));
+                SELECT count(DISTINCT t.session_pk), count(*) INTO busy, total
+                  FROM turns t JOIN sessions s ON s.pk = t.session_pk
+                 WHERE t.status IN ('queued', 'running') AND s.tenant = p_tenant
+                   AND s.owner = p_owner;
+                IF (v_active AND p_queued IS NOT NULL AND total - busy >= p_queued)
+                   OR (NOT v_active AND p_running IS NOT NULL AND busy >= p_running) THEN
+                    outcome := 'refused';
+                    RETURN;
+                END IF;
+            END IF;
+            UPDATE sessions SET next_turn_seq = next_turn_seq + 1 WHERE pk = v_pk
+             RETURNING next_turn_seq - 1 INTO turn_seq;
+            INSERT INTO turns (id, session_pk, seq, input, policy, status, created_at, agent,
+                               agent_fingerprint, idempotency_key, request_digest)
+            VALUES (p_turn, v_pk, turn_seq, p_input, p_policy, 'queued', p_now, p_agent,
+                    p_fingerprint, p_idem, p_digest);
+            -- The data is rules.queued_event's, as json.dumps writes it.
+            INSERT INTO events (turn_id, seq, type, data, created_at)
+            VALUES (p_turn, p_event_seq, p_event_type, '{"seq": ' || turn_seq || '}', p_now);
+            outcome := 'queued';
+        END
+        $$;
+        """,
+    ),
 ]
 
 

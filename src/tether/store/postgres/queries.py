@@ -121,12 +121,15 @@ ORPHAN_CALLS = (
 )
 
 FIRST_ACTIVE_TURN = f"SELECT id FROM turns WHERE session_pk = $1 AND {ACTIVE} ORDER BY seq LIMIT 1"
-# The owner's turns under way: a parked turn holds no worker, so it is not counted
+# The owner's turns under way, counted under the owner's lock (LOCK_OWNER), in one round trip
+# (the function is migration 9's). A parked turn holds no worker, so it is not counted
 # (rules.admit_for_principal).
-OWNER_ACTIVE = (
-    "SELECT count(DISTINCT t.session_pk), count(*)"
-    " FROM turns t JOIN sessions s ON s.pk = t.session_pk"
-    " WHERE t.status IN ('queued', 'running') AND s.tenant = $1 AND s.owner = $2"
+LOCK_OWNER_ACTIVE = "SELECT busy, active FROM tether_owner_active($1, $2)"
+# A whole admission in one round trip, committed as it returns (migration 9).
+ENQUEUE = (
+    "SELECT outcome, turn_seq, expires_at, active_ids, active_statuses, busy, total"
+    " FROM tether_enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,"
+    " $16, $17)"
 )
 OWNER_SESSIONS = "SELECT count(*) FROM sessions WHERE tenant = $1 AND owner = $2"
 # Admissions of one owner take turns (across processes), so two cannot both see room for one.

@@ -12,7 +12,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-from tether.errors import Conflict, SessionNotFound
+import asyncpg  # type: ignore[import-untyped]
+
+from tether import events
+from tether.errors import Conflict, SessionNotFound, StoreError
 from tether.records import (
     AgentRef,
     CancelStatus,
@@ -66,9 +69,74 @@ class Turns(Connection):
         limits: PrincipalLimits | None = None,
         idempotency: Idempotency | None = None,
     ) -> Turn:
+        # One statement that commits as it returns (see migration 9's tether_enqueue): the
+        # session's row lock and the owner's are never held across a round trip to this
+        # process, whose event loop may be slow to come back when it is busy.
+        now = time.time()
+        args = (
+            *key_args(key),
+            turn_id,
+            input,
+            policy,
+            now,
+            *rules.agent_args(agent),
+            *rules.idempotency_args(idempotency),
+            max_queue,
+            limits is not None,
+            limits.running_turns if limits is not None else None,
+            limits.queued_turns if limits is not None else None,
+            rules.QUEUED_EVENT_SEQ,
+            events.TURN_QUEUED,
+        )
+        async with self._conn() as conn:
+            try:
+                row = await conn.fetchrow(q.ENQUEUE, *args)
+            except asyncpg.UniqueViolationError as exc:
+                if exc.constraint_name == "turns_pkey":
+                    raise rules.duplicate_turn(turn_id) from None
+                raise
+        assert row is not None  # a function with OUT parameters answers one row
+        outcome, seq, expires_at, ids, statuses, busy, total = row
+        if outcome == "missing":
+            raise SessionNotFound("session not found")
+        if outcome == "queued":
+            return rules.queued_turn(turn_id, key, int(seq), input, policy, now, agent)
+        if outcome == "refused":
+            active = list(zip(ids, statuses, strict=True))
+            rules.admit(policy, expires_at=expires_at, now=now, active=active, max_queue=max_queue)
+            rules.admit_for_principal(
+                limits,
+                busy_sessions=int(busy or 0),
+                active_turns=int(total or 0),
+                session_active=bool(active),
+            )
+            raise StoreError("tether_enqueue refused a turn the admission rules admit")
+        # 'known': the key names a turn already; whether it is answered with it, refused or
+        # (its window over) released is decided in a transaction of its own.
+        return await self._enqueue_known(
+            key,
+            turn_id=turn_id,
+            input=input,
+            policy=policy,
+            max_queue=max_queue,
+            agent=agent,
+            limits=limits,
+            idempotency=idempotency,
+        )
+
+    async def _enqueue_known(
+        self,
+        key: SessionKey,
+        *,
+        turn_id: str,
+        input: str,
+        policy: Policy,
+        max_queue: int,
+        agent: AgentRef | None,
+        limits: PrincipalLimits | None,
+        idempotency: Idempotency | None,
+    ) -> Turn:
         async with self._tx() as conn:
-            if limits is not None:
-                await conn.execute(q.LOCK_OWNER, key.tenant, key.owner)
             # The session row lock makes the busy and queue-bound checks hold until commit.
             pk, _, expires_at = await lock_session(conn, key)
             now = time.time()
@@ -80,15 +148,6 @@ class Turns(Connection):
                     await conn.execute(q.RELEASE_IDEMPOTENCY, pk, idempotency.key)
             active = [(r[0], r[1]) for r in await conn.fetch(q.ACTIVE_TURN_IDS, pk)]
             rules.admit(policy, expires_at=expires_at, now=now, active=active, max_queue=max_queue)
-            if limits is not None:
-                counts = await conn.fetchrow(q.OWNER_ACTIVE, key.tenant, key.owner)
-                assert counts is not None  # an aggregate always answers one row
-                rules.admit_for_principal(
-                    limits,
-                    busy_sessions=int(counts[0]),
-                    active_turns=int(counts[1]),
-                    session_active=bool(active),
-                )
             seq = int(await conn.fetchval(q.NEXT_TURN_SEQ, pk))
             turn = rules.queued_turn(turn_id, key, seq, input, policy, now, agent)
             inserted = await conn.fetchval(
@@ -105,6 +164,19 @@ class Turns(Connection):
             if inserted is None:
                 raise rules.duplicate_turn(turn_id)  # rolls the seq back too
             await steps.write_event(conn, turn_id, rules.queued_event(turn), now)
+            if limits is not None:
+                # Last, so the owner's lock (held to commit, and every admission of the owner
+                # in any process waits for it) is held for one round trip and the commit. The
+                # counts include this turn (and so this session); a refusal rolls it back.
+                counts = await conn.fetchrow(q.LOCK_OWNER_ACTIVE, key.tenant, key.owner)
+                assert counts is not None  # an aggregate always answers one row
+                was_busy = any(status in ("queued", "running") for _, status in active)
+                rules.admit_for_principal(
+                    limits,
+                    busy_sessions=int(counts[0]) - (0 if was_busy else 1),
+                    active_turns=int(counts[1]) - 1,
+                    session_active=bool(active),
+                )
         return turn
 
     async def get_turn(self, key: SessionKey, turn_id: str) -> Turn | None:
