@@ -181,6 +181,8 @@ def _serve_on(
 
 
 def _graceful_bound(settings: Settings) -> int:
+    """Seconds a stopping server waits for open connections: the drain, then a little for the
+    streams of the turns it ended to send their last events."""
     return math.ceil(settings.drain_timeout) + 6
 
 

@@ -311,6 +311,9 @@ class Supervisor:
     # -- starting a worker -----------------------------------------------------------------------
     def _start(self, slot: _Slot) -> None:
         slot.restart_at, slot.ready = None, False
+        # What the parent buffered would be written again by each child as it exits.
+        sys.stdout.flush()
+        sys.stderr.flush()
         # Signals wait until the child has its own handlers: one delivered in between would run
         # the parent's and write to the parent's wakeup pipe, as if the parent had received it.
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)
