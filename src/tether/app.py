@@ -88,11 +88,15 @@ class App:
         model: str | None = None,
         insecure: bool = False,
         drain_timeout: float | None = None,
+        workers: int | None = None,
         log_level: str = "info",
         access_log: bool = True,
     ) -> None:
         """Run the server until SIGINT/SIGTERM (blocking); then running turns get
-        ``drain_timeout`` seconds (default 10) to finish before they are cancelled."""
+        ``drain_timeout`` seconds (default 10) to finish before they are cancelled.
+
+        ``workers`` (default 1, or ``TETHER_WORKERS``) processes share the port and the store;
+        they are forked from this one, so agents defined in ``__main__`` are served too."""
         settings = Settings.from_env(
             host=host,
             port=port,
@@ -101,6 +105,7 @@ class App:
             model=model,
             insecure=insecure or None,
             drain_timeout=drain_timeout,
+            workers=workers,
         )
         serve(settings, self.agents, log_level=log_level, access_log=access_log)
 
@@ -119,17 +124,41 @@ def serve(
     """Serve until SIGTERM/SIGINT, then drain: running turns get ``drain_timeout`` seconds to
     finish and are then cancelled (reason ``shutdown``); the process exits 0.
 
-    ``on_ready(url)`` is called once the socket listens and the app has started; a port that
-    is taken is a :class:`ConfigError` before anything starts."""
+    ``on_ready(url)`` is called once the socket listens and the app has started (with
+    ``settings.workers`` above 1: once every worker has); a port that is taken is a
+    :class:`ConfigError` before anything starts."""
+    from tether.server.listen import listen_socket, url_of
+
+    check_bind(settings)
+    if settings.workers > 1:
+        from tether.server import workers
+
+        workers.check_workers(settings)
+    sock = listen_socket(settings.host, settings.port)
+    with sock:
+        if settings.workers == 1:
+            ready = None if on_ready is None else lambda: on_ready(url_of(sock, settings.host))
+            _serve_on(sock, settings, agents, log_level, access_log, ready)
+            return
+        _serve_workers(sock, settings, agents, log_level, access_log, on_ready)
+
+
+def _serve_on(
+    sock: socket.socket,
+    settings: Settings,
+    agents: Sequence[Agent],
+    log_level: str,
+    access_log: bool,
+    on_ready: Callable[[], object] | None,
+) -> None:
+    """One server in this process on the listening ``sock``: the whole of ``serve`` with one
+    worker, and each worker's life with several."""
     import uvicorn
 
     from tether.server.app import create_app
     from tether.server.head_limit import head_limited
-    from tether.server.listen import listen_socket, url_of
     from tether.server.log_config import log_config
 
-    check_bind(settings)
-    sock = listen_socket(settings.host, settings.port)
     app = create_app(settings, agents)
     config = uvicorn.Config(
         app,
@@ -140,16 +169,57 @@ def serve(
         http=head_limited(settings.limits.max_header_bytes),
         # Streams of running turns end once the drain has ended their turns; this bound only
         # cuts the ones that cannot end here (turns queued behind them, or run elsewhere).
-        timeout_graceful_shutdown=math.ceil(settings.drain_timeout) + 6,
+        timeout_graceful_shutdown=_graceful_bound(settings),
         access_log=access_log,
     )
     server = _draining_server(config, app.state.tether.runtime.scheduler, settings.drain_timeout)
-    if on_ready is not None:
-        server.on_ready = lambda: on_ready(url_of(sock, settings.host))
-    with _sigterm_exits_cleanly(), contextlib.suppress(KeyboardInterrupt), sock:
+    server.on_ready = on_ready
+    with _sigterm_exits_cleanly(), contextlib.suppress(KeyboardInterrupt):
         server.run(sockets=[sock])
     if not server.started:
         raise SystemExit(3)  # uvicorn's STARTUP_FAILURE (it has logged why)
+
+
+def _graceful_bound(settings: Settings) -> int:
+    """Seconds a stopping server waits for open connections: the drain, then a little for the
+    streams of the turns it ended to send their last events."""
+    return math.ceil(settings.drain_timeout) + 6
+
+
+def _serve_workers(
+    sock: socket.socket,
+    settings: Settings,
+    agents: Sequence[Agent],
+    log_level: str,
+    access_log: bool,
+    on_ready: Callable[[str], object] | None,
+) -> None:
+    """``settings.workers`` processes on ``sock``, supervised from this one."""
+    import logging.config
+
+    # Imported here, once, rather than by each worker after the fork.
+    import uvicorn  # noqa: F401
+
+    from tether.server import app as server_app  # noqa: F401
+    from tether.server import workers
+    from tether.server.listen import url_of
+    from tether.server.log_config import log_config
+
+    logging.config.dictConfig(log_config(log_level))  # the supervisor's own lines
+    workers.prepare_store(settings.store_url)
+    url = url_of(sock, settings.host)
+    supervisor = workers.Supervisor(
+        settings,
+        sock,
+        lambda worker_settings, ready: _serve_on(
+            sock, worker_settings, agents, log_level, access_log, ready
+        ),
+        on_ready=None if on_ready is None else lambda: on_ready(url),
+        stop_within=_graceful_bound(settings) + workers.STOP_GRACE,
+    )
+    code = supervisor.run()
+    if code:
+        raise SystemExit(code)
 
 
 def _draining_server(config: uvicorn.Config, scheduler: Scheduler, drain_timeout: float) -> Any:

@@ -1,6 +1,6 @@
-"""``TETHER_LEASE_TTL``, ``TETHER_NODE`` and ``TETHER_DRAIN_TIMEOUT``: parsed, checked, and
-reaching the runtime the server builds. A bad value is a ConfigError naming the variable, at
-start, not a server that runs with it."""
+"""``TETHER_LEASE_TTL``, ``TETHER_NODE``, ``TETHER_DRAIN_TIMEOUT`` and ``TETHER_WORKERS``:
+parsed, checked, and reaching the runtime the server builds. A bad value is a ConfigError
+naming the variable, at start, not a server that runs with it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tether.server.app import create_app
 from tether.server.settings import FACES, Settings
 from tether.testing import ScriptedModel
 
-VARS = ("TETHER_LEASE_TTL", "TETHER_NODE", "TETHER_DRAIN_TIMEOUT")
+VARS = ("TETHER_LEASE_TTL", "TETHER_NODE", "TETHER_DRAIN_TIMEOUT", "TETHER_WORKERS")
 
 
 @pytest.fixture(autouse=True)
@@ -24,7 +24,7 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_defaults_without_the_variables() -> None:
     s = Settings.from_env()
-    assert (s.lease_ttl, s.node, s.drain_timeout) == (30.0, None, 10.0)
+    assert (s.lease_ttl, s.node, s.drain_timeout, s.workers) == (30.0, None, 10.0, 1)
 
 
 def test_the_variables_are_read_and_reach_the_runtime(
@@ -44,8 +44,10 @@ def test_the_variables_are_read_and_reach_the_runtime(
 def test_flags_win_over_the_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TETHER_NODE", "from-env")
     monkeypatch.setenv("TETHER_DRAIN_TIMEOUT", "4")
-    s = Settings.from_env(node="from-flag", drain_timeout=1.5)
-    assert (s.node, s.drain_timeout) == ("from-flag", 1.5)
+    monkeypatch.setenv("TETHER_WORKERS", "3")
+    assert Settings.from_env().workers == 3
+    s = Settings.from_env(node="from-flag", drain_timeout=1.5, workers=2)
+    assert (s.node, s.drain_timeout, s.workers) == ("from-flag", 1.5, 2)
 
 
 @pytest.mark.parametrize(
@@ -67,6 +69,10 @@ def test_flags_win_over_the_variables(monkeypatch: pytest.MonkeyPatch) -> None:
         ("TETHER_ONE_OFF_TTL", "0"),
         ("TETHER_ONE_OFF_TTL", "soon"),
         ("TETHER_FACES_OPENAI", "maybe"),
+        ("TETHER_WORKERS", "0"),
+        ("TETHER_WORKERS", "-2"),
+        ("TETHER_WORKERS", "two"),
+        ("TETHER_WORKERS", "1.5"),
     ],
 )
 def test_bad_values_are_config_errors_naming_the_variable(
@@ -79,7 +85,7 @@ def test_bad_values_are_config_errors_naming_the_variable(
 
 @pytest.mark.parametrize(
     "overrides",
-    [{"lease_ttl": 0.0}, {"drain_timeout": float("nan")}, {"node": "x|y"}],
+    [{"lease_ttl": 0.0}, {"drain_timeout": float("nan")}, {"node": "x|y"}, {"workers": 0}],
 )
 def test_bad_values_from_flags_are_refused_too(overrides: dict[str, object]) -> None:
     with pytest.raises(ConfigError):

@@ -43,6 +43,14 @@ def serve(
             "cancelled with reason 'shutdown' (default 10).",
         ),
     ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Server processes sharing the port and the store, one core each "
+            "(env TETHER_WORKERS; default 1: this process alone).",
+        ),
+    ] = None,
     log_level: Annotated[
         LogLevel,
         typer.Option(
@@ -75,14 +83,18 @@ def serve(
             insecure=insecure or None,
             node=node,
             drain_timeout=drain_timeout,
+            workers=workers,
         )
         agents = load_agents(target) if target else [default_agent(config)]
         for problem in model_problems(agents, config.model):
             err.print(f"tether: warning: {problem}", markup=False)
         names = ", ".join(a.name for a in agents)
         store_shown = redact_url(config.store_url)
+        if config.workers > 1:
+            store_shown += f", {config.workers} workers"
 
         def announce(url: str) -> None:  # once the socket listens: never before a bind fails
+            # With workers, once all of them serve (the parent prints it).
             err.print(f"tether: serving {names} on {url} (store {store_shown})", markup=False)
 
         run_server(config, agents, log_level=log_level, access_log=access_log, on_ready=announce)

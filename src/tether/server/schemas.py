@@ -408,3 +408,8 @@ class ProblemOut(BaseModel):
 
 class Health(BaseModel):
     status: Literal["ok"]
+    node: str | None = Field(
+        None,
+        description="The node name of the process that answered, when it has one (`--node`; "
+        "each of `--workers` has its own).",
+    )

@@ -103,6 +103,7 @@ _ENV_VALUES: dict[str, tuple[str, Callable[[str], object]]] = {
     "node": ("TETHER_NODE", str),
     "lease_ttl": ("TETHER_LEASE_TTL", float),
     "drain_timeout": ("TETHER_DRAIN_TIMEOUT", float),
+    "workers": ("TETHER_WORKERS", int),
 }
 """Settings read as they are from ``TETHER_*`` (checked by ``_check_runtime_values``)."""
 
@@ -131,6 +132,11 @@ class Settings:
     """Seconds a waiting (``wait``/``stream``) request may wait for room in a full queue."""
     lease_ttl: float = 30.0
     node: str | None = None
+    """This server's name in the owner ids of the leases it holds; with ``workers``, each
+    worker is ``<node>-w1``, ``<node>-w2``… (``node-w1``… when none is set)."""
+    workers: int = 1
+    """Server processes sharing the one listening socket and the one store (``serve`` only;
+    ``TETHER_WORKERS``). 1: the server runs in this process, with no other."""
     one_off_ttl: float | None = 30 * 86400.0
     """Seconds a session that an OpenAI-face call without a session made is kept (then swept
     with its history), so stateless clients do not pile up sessions without end;
@@ -155,7 +161,7 @@ class Settings:
             try:
                 values[name] = kind(raw)
             except ValueError:
-                what = "a port" if name == "port" else "a number"
+                what = {"port": "a port", "workers": "a whole number"}.get(name, "a number")
                 raise ConfigError(f"{variable}={raw!r} is not {what}") from None
         for name in ("allowed_hosts", "allowed_origins"):
             raw = env.get(f"TETHER_{name.upper()}")
@@ -248,6 +254,9 @@ def _check_runtime_values(values: Mapping[str, object], from_flags: Collection[s
     drain = values.get("drain_timeout")
     if isinstance(drain, float | int) and not (math.isfinite(drain) and drain >= 0):
         raise ConfigError(f"{source('drain_timeout')}={drain!r}: seconds, a finite number >= 0")
+    workers = values.get("workers")
+    if isinstance(workers, int) and workers < 1:
+        raise ConfigError(f"{source('workers')}={workers!r}: a number of processes, 1 or more")
     node = values.get("node")
     if node is not None and not (isinstance(node, str) and _NODE.fullmatch(node)):
         raise ConfigError(

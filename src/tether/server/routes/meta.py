@@ -18,13 +18,14 @@ READY_WITHIN = 5.0
 """A backstop for any backend: each store's ping has a shorter deadline of its own."""
 
 
-@router.get("/healthz", tags=["health"])
-async def healthz() -> Health:
-    """Liveness: the process answers (whatever state its store is in: see ``/readyz``)."""
-    return Health(status="ok")
+@router.get("/healthz", tags=["health"], response_model_exclude_none=True)
+async def healthz(st: State) -> Health:
+    """Liveness: the process answers (whatever state its store is in: see ``/readyz``), and
+    which one it is (its node name, if it has one: behind a balancer or with workers)."""
+    return Health(status="ok", node=st.settings.node)
 
 
-@router.get("/readyz", tags=["health"], responses=responses(503))
+@router.get("/readyz", tags=["health"], responses=responses(503), response_model_exclude_none=True)
 async def readyz(st: State) -> Health:
     """Readiness: the store can take a write now. 503, within a bound, when it cannot (a full
     disk, a store that does not answer)."""
@@ -33,7 +34,7 @@ async def readyz(st: State) -> Health:
             await st.runtime.ping()
     except TimeoutError as exc:
         raise StoreError(f"no answer from the store within {READY_WITHIN} s") from exc
-    return Health(status="ok")
+    return Health(status="ok", node=st.settings.node)
 
 
 def _model_label(model: str | Model | None, default: str) -> str:
