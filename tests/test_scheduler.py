@@ -6,7 +6,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 
@@ -17,7 +19,7 @@ from tether.records import LOCAL_PRINCIPAL, NewItem, SessionKey
 from tether.runtime import Runtime
 from tether.scheduler.owners import owner_is_dead
 from tether.store import InMemoryStore
-from tether.store.protocol import Store
+from tether.store.protocol import ChangeCounter, Store
 from tether.testing import ScriptedModel, Slow
 
 
@@ -387,6 +389,51 @@ async def test_a_turn_for_an_agent_not_served_ends_failed_and_forgets_it(store: 
         # The ending released what this process kept for the turn: nothing is left behind
         # (before, each such turn stayed in the waiter table for the life of the process).
         assert not rt.scheduler.local.waiters
+
+
+async def test_a_waiter_on_a_turn_another_process_runs_reads_it_only_when_the_store_moved(
+    make_store: StoreFactory,
+) -> None:
+    """B accepted the turn, A (lingering on the session's lease) runs it. B learns of its end
+    from the store: on SQLite by looking often at PRAGMA data_version and reading the turn only
+    when another process wrote, so a turn that waits on its model costs B no reads."""
+    if make_store is InMemoryStore:
+        pytest.skip("the in-memory store is one process's memory; it cannot be shared")
+    agent = Agent(name="a", model=ScriptedModel(default="ok", delay=1.0))
+    a, b = Runtime(make_store(), agents=[agent]), Runtime(make_store(), agents=[agent])
+    async with a, b:
+        a.scheduler.linger = 60.0
+        key = SessionKey("local", "local", "waits-elsewhere")
+        await a.sessions.create(key, "a")
+        first = await a.scheduler.submit(key, "one")
+        await a.scheduler.wait(key, first.id)
+        calls: Counter[str] = Counter()
+        store = b.scheduler.store
+        for name in ("get_turn", "data_version"):
+            if hasattr(store, name):
+                setattr(store, name, _counted(calls, name, getattr(store, name)))
+        second = await b.scheduler.submit(key, "two")
+        async with asyncio.timeout(10):
+            done = await b.scheduler.wait(key, second.id)
+        assert done.status == "completed" and done.output == "ok"
+        assert a.scheduler.lease_of(key) is not None  # A ran it
+        if isinstance(store, ChangeCounter):
+            # A second of model time: B looked ~50 times, and read the turn only after A's
+            # writes (its start, its end), not on every look.
+            assert calls["data_version"] >= 10
+            assert calls["get_turn"] <= 4
+        else:
+            assert calls["get_turn"] <= 15  # PostgreSQL: a read every 100 ms
+
+
+def _counted(
+    calls: Counter[str], name: str, fn: Callable[..., Awaitable[Any]]
+) -> Callable[..., Awaitable[Any]]:
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[name] += 1
+        return await fn(*args, **kwargs)
+
+    return counted
 
 
 async def test_a_lingering_worker_takes_a_turn_another_process_accepted(

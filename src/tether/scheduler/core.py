@@ -49,15 +49,21 @@ from tether.scheduler.local import Local
 from tether.scheduler.owners import new_owner_id
 from tether.scheduler.runner import AgentResolver, AutoNotes, TurnRunner, TurnStore
 from tether.scheduler.worker import Workers, WorkerStore
-from tether.store.protocol import DecisionStore, Maintenance, TurnLog
+from tether.store.protocol import ChangeCounter, DecisionStore, Maintenance, TurnLog
 from tether.store.rules import DEFAULT_MAX_QUEUE, request_digest
 
 CANCEL_POLL = 0.025
 """Seconds between reads of cancel requests while this process runs turns."""
 CANCEL_FALLBACK = 1.0
 """The same with a store that announces requests (PostgreSQL LISTEN/NOTIFY): a safety net."""
-CROSS_PROCESS_POLL = 0.25
-"""Seconds between store reads while waiting on a turn that another process may be running."""
+CROSS_PROCESS_POLL = 0.02
+"""Seconds between looks at the store while waiting on a turn another process may be running:
+with a :class:`ChangeCounter` (SQLite), a look at its version, and a read only when it moved."""
+CROSS_PROCESS_READ = 0.1
+"""The same for a store without one: each look reads the turn."""
+LOCAL_SAFETY = 1.0
+"""The same while this process holds the session's lease, so the turn's end comes here as a
+signal: a read now and then, in case the lease was lost."""
 SLOT_POLL = 0.5
 """Seconds between retries of a caller waiting for room in a full queue (another node may
 free it without telling this one)."""
@@ -314,6 +320,8 @@ class Scheduler:
         """
         waiters = self.local.waiters
         read_store = turn_id not in waiters
+        counter = self.store if isinstance(self.store, ChangeCounter) else None
+        seen: int | None = None
         while True:
             if read_store:
                 turn = await self.store.get_turn(key, turn_id)
@@ -332,13 +340,16 @@ class Scheduler:
                 read_store = True
                 await asyncio.sleep(0.05)
                 continue
-            # Accepted here and not ended. If this process runs it, its end resolves the
-            # future at once; if another process holds the session (several processes on one
-            # store), only the store will tell, so look there now and then too.
+            # Accepted here and not ended. If this process runs it (it holds the session's
+            # lease), its end resolves the future at once; if another process holds the
+            # session (several workers or nodes on one store), only the store will tell, so
+            # look there often, cheaply when the store has a change counter.
+            here = key in self.local.leases
             fut: asyncio.Future[Turn] = asyncio.get_running_loop().create_future()
             local[1].append(fut)
+            poll = LOCAL_SAFETY if here else CROSS_PROCESS_POLL if counter else CROSS_PROCESS_READ
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(CROSS_PROCESS_POLL):
+                async with asyncio.timeout(poll):
                     await asyncio.shield(fut)
             if fut.done():
                 turn = fut.result()
@@ -347,6 +358,12 @@ class Scheduler:
                 continue  # parked: wait on through the decision
             with contextlib.suppress(ValueError):
                 local[1].remove(fut)
+            if counter is not None and not here:
+                version = await counter.data_version()
+                if version == seen:
+                    read_store = False
+                    continue  # nobody else wrote: the turn is as it was
+                seen = version
             read_store = True
 
     async def cancel(self, key: SessionKey, turn_id: str, reason: Reason = "cancelled") -> Turn:
