@@ -42,13 +42,14 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import IO, Any, TypeVar
 
 import asyncpg  # type: ignore[import-untyped]
+import httpx
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -71,6 +72,7 @@ from http_load import (
     console,
     fake_model,
     idle_memory,
+    log_tail,
     model_env,
     run_load,
     set_model_latency,
@@ -80,6 +82,7 @@ from http_load import (
 from multinode import PG_ADMIN, Databases, postgres_cpu
 
 HERE = Path(__file__).resolve().parent
+T = TypeVar("T")
 SESSIONS = 64
 LONG_TURNS = 300
 LONG_WINDOW = 50
@@ -121,6 +124,8 @@ class Subject:
     path: LoadPath
     shm: Path | None = None
     """The SQLite ``-shm`` file whose write lock is sampled (``--workers`` only)."""
+    log: IO[bytes] | None = None
+    """The server's stderr."""
 
 
 @dataclass
@@ -177,10 +182,10 @@ class Window(contextlib.AbstractContextManager["Window"]):
 
 
 async def row(subject: Subject, latency: int, sessions: int, args: argparse.Namespace) -> Row:
-    per_session = 4 if args.quick else 10
-    min_turns = 256 if args.quick else 640
+    per_session = 3 if args.quick else 10
+    min_turns = 192 if args.quick else 640
     if sessions == 1:
-        min_turns = 40 if args.quick else 200
+        min_turns = 30 if args.quick else 200
     extra = Extra()
     postgres = subject.key == "postgres"
     run = await run_load(
@@ -194,10 +199,10 @@ async def row(subject: Subject, latency: int, sessions: int, args: argparse.Name
         around=lambda: Window(subject, extra, postgres=postgres),
     )
     console.print(
-        f"  {latency:>2} ms {sessions:>2} sessions {subject.label:<28}: "
-        f"{run.turns_per_s:7,.0f} turns/s, p50 {run.pct_ms(0.5):6.1f} ms, "
-        f"p99 {run.pct_ms(0.99):6.1f} ms, server CPU {run.per_turn_ms(run.server_cpu):5.2f} "
-        f"ms/turn, peak in flight {run.peak_in_flight}",
+        f"  {latency:>2} ms {sessions:>2} sessions {subject.label:<28} "
+        f"{run.turns_per_s:5,.0f} turns/s, p50 {run.pct_ms(0.5):6.1f} ms, "
+        f"p99 {run.pct_ms(0.99):6.1f} ms, CPU {run.per_turn_ms(run.server_cpu):5.2f} "
+        f"ms/turn, peak in flight {run.peak_in_flight} ({_at()})",
         style="dim",
     )
     return Row(subject, run, extra)
@@ -301,7 +306,7 @@ def sample_locks(pid: int, shm: Path, hz: float = 200.0) -> None:
 
 # -- servers -------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def reference_server(fake_url: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+def reference_server(fake_url: str) -> Iterator[tuple[subprocess.Popen[bytes], str, IO[bytes]]]:
     port = free_port()
     cmd = [sys.executable, str(HERE / "reference_server.py"), "--port", str(port)]
     cmd += ["--upstream", fake_url, "--model", MODEL, "--system", INSTRUCTIONS]
@@ -309,7 +314,7 @@ def reference_server(fake_url: str) -> Iterator[tuple[subprocess.Popen[bytes], s
         proc = subprocess.Popen(cmd, env=model_env(fake_url), stdout=subprocess.DEVNULL, stderr=log)
         try:
             _wait_ready(proc, f"http://127.0.0.1:{port}/healthz", log)
-            yield proc, f"http://127.0.0.1:{port}"
+            yield proc, f"http://127.0.0.1:{port}", log
         finally:
             _stop(proc)
 
@@ -351,6 +356,7 @@ class Results:
     quiet: idle.Idle | None = None
     """bench/idle.py's figures."""
     skipped: dict[str, str] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
 
 
 async def load_parts(args: argparse.Namespace, pg_url: str | None, res: Results) -> None:
@@ -365,8 +371,8 @@ async def load_parts(args: argparse.Namespace, pg_url: str | None, res: Results)
 
         def tether(key: str, label: str, *extra: str, env: dict[str, str] | None = None) -> Subject:
             data = tmp / key
-            proc, url = stack.enter_context(tether_serve(fake_url, data, *extra, env=env))
-            return Subject(key, label, Servers(fake, fake_url, proc, url, data), path)
+            proc, url, log = stack.enter_context(tether_serve(fake_url, data, *extra, env=env))
+            return Subject(key, label, Servers(fake, fake_url, proc, url, data), path, log=log)
 
         sqlite = tether("sqlite", "tether, SQLite")
         subjects = [Subject("direct", "direct", sqlite.srv, "direct"), sqlite]
@@ -375,34 +381,62 @@ async def load_parts(args: argparse.Namespace, pg_url: str | None, res: Results)
         if workers:
             w = tether("workers", "tether, SQLite, --workers 2", "--workers", "2")
             w.shm = w.srv.data_dir / "tether.db-shm"
-            await asyncio.sleep(
-                3.0
-            )  # /readyz answered from one worker; give the other time to start
+            # /readyz was answered by one worker: give the other time to start too.
+            await asyncio.sleep(3.0)
             subjects.append(w)
-        proc, url = stack.enter_context(reference_server(fake_url))
-        ref = Subject(
-            "reference", "reference server", Servers(fake, fake_url, proc, url, tmp), "reference"
-        )
-        subjects.append(ref)
+        proc, url, log = stack.enter_context(reference_server(fake_url))
+        ref_srv = Servers(fake, fake_url, proc, url, tmp)
+        subjects.append(Subject("reference", "reference server", ref_srv, "reference", log=log))
         by_key = {s.key: s for s in subjects}
+        console.print(f"  {len(subjects) - 1} servers up ({_at()})", style="dim")
 
         console.print("[bold]0 ms model[/]")
         # First, while the server is fresh: after the load rows, freed memory would take the
         # new sessions in and hide what they cost.
-        res.memory = await idle_memory(sqlite.srv, count=1000, with_turn=False, tag="idle")
+        res.memory = await attempt(
+            res, sqlite, "RSS", idle_memory(sqlite.srv, count=1000, with_turn=False, tag="idle")
+        )
+        if res.memory is not None:
+            kb = res.memory.per_session_kb
+            console.print(f"  RSS per idle session: {kb:.2f} KB ({_at()})", style="dim")
         for s in subjects:
-            res.zero.append(await row(s, 0, SESSIONS, args))
+            if r := await attempt(res, s, "64 sessions, 0 ms", row(s, 0, SESSIONS, args)):
+                res.zero.append(r)
         for key in ("direct", "sqlite", "reference"):
-            res.long.append(await long_session(by_key[key]))
-            console.print(f"  long session {by_key[key].label}: done", style="dim")
+            if not (lg := await attempt(res, by_key[key], "long", long_session(by_key[key]))):
+                continue
+            res.long.append(lg)
+            console.print(
+                f"  long session {lg.label:<28} turns 1-50 p50 "
+                f"{1000 * statistics.median(lg.window(False)):.1f} ms, 251-300 "
+                f"{1000 * statistics.median(lg.window(True)):.1f} ms ({_at()})",
+                style="dim",
+            )
 
         console.print("[bold]50 ms model[/]")
         set_model_latency(fake_url, 50)
         for s in subjects:
-            res.fifty.append(await row(s, 50, SESSIONS, args))
+            if r := await attempt(res, s, "64 sessions, 50 ms", row(s, 50, SESSIONS, args)):
+                res.fifty.append(r)
         for s in subjects:
-            if s.key != "workers":
-                res.one.append(await row(s, 50, 1, args))
+            if s.key != "workers" and (
+                r := await attempt(res, s, "one session, 50 ms", row(s, 50, 1, args))
+            ):
+                res.one.append(r)
+
+
+async def attempt(res: Results, subject: Subject, what: str, work: Awaitable[T]) -> T | None:
+    """``work``'s result; or, when it fails (a server answered an error, or stopped), None,
+    with the failure and the end of the server's log printed and kept for the targets."""
+    try:
+        return await work
+    except (httpx.HTTPError, RuntimeError, KeyError, ValueError) as exc:
+        failure = f"{subject.label}, {what}: {type(exc).__name__}: {exc}"
+        res.failures.append(failure)
+        console.print(f"  {failure}", style="red", markup=False)
+        if subject.log is not None:
+            console.print(log_tail(subject.log, 1500), style="red", markup=False)
+        return None
 
 
 def main() -> None:
@@ -419,7 +453,6 @@ def main() -> None:
         sample_locks(int(args.sample_locks[0]), Path(args.sample_locks[1]))
         return
 
-    started = time.perf_counter()
     command = " ".join([".venv/bin/python", "bench/hot_path.py", *sys.argv[1:]])
     console.print(f"[bold]Command:[/] {command}")
     console.print(
@@ -446,21 +479,29 @@ def main() -> None:
     else:
         console.print("[bold]Idle CPU and cancel latency (bench/idle.py)[/]")
         if args.quick:
-            res.quiet = idle.measure(200, 5.0, 8, floor=False, settle=3.0)
+            res.quiet = idle.measure(200, 8.0, 8, floor=False, settle=2.0)
         else:
             res.quiet = idle.measure(1000, 30.0, 30, floor=True)
+        console.print(f"  done ({_at()})", style="dim")
     report(res, args)
-    console.print(f"\nTotal {time.perf_counter() - started:.0f} s; load average {_load()}")
+    console.print(f"\nTotal {time.perf_counter() - _T0:.0f} s; load average {_load()}")
 
 
 # -- report --------------------------------------------------------------------------------------
+_T0 = time.perf_counter()
+
+
+def _at() -> str:
+    return f"at {time.perf_counter() - _T0:.0f} s"
+
+
 def _f(x: float | None, spec: str = ".1f") -> str:
     return "-" if x is None or math.isnan(x) else format(x, spec)
 
 
 def load_table(title: str, rows: list[Row]) -> Table:
     table = Table(title=title)
-    cols: tuple[str, ...] = ("", "turns", "turns/s", "x direct", "x reference", "p50 ms")
+    cols: tuple[str, ...] = ("", "turns", "turns/s", "x direct", "x ref", "p50 ms")
     cols += ("p99 ms", "server CPU ms/turn", "PG CPU ms/turn", "model CPU ms/turn")
     cols += ("client CPU ms/turn", "peak in flight", "busy cores", "errors")
     for col in cols:
@@ -581,6 +622,8 @@ def find(rows: list[Row], key: str) -> Row | None:
 
 def targets(res: Results) -> Table:
     t = Targets()
+    if res.failures:
+        t.add("rows that failed (printed above)", str(len(res.failures)), "0", False)
     for part in (load_targets, postgres_targets, workers_target, one_targets, other_targets):
         part(t, res)
     return t.table
@@ -643,8 +686,8 @@ def postgres_targets(t: Targets, res: Results) -> None:
                 f">= {PG_RATIO_TARGET}",
                 ratio >= PG_RATIO_TARGET,
             )
-    else:
-        t.add("PostgreSQL rows", res.skipped.get("postgres", ""), "", None)
+    elif "postgres" in res.skipped:
+        t.add("PostgreSQL rows", res.skipped["postgres"], "", None)
 
 
 def workers_target(t: Targets, res: Results) -> None:
@@ -719,8 +762,8 @@ def other_targets(t: Targets, res: Results) -> None:
                 f"p99 < {bound:.0f} ms",
                 p99 < bound,
             )
-    else:
-        t.add("idle CPU and cancels", res.skipped.get("idle", ""), "", None)
+    elif "idle" in res.skipped:
+        t.add("idle CPU and cancels", res.skipped["idle"], "", None)
 
 
 def report(res: Results, args: argparse.Namespace) -> None:
@@ -750,14 +793,14 @@ def report(res: Results, args: argparse.Namespace) -> None:
         )
     console.print(
         f"tether's path: {'/api/chat' if args.path == 'chat' else 'POST /v1/sessions/{sid}/turns'}."
-        " Each session does <= 10 turns (4 with --quick) after one warm-up turn. CPU columns: "
+        " Each session does <= 10 turns (3 with --quick) after one warm-up turn. CPU columns: "
         "CPU seconds of that process (all its threads and worker processes) over the measured "
         "window / turns; 'PG' counts every postgres process on the host. 'busy cores': "
         "all of them / wall time (2 is all of this machine). 'peak in flight': the most chat "
         "requests the fake model was answering at once (64 when no turn waits for another). "
         "'x direct' is over this process calling the model itself, whose own httpx streaming "
         "costs it ~3 ms of CPU per turn: on a busy host that row, not the model, is the limit, "
-        "and 'x reference' is the firmer bar."
+        "and 'x ref' (over the reference server's) is the firmer bar."
     )
     console.print(targets(res))
 

@@ -148,9 +148,14 @@ def _stop(proc: subprocess.Popen[Any]) -> None:
 
 
 def _fail(what: str, log: IO[bytes]) -> RuntimeError:
-    log.seek(0)
-    tail = log.read().decode(errors="replace")[-2000:]
-    return RuntimeError(f"{what}\n{tail}")
+    return RuntimeError(f"{what}\n{log_tail(log)}")
+
+
+def log_tail(log: IO[bytes], size: int = 2000) -> str:
+    """The end of a server's log file. ``pread``, because the server shares the file's offset
+    (its stderr is this very open file) and may still be writing."""
+    end = os.fstat(log.fileno()).st_size
+    return os.pread(log.fileno(), size, max(0, end - size)).decode(errors="replace")
 
 
 class NoDelayFakeServer(FakeOpenAIServer):
@@ -242,7 +247,7 @@ def servers(latency_ms: float, *, stock_fake: bool = False) -> Iterator[Servers]
     with (
         tempfile.TemporaryDirectory(prefix="tether-http-load-") as tmp,
         fake_model(latency_ms, stock_fake=stock_fake) as (fake, fake_url),
-        tether_serve(fake_url, Path(tmp) / "data") as (tether, url),
+        tether_serve(fake_url, Path(tmp) / "data") as (tether, url, _),
     ):
         yield Servers(fake, fake_url, tether, url, Path(tmp) / "data")
 
@@ -284,9 +289,9 @@ def model_env(fake_url: str) -> dict[str, str]:
 @contextlib.contextmanager
 def tether_serve(
     fake_url: str, data_dir: Path, *args: str, env: dict[str, str] | None = None
-) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+) -> Iterator[tuple[subprocess.Popen[bytes], str, IO[bytes]]]:
     """``tether serve`` (default agent, ``--data-dir data_dir``, ``args``) in front of the fake
-    model, and its URL once ``/readyz`` answers; stopped on exit."""
+    model, its URL once ``/readyz`` answers, and its log (stderr); stopped on exit."""
     with tempfile.TemporaryFile() as tether_log:
         port = free_port()
         cmd = [sys.executable, "-m", "tether", "serve", "--host", "127.0.0.1", "--port", str(port)]
@@ -300,7 +305,7 @@ def tether_serve(
         try:
             url = f"http://127.0.0.1:{port}"
             _wait_ready(tether, f"{url}/readyz", tether_log)
-            yield tether, url
+            yield tether, url, tether_log
         finally:
             _stop(tether)
 
