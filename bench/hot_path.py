@@ -7,7 +7,7 @@ Reproduce (from the repository root)::
 
 One fake OpenAI model process for the whole run (``http_load.py --serve-fake``: ``TCP_NODELAY``,
 a 40-word answer streamed a word at a time, its latency switched between 0 and 50 ms, and a
-count of the chat requests in flight). In front of it, all started at once and loaded in turn:
+count of the chat requests in flight). In front of it, all started first, then loaded in turn:
 
 * ``tether, SQLite``: ``tether serve`` (default agent, temporary data dir);
 * ``tether, PostgreSQL``: the same with ``TETHER_STORE`` set to a fresh database this script
