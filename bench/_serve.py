@@ -27,6 +27,35 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (the workers of ``tether serve --workers N``)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children.get(p, [])
+    return out
+
+
+def tree_cpu(pid: int) -> dict[int, float]:
+    """:func:`cpu_seconds` of ``pid`` and of each of its descendants still alive, by pid."""
+    out: dict[int, float] = {}
+    for p in descendants(pid):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            out[p] = cpu_seconds(p)
+    return out
+
+
 class Served(str):
     """The server's URL, which also knows the server's pid (for its CPU time)."""
 

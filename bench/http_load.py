@@ -55,7 +55,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal
@@ -63,14 +63,22 @@ from typing import IO, Any, Literal
 import httpx
 from rich.console import Console
 from rich.table import Table
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
 
-from _serve import cpu_seconds
+from _serve import cpu_seconds, tree_cpu
 from tether.testing.fake_openai import FakeOpenAIServer
 
-LoadPath = Literal["direct", "turns", "chat"]
+LoadPath = Literal["direct", "turns", "chat", "reference"]
 PATHS: tuple[LoadPath, ...] = ("direct", "turns", "chat")
 TETHER_PATHS: tuple[LoadPath, ...] = ("turns", "chat")
-PATH_LABELS: dict[LoadPath, str] = {"direct": "direct", "turns": "/v1 turns", "chat": "/api/chat"}
+PATH_LABELS: dict[LoadPath, str] = {
+    "direct": "direct",
+    "turns": "/v1 turns",
+    "chat": "/api/chat",
+    "reference": "reference",  # bench/reference_server.py (hot_path.py)
+}
 LATENCIES_MS: tuple[int, ...] = (0, 50)
 CONCURRENCY: tuple[int, ...] = (1, 16, 64)
 
@@ -116,12 +124,17 @@ class Servers:
     fake_url: str
     """``http://127.0.0.1:PORT/v1``"""
     tether: subprocess.Popen[bytes]
+    """The server under load: ``tether serve`` (or, in hot_path.py, the reference server)."""
     tether_url: str
     data_dir: Path
 
     def db_kb(self) -> int:
         """Size of the SQLite database with its WAL."""
         return sum(f.stat().st_size for f in self.data_dir.glob("tether.db*")) // 1024
+
+    def server_cpu(self) -> float:
+        """CPU seconds of the server and of any worker processes it started."""
+        return sum(tree_cpu(self.tether.pid).values())
 
 
 def _stop(proc: subprocess.Popen[Any]) -> None:
@@ -135,9 +148,14 @@ def _stop(proc: subprocess.Popen[Any]) -> None:
 
 
 def _fail(what: str, log: IO[bytes]) -> RuntimeError:
-    log.seek(0)
-    tail = log.read().decode(errors="replace")[-2000:]
-    return RuntimeError(f"{what}\n{tail}")
+    return RuntimeError(f"{what}\n{log_tail(log)}")
+
+
+def log_tail(log: IO[bytes], size: int = 2000) -> str:
+    """The end of a server's log file. ``pread``, because the server shares the file's offset
+    (its stderr is this very open file) and may still be writing."""
+    end = os.fstat(log.fileno()).st_size
+    return os.pread(log.fileno(), size, max(0, end - size)).decode(errors="replace")
 
 
 class NoDelayFakeServer(FakeOpenAIServer):
@@ -156,6 +174,67 @@ class NoDelayFakeServer(FakeOpenAIServer):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock
 
+    # Two bench-only endpoints. ``/bench/inflight``: how many chat requests are in flight,
+    # from their arrival to the last byte of their answer, and the most there were since the
+    # last ``POST`` to it (which tells whether a server sends its sessions' model calls at
+    # once or serializes them). ``POST /bench/latency {"ms"}``: the latency of the next
+    # answers, so that one model process serves a whole run. Handlers all run on the server's
+    # one event loop, so the counters need no lock.
+    def __init__(self, latency_ms: float, reply: str) -> None:
+        super().__init__(latency_ms, reply)
+        self.in_flight = self.peak = self.served = 0
+        self.app.router.routes += [
+            Route("/bench/inflight", self._inflight, methods=["GET", "POST"]),
+            Route("/bench/latency", self._latency, methods=["POST"]),
+        ]
+
+    async def _chat(self, request: Request) -> Response:
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        self.served += 1
+        try:
+            response = await super()._chat(request)
+        except BaseException:
+            self.in_flight -= 1
+            raise
+        if isinstance(response, StreamingResponse):
+            response.body_iterator = self._counted(response.body_iterator)
+        else:
+            self.in_flight -= 1
+        return response
+
+    async def _counted(self, body: AsyncIterable[Any]) -> AsyncIterator[Any]:
+        try:
+            async for chunk in body:
+                yield chunk
+        finally:  # also when the client goes away mid-answer (the stream is cancelled)
+            self.in_flight -= 1
+
+    async def _inflight(self, request: Request) -> Response:
+        if request.method == "POST":
+            self.peak = self.in_flight
+        return JSONResponse({"now": self.in_flight, "peak": self.peak, "served": self.served})
+
+    async def _latency(self, request: Request) -> Response:
+        self.latency_ms = float((await request.json())["ms"])
+        return JSONResponse({"latency_ms": self.latency_ms})
+
+
+async def model_in_flight(fake_url: str, *, reset: bool = False) -> int | None:
+    """The peak of chat requests in flight at the bench's fake model (see
+    :class:`NoDelayFakeServer`) since the last reset; ``reset`` starts a new count. None for
+    the stock fake, which does not count."""
+    url = fake_url.removesuffix("/v1") + "/bench/inflight"
+    async with httpx.AsyncClient(trust_env=False, timeout=10) as client:
+        r = await (client.post(url) if reset else client.get(url))
+    return int(r.json()["peak"]) if r.status_code == 200 else None
+
+
+def set_model_latency(fake_url: str, latency_ms: float) -> None:
+    """Set the bench fake model's latency for the answers that follow."""
+    url = fake_url.removesuffix("/v1") + "/bench/latency"
+    httpx.post(url, json={"ms": latency_ms}, trust_env=False, timeout=10).raise_for_status()
+
 
 def serve_fake(latency_ms: float) -> None:
     """``--serve-fake``: what ``python -m tether.testing.fake_openai`` does, without Nagle."""
@@ -167,63 +246,68 @@ def servers(latency_ms: float, *, stock_fake: bool = False) -> Iterator[Servers]
     """The fake model server and ``tether serve`` in front of it, stopped on exit."""
     with (
         tempfile.TemporaryDirectory(prefix="tether-http-load-") as tmp,
-        tempfile.TemporaryFile() as fake_log,
-        tempfile.TemporaryFile() as tether_log,
+        fake_model(latency_ms, stock_fake=stock_fake) as (fake, fake_url),
+        tether_serve(fake_url, Path(tmp) / "data") as (tether, url, _),
     ):
+        yield Servers(fake, fake_url, tether, url, Path(tmp) / "data")
+
+
+@contextlib.contextmanager
+def fake_model(
+    latency_ms: float, *, stock_fake: bool = False
+) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """The fake OpenAI server as a process, and its ``/v1`` URL; stopped on exit."""
+    with tempfile.TemporaryFile() as fake_log:
         if stock_fake:
             fake_cmd = [sys.executable, "-m", "tether.testing.fake_openai", "--port", "0"]
             fake_cmd += ["--latency-ms", str(latency_ms), "--reply", ANSWER]
         else:
             fake_cmd = [sys.executable, __file__, "--serve-fake", str(latency_ms)]
-        fake = subprocess.Popen(
-            fake_cmd,
-            stdout=subprocess.PIPE,
-            stderr=fake_log,
-            text=True,
-        )
+        fake = subprocess.Popen(fake_cmd, stdout=subprocess.PIPE, stderr=fake_log, text=True)
         try:
             assert fake.stdout is not None
             ready, _, _ = select.select([fake.stdout], [], [], 30)
             line = fake.stdout.readline() if ready else ""
             if not line.startswith("listening on "):
                 raise _fail("the fake OpenAI server did not start", fake_log)
-            fake_url = line.removeprefix("listening on ").strip()
-            port = free_port()
-            data_dir = Path(tmp) / "data"
-            env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_")}
-            env |= {
-                "TETHER_MODEL": f"openai:{MODEL}",
-                "OPENAI_BASE_URL": fake_url,
-                "OPENAI_API_KEY": "x",
-                "NO_PROXY": "127.0.0.1,localhost",
-            }
-            tether = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "tether",
-                    "serve",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                    "--data-dir",
-                    str(data_dir),
-                    "--log-level",
-                    "warning",
-                ],
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=tether_log,
-            )
-            try:
-                url = f"http://127.0.0.1:{port}"
-                _wait_ready(tether, f"{url}/readyz", tether_log)
-                yield Servers(fake, fake_url, tether, url, data_dir)
-            finally:
-                _stop(tether)
+            yield fake, line.removeprefix("listening on ").strip()
         finally:
             _stop(fake)
+
+
+def model_env(fake_url: str) -> dict[str, str]:
+    """The environment of a server in front of the fake model (no TETHER_* from the caller's)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_")}
+    return env | {
+        "TETHER_MODEL": f"openai:{MODEL}",
+        "OPENAI_BASE_URL": fake_url,
+        "OPENAI_API_KEY": "x",
+        "NO_PROXY": "127.0.0.1,localhost",
+    }
+
+
+@contextlib.contextmanager
+def tether_serve(
+    fake_url: str, data_dir: Path, *args: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[subprocess.Popen[bytes], str, IO[bytes]]]:
+    """``tether serve`` (default agent, ``--data-dir data_dir``, ``args``) in front of the fake
+    model, its URL once ``/readyz`` answers, and its log (stderr); stopped on exit."""
+    with tempfile.TemporaryFile() as tether_log:
+        port = free_port()
+        cmd = [sys.executable, "-m", "tether", "serve", "--host", "127.0.0.1", "--port", str(port)]
+        cmd += ["--data-dir", str(data_dir), "--log-level", "warning", *args]
+        tether = subprocess.Popen(
+            cmd,
+            env=model_env(fake_url) | (env or {}),
+            stdout=subprocess.DEVNULL,
+            stderr=tether_log,
+        )
+        try:
+            url = f"http://127.0.0.1:{port}"
+            _wait_ready(tether, f"{url}/readyz", tether_log)
+            yield tether, url, tether_log
+        finally:
+            _stop(tether)
 
 
 def _wait_ready(proc: subprocess.Popen[bytes], url: str, log: IO[bytes]) -> None:
@@ -259,6 +343,8 @@ class Run:
     server_cpu: float
     fake_cpu: float
     client_cpu: float
+    peak_in_flight: int | None = None
+    """The most model requests in flight at once during the window (None: not counted)."""
 
     @property
     def turns_per_s(self) -> float:
@@ -292,7 +378,11 @@ class Load:
         self.errors: Counter[str] = Counter()
 
     async def create(self, client: httpx.AsyncClient, path: LoadPath, conv: Conversation) -> None:
-        if path == "turns":
+        if path == "reference":  # bench/reference_server.py names its sessions itself
+            r = await client.post(f"{self.srv.tether_url}/sessions")
+            r.raise_for_status()
+            conv.sid = r.json()["id"]
+        elif path == "turns":
             r = await client.post(
                 f"{self.srv.tether_url}/v1/sessions", json={"session_id": conv.sid}
             )
@@ -313,6 +403,11 @@ class Load:
                     f"{self.srv.tether_url}/v1/sessions/{conv.sid}/turns", json={"input": text}
                 )
                 ok = r.status_code == 200 and r.json().get("status") == "completed"
+            elif path == "reference":
+                r = await client.post(
+                    f"{self.srv.tether_url}/sessions/{conv.sid}/turns", json={"input": text}
+                )
+                ok = r.status_code == 200 and "output" in r.json()
             else:
                 r = await client.post(
                     f"{self.srv.tether_url}/api/chat",
@@ -379,7 +474,10 @@ async def run_load(
     per_session: int,
     min_turns: int,
     tag: str,
+    around: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
 ) -> Run:
+    """``sessions`` workers doing their turns on ``path``; ``around()`` is entered around the
+    measured window (for measures of the caller's own)."""
     turns_each = max(per_session, math.ceil(min_turns / sessions))
     convs = [
         [Conversation(f"{tag}-w{w}-s{k}") for k in range(math.ceil(turns_each / per_session))]
@@ -403,15 +501,18 @@ async def run_load(
 
         await asyncio.gather(*(set_up(c, g) for c, g in zip(pool, convs, strict=True)))
         per_worker: list[list[float]] = [[] for _ in convs]
-        server0, fake0 = cpu_seconds(srv.tether.pid), cpu_seconds(srv.fake.pid)
-        client0, wall0 = time.process_time(), time.perf_counter()
-        await asyncio.gather(
-            *(work(c, g, out) for c, g, out in zip(pool, convs, per_worker, strict=True))
-        )
-        wall = time.perf_counter() - wall0
-        client_cpu = time.process_time() - client0
-        server_cpu = cpu_seconds(srv.tether.pid) - server0
-        fake_cpu = cpu_seconds(srv.fake.pid) - fake0
+        await model_in_flight(srv.fake_url, reset=True)
+        with around():
+            server0, fake0 = srv.server_cpu(), cpu_seconds(srv.fake.pid)
+            client0, wall0 = time.process_time(), time.perf_counter()
+            await asyncio.gather(
+                *(work(c, g, out) for c, g, out in zip(pool, convs, per_worker, strict=True))
+            )
+            wall = time.perf_counter() - wall0
+            client_cpu = time.process_time() - client0
+            server_cpu = srv.server_cpu() - server0
+            fake_cpu = cpu_seconds(srv.fake.pid) - fake0
+        peak = await model_in_flight(srv.fake_url)
     for error, count in load.errors.most_common(3):
         console.print(f"[red]  {count} x {error}[/]")
     latencies = [x for out in per_worker for x in out]
@@ -426,6 +527,7 @@ async def run_load(
         server_cpu=server_cpu,
         fake_cpu=fake_cpu,
         client_cpu=client_cpu,
+        peak_in_flight=peak,
     )
 
 

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -103,6 +104,43 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))] * 1000
 
 
+@dataclass
+class Idle:
+    """What :func:`measure` found."""
+
+    sessions: int
+    seconds: float
+    idle_ms_per_s: float
+    """The first server's CPU ms per wall second while nothing happens."""
+    floor_ms_per_s: float | None
+    """The same of a do-nothing uvicorn app (None: not measured)."""
+    same: list[float]
+    """Cancel latencies (s), the cancel sent to the server running the turn."""
+    other: list[float]
+    """Cancel latencies (s), the cancel sent to another server on the same SQLite file."""
+
+
+def measure(
+    sessions: int, seconds: float, cancels: int, *, floor: bool = True, settle: float = SETTLE
+) -> Idle:
+    """Two servers on one SQLite file: the first's idle CPU with ``sessions`` sessions, then
+    ``cancels`` cancels through each; and, with ``floor``, a bare uvicorn app's idle CPU."""
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp)
+        db = str(base / "shared.db")
+        with (
+            serve(base / "a", base / "a.log", "--store", db) as a,
+            serve(base / "b", base / "b.log", "--store", db) as b,
+        ):
+            asyncio.run(fill(a, sessions))
+            time.sleep(settle)  # let lingering leases go and the last writes settle
+            idle_a = idle_cpu(a.pid, seconds)
+            same = cancel_latencies(a, a, cancels, "same")
+            other = cancel_latencies(a, b, cancels, "other")
+        bare = bare_uvicorn_cpu(base, seconds) if floor else None
+    return Idle(sessions, seconds, idle_a, bare, same, other)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, default=1000)
@@ -113,23 +151,12 @@ def main() -> None:
     if args.quick:
         args.sessions, args.seconds, args.cancels = 100, 5.0, 8
     print(f"load average {os.getloadavg()[0]:.2f}")
-    with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp)
-        db = str(base / "shared.db")
-        with (
-            serve(base / "a", base / "a.log", "--store", db) as a,
-            serve(base / "b", base / "b.log", "--store", db) as b,
-        ):
-            asyncio.run(fill(a, args.sessions))
-            time.sleep(SETTLE)  # let lingering leases go and the last writes settle
-            idle_a = idle_cpu(a.pid, args.seconds)
-            same = cancel_latencies(a, a, args.cancels, "same")
-            other = cancel_latencies(a, b, args.cancels, "other")
-        bare = bare_uvicorn_cpu(base, args.seconds)
+    found = measure(args.sessions, args.seconds, args.cancels)
     print("\n| measure | value |\n|---|---|")
-    print(f"| idle CPU, {args.sessions} sessions, {args.seconds:.0f} s | {idle_a:.2f} ms/s |")
-    print(f"| idle CPU of a do-nothing uvicorn app (the floor) | {bare:.2f} ms/s |")
-    for name, took in (("same process", same), ("another process", other)):
+    idle = found.idle_ms_per_s
+    print(f"| idle CPU, {args.sessions} sessions, {args.seconds:.0f} s | {idle:.2f} ms/s |")
+    print(f"| idle CPU of a do-nothing uvicorn app (the floor) | {found.floor_ms_per_s:.2f} ms/s |")
+    for name, took in (("same process", found.same), ("another process", found.other)):
         print(
             f"| cancel latency, {name} (p50 / p99 ms) | "
             f"{statistics.median(took) * 1000:.1f} / {pct(took, 0.99):.1f} |"
