@@ -127,9 +127,11 @@ def serve(
     ``on_ready(url)`` is called once the socket listens and the app has started (with
     ``settings.workers`` above 1: once every worker has); a port that is taken is a
     :class:`ConfigError` before anything starts."""
+    from tether.models.openai import transport_asked
     from tether.server.listen import listen_socket, url_of
 
     check_bind(settings)
+    transport_asked()  # a bad TETHER_OPENAI_TRANSPORT stops the start, not the first turn
     if settings.workers > 1:
         from tether.server import workers
 
@@ -155,10 +157,12 @@ def _serve_on(
     worker, and each worker's life with several."""
     import uvicorn
 
+    from tether.models.openai import use_server_transport
     from tether.server.app import create_app
     from tether.server.head_limit import head_limited
     from tether.server.log_config import log_config
 
+    use_server_transport()  # one loop for the process's life: see its docstring
     app = create_app(settings, agents)
     config = uvicorn.Config(
         app,

@@ -23,7 +23,7 @@ from tether.models import (
     Usage,
     resolve_model,
 )
-from tether.models.openai import OpenAIModel
+from tether.models.openai import TRANSPORT_ENV, OpenAIModel
 from tether.testing.fake_openai import FakeCut, FakeError, FakeOpenAIServer, FakeToolCall
 
 ADD_TOOL = ToolSpec(
@@ -35,6 +35,14 @@ ADD_TOOL = ToolSpec(
         "required": ["a", "b"],
     },
 )
+
+
+@pytest.fixture(autouse=True, params=["httpx", "aiohttp"])
+def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs on both of the SDK's transports: the default (httpx2) one scripts get
+    and the aiohttp one the server uses (models/openai.py: use_server_transport)."""
+    monkeypatch.setenv(TRANSPORT_ENV, request.param)
+    return str(request.param)
 
 
 @pytest.fixture(scope="module")
@@ -409,3 +417,34 @@ async def test_a_slow_fake_streams_the_same_answer_in_pieces() -> None:
     assert len(pieces) >= 3
     assert "".join(pieces) == "echo: one two three"
     assert events[-1] == Finish("stop")
+
+
+async def test_the_transport_is_the_one_asked_for_and_the_server_gets_aiohttp(
+    monkeypatch: pytest.MonkeyPatch, server: FakeOpenAIServer
+) -> None:
+    from openai._vendor.httpx_aiohttp import Httpx2AiohttpClient
+
+    import tether.models.openai as module
+
+    def http_client(url: str) -> object:
+        return OpenAIModel("fake-model", base_url=url, api_key="x")._get_client()._client
+
+    plain = server.base_url
+    with_credentials = plain.replace("http://", "http://someone:secret@", 1)
+    monkeypatch.setenv(TRANSPORT_ENV, "aiohttp")
+    assert isinstance(http_client(plain), Httpx2AiohttpClient)
+    # aiohttp refuses URL credentials beside the SDK's Authorization header: the default.
+    assert not isinstance(http_client(with_credentials), Httpx2AiohttpClient)
+    monkeypatch.setenv(TRANSPORT_ENV, "httpx")
+    assert not isinstance(http_client(plain), Httpx2AiohttpClient)
+    # Unset: scripts get the SDK's default, a server (after use_server_transport) aiohttp.
+    monkeypatch.delenv(TRANSPORT_ENV)
+    assert not isinstance(http_client(plain), Httpx2AiohttpClient)
+    monkeypatch.setattr(module, "_server_transport", False)
+    module.use_server_transport()
+    assert isinstance(http_client(plain), Httpx2AiohttpClient)
+    monkeypatch.setenv(TRANSPORT_ENV, "httpx")
+    assert not isinstance(http_client(plain), Httpx2AiohttpClient)
+    monkeypatch.setenv(TRANSPORT_ENV, "curl")
+    with pytest.raises(ConfigError, match="TETHER_OPENAI_TRANSPORT"):
+        http_client(plain)
