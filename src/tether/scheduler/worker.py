@@ -86,6 +86,7 @@ class Workers:
                     return  # nothing left to do, or the session is gone
                 local.leases[key] = lease
                 try:
+                    await self._recover(lease)
                     await self._drain(key, lease)
                     while await self._linger(key):
                         await self._drain(key, lease)
@@ -142,10 +143,14 @@ class Workers:
         except Exception:
             log.exception("could not release a lease; it will expire")
 
-    async def _drain(self, key: SessionKey, lease: Lease) -> None:
+    async def _recover(self, lease: Lease) -> None:
+        """End what a dead owner left running. Once per lease: while this worker holds it, no
+        other process runs the session's turns, so none can be left behind meanwhile."""
         for lost in await self._store.recover(lease):
             log.warning("turn %s ended failed/owner_lost: its process died", lost.id)
             self._local.resolve(lost)
+
+    async def _drain(self, key: SessionKey, lease: Lease) -> None:
         default_agent: str | None = None  # the session's own agent, for turns that name none
         while True:
             self._local.dirty.discard(key)
