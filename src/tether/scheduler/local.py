@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from tether.loop.context import TurnContext
 from tether.records import LOCAL_PRINCIPAL, Lease, Principal, SessionKey, Turn
 from tether.scheduler.feeds import Feeds
+from tether.scheduler.history import HistoryCache
 
 
 @dataclass
@@ -51,6 +52,8 @@ class Local:
     kicked: dict[SessionKey, asyncio.Event] = field(default_factory=dict)
     """Set to wake a worker that lingers on its lease."""
     leases: dict[SessionKey, Lease] = field(default_factory=dict)
+    history: HistoryCache = field(default_factory=HistoryCache)
+    """What the holder of each lease here knows of its session's history (windows unread)."""
     running: Running = field(default_factory=Running)
     feeds: Feeds = field(default_factory=Feeds)
     waiters: dict[str, tuple[SessionKey, list[asyncio.Future[Turn]]]] = field(default_factory=dict)

@@ -29,8 +29,9 @@ from tether.memory.turn_memory import TurnMemory
 from tether.models import resolve_model
 from tether.records import Item, Lease, MemoryWrites, NewItem, Principal, Turn, TurnEnding
 from tether.scheduler.feeds import TurnFeed
+from tether.scheduler.history import CachedHistory
 from tether.scheduler.local import Local, RunningTurn
-from tether.scheduler.sink import FencedSink, StoreHistory
+from tether.scheduler.sink import FencedSink
 from tether.store.protocol import (
     DecisionStore,
     FencedWrites,
@@ -142,7 +143,8 @@ class TurnRunner:
     ) -> tuple[FencedSink, frozenset[str]]:
         """The turn's sink, and (resuming) the calls whose ``tool.started`` was written."""
         if turn.started_at is None:
-            return FencedSink(self._store, lease, turn.id, feed), frozenset()
+            sink = FencedSink(self._store, lease, turn.id, feed, history=self._local.history)
+            return sink, frozenset()
         # Going on after a decision: the turn's events continue after those written so far
         # (its own, and decision.made written by whoever decided).
         last, started = 0, set[str]()
@@ -152,7 +154,10 @@ class TurnRunner:
                 break
             last = page[-1].seq
             started.update(str(e.data.get("call_id")) for e in page if e.type == TOOL_STARTED)
-        return FencedSink(self._store, lease, turn.id, feed, next_seq=last + 1), frozenset(started)
+        sink = FencedSink(
+            self._store, lease, turn.id, feed, next_seq=last + 1, history=self._local.history
+        )
+        return sink, frozenset(started)
 
     async def _run(
         self, sink: FencedSink, turn: Turn, agent_name: str | None, started: frozenset[str]
@@ -251,7 +256,7 @@ class TurnRunner:
             turn_id=turn.id,
             input=turn.input,
             input_seq=user_item.seq,
-            history=StoreHistory(self._store, key),
+            history=CachedHistory(self._store, self._local.history, sink.lease),
             sink=sink,
             workspace=workspace_dir(self.workspace_root, key) if self.workspace_root else None,
         )

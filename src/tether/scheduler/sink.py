@@ -31,28 +31,16 @@ from tether.records import (
     MemoryWrites,
     NewEvent,
     NewItem,
-    SessionKey,
     Turn,
     TurnEnding,
     Usage,
 )
 from tether.scheduler.feeds import TurnFeed
-from tether.store.protocol import FencedWrites, HistoryStore
+from tether.scheduler.history import HistoryCache
+from tether.store.protocol import FencedWrites
 from tether.store.rules import decision_data, keeps_memory
 
 log = logging.getLogger("tether.scheduler")
-
-
-class StoreHistory:
-    def __init__(self, store: HistoryStore, key: SessionKey) -> None:
-        self._store = store
-        self._key = key
-
-    async def recent(self, before_seq: int | None, limit: int) -> list[Item]:
-        return await self._store.recent_items(self._key, before_seq=before_seq, limit=limit)
-
-    async def latest_summary(self) -> Item | None:
-        return await self._store.latest_summary(self._key)
 
 
 FLUSH_INTERVAL = 0.25
@@ -78,8 +66,11 @@ class FencedSink:
         *,
         flush_interval: float = FLUSH_INTERVAL,
         next_seq: int = 2,
+        history: HistoryCache | None = None,
     ) -> None:
         self._store = store
+        # Told of every item written, so the lease's known history stays whole.
+        self._history = history if history is not None else HistoryCache()
         self.lease = lease
         self._turn_id = turn_id
         self._feed = feed
@@ -138,6 +129,7 @@ class FencedSink:
             items = await self._store.start_turn(
                 self.lease, self._turn_id, [NewItem("user", user_input)], self.take_events()
             )
+            self._history.wrote(self.lease, items)
         self._started = True
         return items[0]
 
@@ -149,6 +141,9 @@ class FencedSink:
             items, memory = await self._store.resume_turn(
                 self.lease, self._turn_id, self.take_events()
             )
+            # Parked, the session may have been written without the lease in ways no seq
+            # shows (a decision is not an item, but whoever decided may have done more): read.
+            self._history.forget(self.lease.key)
         self._started = True
         self._track(items)
         return items, memory
@@ -168,7 +163,7 @@ class FencedSink:
                 raise self._stale
             self.emit(DECISION_REQUESTED, decision_data(decision))
             self.emit(TURN_AWAITING_INPUT, {"turn_id": self._turn_id, "call_id": decision.call_id})
-            return await self._store.park_turn(
+            parked = await self._store.park_turn(
                 self.lease,
                 self._turn_id,
                 items,
@@ -177,6 +172,8 @@ class FencedSink:
                 usage=usage,
                 memory=memory,
             )
+            self._history.ended(self.lease, self._turn_id, items, parked.status)
+            return parked
 
     async def commit(self, items: Sequence[NewItem]) -> list[Item]:
         task = asyncio.ensure_future(self._append(items))
@@ -191,7 +188,9 @@ class FencedSink:
         async with self._lock:
             if self._stale is not None:
                 raise self._stale
-            return await self._store.append(self.lease, self._turn_id, items, self.take_events())
+            written = await self._store.append(self.lease, self._turn_id, items, self.take_events())
+            self._history.wrote(self.lease, written)
+            return written
 
     async def end(
         self,
@@ -210,9 +209,11 @@ class FencedSink:
                 for record, _ in memory.put:
                     self.emit(MEMORY_WRITTEN, written_event_data(record))
             self.emit(TURN_ENDED, terminal)
-            return await self._store.end_turn(
+            ended = await self._store.end_turn(
                 self.lease, self._turn_id, ending, items, self.take_events(), memory=memory
             )
+            self._history.ended(self.lease, self._turn_id, items, ended.status)
+            return ended
 
     def close(self) -> None:
         """No more timed flushes (the turn is ending or was abandoned)."""

@@ -94,6 +94,7 @@ class Workers:
                     log.warning("lost the lease of a session mid-turn; stopped without writing")
                 finally:
                     local.leases.pop(key, None)
+                    local.history.forget(key)
                     await self._release(lease)
                 # No await between this check and leaving workers: a submit that lands after
                 # it sees no worker and starts a new one; one that landed before set dirty.

@@ -296,6 +296,15 @@ def not_in_status(turn_id: str, status: TurnStatus) -> Conflict:
     return Conflict(f"turn {turn_id} is not {status}")
 
 
+ITEM_SEQ_GAP: Final = 1
+"""How far a change to a session's items other than an append moves its next item seq.
+
+Clearing the history and ending a waiting turn (its items deleted or excluded, calls answered)
+can happen without the session's lease. Leaving a gap in the seqs after them lets the lease's
+holder, which knows the seq its next write should get, notice that the history moved under it
+(a cached window is then read again: scheduler/history.py)."""
+
+
 def stored_items(turn_id: str, first_seq: int, items: Sequence[NewItem], now: float) -> list[Item]:
     """The records of ``items`` as written: consecutive seqs from ``first_seq`` (the session's
     next item seq, taken in the same transaction), in the order the turn produced them."""

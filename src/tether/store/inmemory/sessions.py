@@ -144,6 +144,7 @@ class Sessions(State):
         rules.refuse_if_busy(s.first_active())
         n = len(s.items)
         s.items.clear()
+        s.next_item_seq += rules.ITEM_SEQ_GAP
         # Refused while a turn is active (above): every turn has ended; they go, events too.
         for turn_id in s.turn_order:
             self._cancels.pop(turn_id, None)

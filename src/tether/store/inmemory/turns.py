@@ -131,6 +131,7 @@ class Turns(State):
         ending = rules.waiting_ending(status, reason, turn)
         held = s.held.pop(turn_id, None)
         done_turn = self._finish(s, turn, ending, terminal=True)
+        s.next_item_seq += rules.ITEM_SEQ_GAP
         if held and rules.keeps_memory(ending.status):
             self._apply_memory(held)
         return done_turn

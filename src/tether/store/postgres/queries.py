@@ -112,6 +112,7 @@ INSERT_ITEMS = (
     " AS u(seq, kind, content, complete, call_id, tool_name, arguments, meta)"
 )
 DELETE_TURN_ITEMS = "DELETE FROM items WHERE session_pk = $1 AND turn_id = $2"
+SKIP_ITEM_SEQS = "UPDATE sessions SET next_item_seq = next_item_seq + $2 WHERE pk = $1"
 EXCLUDE_TURN_ITEMS = "UPDATE items SET excluded = true WHERE session_pk = $1 AND turn_id = $2"
 ORPHAN_CALLS = (
     "SELECT call_id, tool_name FROM items c WHERE c.session_pk = $1 AND c.turn_id = $2"

@@ -160,6 +160,7 @@ class Sessions(Connection):
             rules.refuse_if_busy(await conn.fetchval(q.FIRST_ACTIVE_TURN, pk))
             cleared = count(await conn.execute(q.CLEAR_ITEMS, pk))
             await conn.execute(q.CLEAR_TURNS, pk)
+            await conn.execute(q.SKIP_ITEM_SEQS, pk, rules.ITEM_SEQ_GAP)
             await drop_conversation_memory(conn, key)
             return cleared
 

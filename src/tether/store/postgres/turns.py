@@ -216,6 +216,7 @@ class Turns(Connection):
             aborted = rules.aborted_results((call_id, tool) for call_id, tool in orphans)
             await steps.add(conn, pk, turn_id, aborted, [])
             done = await steps.finish(conn, pk, turn_row(tuple(row)), ending, terminal=True)
+            await conn.execute(q.SKIP_ITEM_SEQS, pk, rules.ITEM_SEQ_GAP)
             held = rules.held_memory(row[-1])
             if held and rules.keeps_memory(status):
                 await apply_writes(conn, held)

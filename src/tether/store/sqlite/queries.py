@@ -101,6 +101,7 @@ SESSIONS_NEEDING_WORK = (
 
 # -- items -----------------------------------------------------------------------------------------
 LIST_ITEMS = f"SELECT {ITEM_COLS} FROM items WHERE session_pk = ? AND seq > ? ORDER BY seq LIMIT ?"
+SKIP_ITEM_SEQS = "UPDATE sessions SET next_item_seq = next_item_seq + ? WHERE pk = ?"
 RECENT_ITEMS = (
     f"SELECT {ITEM_COLS} FROM items WHERE session_pk = ? AND seq < ?"
     " AND excluded = 0 ORDER BY seq DESC LIMIT ?"

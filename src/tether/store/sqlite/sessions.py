@@ -189,6 +189,7 @@ class Sessions(Connection):
             rules.refuse_if_busy(first_active(c, pk))
             cleared = int(c.execute(q.CLEAR_ITEMS, (pk,)).rowcount)
             c.execute(q.CLEAR_TURNS, (pk,))
+            c.execute(q.SKIP_ITEM_SEQS, (rules.ITEM_SEQ_GAP, pk))
             drop_conversation_memory(c, key)
             return cleared
 

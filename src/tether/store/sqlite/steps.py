@@ -190,6 +190,7 @@ def end_waiting(
     orphans = c.execute(q.ORPHAN_CALLS, (pk, turn_id)).fetchall()
     add_rows(c, pk, turn_id, rules.aborted_results((o[0], o[1]) for o in orphans), [])
     done_turn = finish(c, pk, turn_row(row), ending, terminal=True)
+    c.execute(q.SKIP_ITEM_SEQS, (rules.ITEM_SEQ_GAP, pk))
     held = rules.held_memory(row[-1])
     if held and rules.keeps_memory(ending.status):
         apply_writes(c, held)

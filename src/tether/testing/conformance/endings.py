@@ -115,6 +115,37 @@ class EndingsConformance:
         await running_turn(store, k, "t3", lease=lease, text="third")
         assert [i.content for i in await store.recent_items(k)] == ["third", "one", "first"]
 
+    async def test_history_changes_without_the_lease_leave_a_gap_in_item_seqs(
+        self, store: Store
+    ) -> None:
+        """Clearing the history and ending a waiting turn need no lease; each leaves a gap
+        (rules.ITEM_SEQ_GAP) before the next item, so the lease's holder, which knows the seq
+        its next write should get, sees that the history moved (a cached window is stale)."""
+        k = await new_session(store)
+        lease = await running_turn(store, k, "t1", text="first")
+        ended = await store.append(lease, "t1", [NewItem("assistant", "one")], [ev(3)])
+        await store.end_turn(lease, "t1", TurnEnding("completed", "answered"), [], [ev(4)])
+        expected = ended[-1].seq + 1
+        # Nothing else wrote: the next turn's first item has the seq expected.
+        await running_turn(store, k, "t2", lease=lease, text="second")
+        second = [i for i in await store.list_items(k) if i.turn_id == "t2"]
+        assert second[0].seq == expected
+        await store.end_turn(lease, "t2", TurnEnding("completed", "answered"), [], [ev(3)])
+        expected += 1
+        # A queued turn ended by a cancel: its ending moved the history on.
+        await store.enqueue_turn(k, turn_id="t3", input="x", policy="enqueue")
+        assert await store.end_waiting_turn(k, "t3", "cancelled") is not None
+        await running_turn(store, k, "t4", lease=lease, text="fourth")
+        fourth = [i for i in await store.list_items(k) if i.turn_id == "t4"]
+        assert fourth[0].seq > expected
+        await store.end_turn(lease, "t4", TurnEnding("completed", "answered"), [], [ev(3)])
+        expected = fourth[0].seq + 1
+        # The history cleared: the same.
+        assert await store.clear_items(k) == 4
+        await running_turn(store, k, "t5", lease=lease, text="fifth")
+        (fifth,) = await store.list_items(k)
+        assert fifth.seq > expected and fifth.content == "fifth"
+
     async def test_end_turn_rolled_back_deletes_its_items(self, store: Store) -> None:
         k = await new_session(store)
         lease = await running_turn(store, k, "t1", text="first")

@@ -1,0 +1,172 @@
+"""The history a lease's holder knows (scheduler/history.py): windows without a read per turn,
+and never a window the store would not give.
+
+Each test compares what the model was shown with what the store holds, so a cache that kept
+something the store dropped (a cleared history, a rolled-back turn) or missed something written
+elsewhere (an aborted call's result) fails here.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from tests.helpers import StoreFactory
+from tether import Agent
+from tether.models.base import ModelRequest
+from tether.records import Item, NewItem, SessionKey, TurnEnding
+from tether.runtime import Runtime
+from tether.scheduler.history import MAX_ITEMS, CachedHistory, HistoryCache
+from tether.store import InMemoryStore
+from tether.store.protocol import Store
+from tether.testing import ScriptedModel
+
+
+def _counting(store: Store) -> Counter[str]:
+    calls: Counter[str] = Counter()
+    for name in ("recent_items", "latest_summary"):
+        fn = getattr(store, name)
+
+        def counted(
+            *args: Any, _fn: Callable[..., Awaitable[Any]] = fn, _n: str = name, **kw: Any
+        ) -> Awaitable[Any]:
+            calls[_n] += 1
+            return _fn(*args, **kw)
+
+        setattr(store, name, counted)
+    return calls
+
+
+def _same(item: Item) -> Item:
+    # An ending's own items are known with this process's clock (the store does not return
+    # them); nothing that reads a window looks at created_at.
+    return replace(item, created_at=0.0)
+
+
+def _shown(request: ModelRequest) -> list[str]:
+    return [m.content for m in request.messages if m.role in ("user", "assistant")]
+
+
+async def test_a_lingering_lease_reads_the_history_once_and_shows_what_the_store_holds(
+    make_store: StoreFactory,
+) -> None:
+    model = ScriptedModel(default="fine")
+    agent = Agent(name="a", model=model)
+    store = make_store()
+    async with Runtime(store, agents=[agent]) as rt:
+        rt.scheduler.linger = 60.0
+        key = SessionKey("local", "local", "cached")
+        await rt.sessions.create(key, "a")
+        calls = _counting(store)
+        for n in range(30):
+            turn = await rt.scheduler.submit(key, f"question {n}")
+            await rt.scheduler.wait(key, turn.id)
+        # One read on the lease's first turn (its window reaches past the known items); none
+        # on the 29 turns after it.
+        assert calls["recent_items"] <= 2
+        assert calls["latest_summary"] <= 1
+        stored = [i.content for i in await store.list_items(key, limit=1000)]
+        # The last prompt is the whole stored history before its own input, in order.
+        assert _shown(model.requests[-1]) == stored[:-1]
+
+
+async def test_a_history_cleared_by_another_process_is_not_shown(
+    make_store: StoreFactory,
+) -> None:
+    if make_store is InMemoryStore:
+        pytest.skip("the in-memory store is one process's memory; it cannot be shared")
+    model = ScriptedModel(default="noted")
+    agent = Agent(name="a", model=model)
+    a, b = Runtime(make_store(), agents=[agent]), Runtime(make_store(), agents=[agent])
+    async with a, b:
+        a.scheduler.linger = 60.0
+        key = SessionKey("local", "local", "cleared-elsewhere")
+        await a.sessions.create(key, "a")
+        for text in ("my secret is 42", "remember it"):
+            turn = await a.scheduler.submit(key, text)
+            await a.scheduler.wait(key, turn.id)
+        assert a.scheduler.lease_of(key) is not None  # A lingers, knowing the history
+        assert await b.store.clear_items(key) == 4  # no lease needed: the session is idle
+        turn = await a.scheduler.submit(key, "what was my secret?")
+        done = await a.scheduler.wait(key, turn.id)
+        assert done.status == "completed"
+        assert _shown(model.requests[-1]) == ["what was my secret?"]
+
+
+async def test_a_waiting_turn_ended_elsewhere_starts_the_cache_over(
+    make_store: StoreFactory,
+) -> None:
+    """Another process ends a waiting turn of the session without the lease: its gap in the
+    seqs makes the lingering holder's next write start past the seq it expected, so it reads
+    the history again, and the model sees what the store holds."""
+    if make_store is InMemoryStore:
+        pytest.skip("the in-memory store is one process's memory; it cannot be shared")
+    model = ScriptedModel(default="ok")
+    agent = Agent(name="a", model=model)
+    a, b = Runtime(make_store(), agents=[agent]), Runtime(make_store(), agents=[agent])
+    async with a, b:
+        a.scheduler.linger = 60.0
+        key = SessionKey("local", "local", "moved-elsewhere")
+        await a.sessions.create(key, "a")
+        first = await a.scheduler.submit(key, "one")
+        await a.scheduler.wait(key, first.id)
+        queued = await b.store.enqueue_turn(key, turn_id="t_b", input="two", policy="enqueue")
+        cancelled = await b.store.end_waiting_turn(key, queued.id, "cancelled") is not None
+        if not cancelled:
+            await a.scheduler.wait(key, queued.id)  # A's lingering worker took it first
+        calls = _counting(a.store)
+        second = await a.scheduler.submit(key, "three")
+        await a.scheduler.wait(key, second.id)
+        if cancelled:
+            assert calls["recent_items"] >= 1  # read again, not served from what A knew
+        stored = [i.content for i in await a.store.list_items(key, limit=100)]
+        assert _shown(model.requests[-1]) == stored[:-1]
+
+
+async def test_a_rolled_back_or_failed_turn_leaves_the_cached_window_as_the_store_has_it() -> None:
+    store = InMemoryStore()
+    await store.open()
+    key = SessionKey("t", "u", "s")
+    await store.create_session(key, "a")
+    cache = HistoryCache()
+    await store.enqueue_turn(key, turn_id="t1", input="one", policy="enqueue")
+    lease = await store.acquire_lease(key, "me", 30)
+    assert lease is not None
+    for n, status in enumerate(("completed", "rolled_back", "failed", "completed")):
+        turn_id = f"t{n + 1}"
+        if n:
+            await store.enqueue_turn(key, turn_id=turn_id, input=f"in {n}", policy="enqueue")
+        cache.wrote(lease, await store.start_turn(lease, turn_id, [NewItem("user", "u")], []))
+        said = [NewItem("assistant", f"reply {n}")]
+        ended = await store.end_turn(lease, turn_id, TurnEnding(status, "answered"), said, [])  # type: ignore[arg-type]
+        cache.ended(lease, turn_id, said, ended.status)
+        history = CachedHistory(store, cache, lease)
+        for before, limit in ((None, 1), (None, 3), (None, 100), (3, 2)):
+            cached = await history.recent(before, limit)
+            stored = await store.recent_items(key, before_seq=before, limit=limit)
+            assert [_same(i) for i in cached] == [_same(i) for i in stored]
+
+
+async def test_the_cache_keeps_the_newest_items_only() -> None:
+    cache = HistoryCache()
+    store = InMemoryStore()
+    await store.open()
+    key = SessionKey("t", "u", "long")
+    await store.create_session(key, "a")
+    await store.enqueue_turn(key, turn_id="t1", input="x", policy="enqueue")
+    lease = await store.acquire_lease(key, "me", 30)
+    assert lease is not None
+    cache.wrote(lease, await store.start_turn(lease, "t1", [NewItem("user", "x")], []))
+    for _ in range(3):
+        batch = [NewItem("assistant", str(n)) for n in range(MAX_ITEMS // 2)]
+        cache.wrote(lease, await store.append(lease, "t1", batch, []))
+    known = cache.of(lease)
+    assert known is not None and len(known.items) == MAX_ITEMS
+    history = CachedHistory(store, cache, lease)
+    # Past the kept ones, the store answers (and what comes back is whole).
+    cached = await history.recent(None, MAX_ITEMS + 10)
+    assert cached == await store.recent_items(key, limit=MAX_ITEMS + 10)
