@@ -126,6 +126,11 @@ FIRST_ACTIVE_TURN = f"SELECT id FROM turns WHERE session_pk = $1 AND {ACTIVE} OR
 # (the function is migration 9's). A parked turn holds no worker, so it is not counted
 # (rules.admit_for_principal).
 LOCK_OWNER_ACTIVE = "SELECT busy, active FROM tether_owner_active($1, $2)"
+# A running turn's fenced write in one round trip, committed as it returns (migration 10).
+WRITE = (
+    "SELECT outcome, current_token, first_seq, last_event FROM tether_write($1, $2, $3, $4, $5,"
+    " $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)"
+)
 # A whole admission in one round trip, committed as it returns (migration 9).
 ENQUEUE = (
     "SELECT outcome, turn_seq, expires_at, active_ids, active_statuses, busy, total"
@@ -162,8 +167,13 @@ LIST_TURNS = (
     f"SELECT {TURN_COLS} {TURNS_FROM} WHERE t.session_pk = $1 AND t.seq > $2"
     " ORDER BY t.seq LIMIT $3"
 )
-ACTIVE_TURNS = (
-    f"SELECT {TURN_COLS} {TURNS_FROM} WHERE t.session_pk = $1 AND t.{ACTIVE} ORDER BY t.seq"
+# A session's active turns by its key, in one round trip: no row when there is no such
+# session, one row whose turn columns are all NULL when it has none (a worker asks after
+# every turn, so this is on every turn's path).
+ACTIVE_TURNS_BY_KEY = (
+    f"SELECT {TURN_COLS} FROM sessions s LEFT JOIN turns t"
+    f" ON t.session_pk = s.pk AND t.{ACTIVE}"
+    " WHERE s.tenant = $1 AND s.owner = $2 AND s.session_id = $3 ORDER BY t.seq"
 )
 # A turn nobody runs, to end it: with the memory it holds.
 WAITING_TURN = (
@@ -174,12 +184,6 @@ RUNNING_TURNS = (
     f"SELECT {TURN_COLS} {TURNS_FROM} WHERE t.session_pk = $1 AND t.status = 'running'"
     " ORDER BY t.seq"
 )
-START_TURN = (
-    "UPDATE turns SET status = 'running', started_at = $3"
-    " WHERE id = $2 AND session_pk = $1 AND status = 'queued' AND started_at IS NULL"
-    " RETURNING id"
-)
-TURN_IS_RUNNING = "SELECT 1 FROM turns WHERE id = $2 AND session_pk = $1 AND status = 'running'"
 # An ended turn holds no memory writes any more: they were applied or dropped.
 FINISH_TURN = (
     "UPDATE turns SET status = $2, reason = $3, error = $4, output = $5, complete = $6,"

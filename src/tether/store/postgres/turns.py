@@ -8,6 +8,7 @@ number of processes.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -15,7 +16,7 @@ from dataclasses import replace
 import asyncpg  # type: ignore[import-untyped]
 
 from tether import events
-from tether.errors import Conflict, SessionNotFound, StoreError
+from tether.errors import Conflict, SessionNotFound, StaleLease, StoreError
 from tether.records import (
     AgentRef,
     CancelStatus,
@@ -46,6 +47,7 @@ from tether.store.rows import (
     cancel_of,
     decision_row,
     decision_values,
+    event_rows,
     events_of,
     item_row,
     key_args,
@@ -190,7 +192,10 @@ class Turns(Connection):
         return [turn_row(r) for r in rows]
 
     async def active_turns(self, key: SessionKey) -> list[Turn]:
-        return [turn_row(r) for r in await self._rows_of(key, q.ACTIVE_TURNS)]
+        rows = await self._fetch(q.ACTIVE_TURNS_BY_KEY, *key_args(key))
+        if not rows:
+            raise SessionNotFound("session not found")
+        return [turn_row(r) for r in rows if r[0] is not None]
 
     async def end_waiting_turn(
         self,
@@ -281,22 +286,65 @@ class Turns(Connection):
     async def start_turn(
         self, lease: Lease, turn_id: str, items: Sequence[NewItem], events: Sequence[NewEvent]
     ) -> list[Item]:
-        async with self._tx() as conn:
-            pk = await steps.fenced_pk(conn, lease)
-            if await conn.fetchval(q.START_TURN, pk, turn_id, time.time()) is None:
-                raise rules.not_in_status(turn_id, "queued")
-            return await steps.add(conn, pk, turn_id, items, events)
+        return await self._write(lease, turn_id, items, events, start=True)
 
     async def append(
         self, lease: Lease, turn_id: str, items: Sequence[NewItem], events: Sequence[NewEvent]
     ) -> list[Item]:
-        async with self._tx() as conn:
-            pk = await steps.fenced_pk(conn, lease)
-            # Turn ids are unique across sessions, so without the session in this check the
-            # events of another session's turn could be written under this session's lease.
-            if await conn.fetchval(q.TURN_IS_RUNNING, pk, turn_id) is None:
-                raise rules.not_in_status(turn_id, "running")
-            return await steps.add(conn, pk, turn_id, items, events)
+        return await self._write(lease, turn_id, items, events, start=False)
+
+    async def _write(
+        self,
+        lease: Lease,
+        turn_id: str,
+        items: Sequence[NewItem],
+        events: Sequence[NewEvent],
+        *,
+        start: bool,
+    ) -> list[Item]:
+        """A turn's start or a later write of it, in one statement (migration 10's
+        tether_write): fenced by the lease's token; the turn queued (``start``) or running, in
+        this session (turn ids are unique across sessions: without the session in the check,
+        another session's turn could be written under this lease); events past those written.
+        """
+        rules.check_event_seqs(turn_id, 0, [e.seq for e in events])  # none repeats
+        now = time.time()
+        rows = event_rows(events)
+        args = (
+            *key_args(lease.key),
+            lease.token,
+            turn_id,
+            start,
+            now,
+            [i.kind for i in items],
+            [i.content for i in items],
+            [i.complete for i in items],
+            [i.call_id for i in items],
+            [i.tool_name for i in items],
+            [i.arguments for i in items],
+            [json.dumps(i.meta) for i in items],
+            [r[0] for r in rows],
+            [r[1] for r in rows],
+            [r[2] for r in rows],
+            [r[3] for r in rows],
+        )
+        async with self._conn() as conn:
+            try:
+                row = await conn.fetchrow(q.WRITE, *args)
+            except asyncpg.UniqueViolationError as exc:
+                raise Conflict(f"an event seq of turn {turn_id} was already written") from exc
+        assert row is not None  # a function with OUT parameters answers one row
+        outcome, current, first, last = row
+        if outcome == "missing":
+            raise SessionNotFound("session not found")
+        if outcome == "stale":
+            raise StaleLease(rules.stale_message(lease.token, int(current)))
+        if outcome == "status":
+            raise rules.not_in_status(turn_id, "queued" if start else "running")
+        if outcome == "events":
+            rules.check_event_seqs(turn_id, int(last), [e.seq for e in events])
+            raise StoreError("tether_write refused events the rules accept")
+        return rules.stored_items(turn_id, int(first), items, now) if items else []
 
     async def end_turn(
         self,
