@@ -459,3 +459,25 @@ async def test_a_lingering_worker_takes_a_turn_another_process_accepted(
         assert done.status == "completed"
         again = a.scheduler.lease_of(key)
         assert again is not None and again.token == lease.token  # A ran it, under its lease
+
+
+async def test_a_session_made_again_under_a_lingering_lease_runs_its_turns(
+    store: Store,
+) -> None:
+    """The worker of a deleted session still lingers on its lease when a session with the same
+    id is made and given a turn: the old lease is stale for the new session, and the worker
+    takes a new one instead of leaving the turn queued."""
+    agent = Agent(name="a", model=ScriptedModel(default="again"))
+    async with Runtime(store, agents=[agent]) as rt:
+        rt.scheduler.linger = 60.0
+        key = SessionKey("local", "local", "made-again")
+        await rt.sessions.create(key, "a")
+        first = await rt.scheduler.submit(key, "one")
+        await rt.scheduler.wait(key, first.id)
+        assert rt.scheduler.lease_of(key) is not None  # lingering
+        assert await rt.store.delete_session(key)
+        await rt.sessions.create(key, "a")
+        second = await rt.scheduler.submit(key, "two")
+        async with asyncio.timeout(10):
+            done = await rt.scheduler.wait(key, second.id)
+        assert done.status == "completed" and done.output == "again"

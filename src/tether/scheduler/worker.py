@@ -92,6 +92,10 @@ class Workers:
                         await self._drain(key, lease)
                 except StaleLease:
                     log.warning("lost the lease of a session mid-turn; stopped without writing")
+                    # Look again under a new lease (or wait for whoever holds it now): the
+                    # turn that found the lease stale is still queued. A session deleted and
+                    # made again under the same id while this lease lingered gets here too.
+                    local.dirty.add(key)
                 finally:
                     local.leases.pop(key, None)
                     local.history.forget(key)
