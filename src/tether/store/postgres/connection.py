@@ -76,8 +76,8 @@ def _refused(exc: BaseException) -> str:
 DEFAULT_POOL_SIZE = 20
 """Connections a process keeps at most (the URL's ``pool_size`` parameter sets it). A store call
 holds one for its statements only, never across a model call, so a process needs about as many
-as it has store calls in flight at once: 20 kept 64 busy sessions from waiting for one on this
-machine (bench/hot_path.py). Each server process (each ``--workers``) has a pool of its own and
+as it has store calls in flight at once (a turn's admission and its writes are one statement
+each). Each server process (each ``--workers``) has a pool of its own and
 one connection more for the cancel feed, all within the server's ``max_connections``."""
 
 
