@@ -66,9 +66,9 @@ def use_server_transport() -> None:
     with aiohttp a turn cost 38 % less server CPU (tether serve, 64 sessions, 0 ms fake
     model). Requests, retries, errors and response types stay the SDK's. Only a server,
     whose one event loop lives as long as the process and closes its models at shutdown, gets
-    it by default: an
-    aiohttp session left behind on another loop (a script's second ``asyncio.run``) cannot be
-    closed there, and aiohttp complains of it on stderr when it is collected.
+    it by default: an aiohttp session left behind on another loop (a script's second
+    ``asyncio.run``) cannot be closed there, and aiohttp complains of it on stderr when it is
+    collected.
     """
     global _server_transport
     _server_transport = True
