@@ -131,6 +131,13 @@ WRITE = (
     "SELECT outcome, current_token, first_seq, last_event FROM tether_write($1, $2, $3, $4, $5,"
     " $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)"
 )
+# A running turn's ending in one round trip, committed as it returns (migration 11).
+END = (
+    "SELECT outcome, current_token, first_seq, last_event, turn_seq, turn_input, turn_policy,"
+    " turn_created, turn_started, turn_agent, turn_fingerprint FROM tether_end($1, $2, $3, $4,"
+    " $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22,"
+    " $23, $24, $25)"
+)
 # A whole admission in one round trip, committed as it returns (migration 9).
 ENQUEUE = (
     "SELECT outcome, turn_seq, expires_at, active_ids, active_statuses, busy, total"

@@ -12,6 +12,7 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
 
@@ -34,6 +35,7 @@ from tether.records import (
     SessionKey,
     Turn,
     TurnEnding,
+    TurnStatus,
     Usage,
 )
 from tether.store import rules
@@ -309,42 +311,16 @@ class Turns(Connection):
         """
         rules.check_event_seqs(turn_id, 0, [e.seq for e in events])  # none repeats
         now = time.time()
-        rows = event_rows(events)
-        args = (
-            *key_args(lease.key),
-            lease.token,
-            turn_id,
-            start,
-            now,
-            [i.kind for i in items],
-            [i.content for i in items],
-            [i.complete for i in items],
-            [i.call_id for i in items],
-            [i.tool_name for i in items],
-            [i.arguments for i in items],
-            [json.dumps(i.meta) for i in items],
-            [r[0] for r in rows],
-            [r[1] for r in rows],
-            [r[2] for r in rows],
-            [r[3] for r in rows],
-        )
+        fenced = _write_args(lease, turn_id, now, items, events)
+        args = (*fenced[:5], start, *fenced[5:])  # p_start comes after the turn's id
         async with self._conn() as conn:
             try:
                 row = await conn.fetchrow(q.WRITE, *args)
             except asyncpg.UniqueViolationError as exc:
                 raise Conflict(f"an event seq of turn {turn_id} was already written") from exc
         assert row is not None  # a function with OUT parameters answers one row
-        outcome, current, first, last = row
-        if outcome == "missing":
-            raise SessionNotFound("session not found")
-        if outcome == "stale":
-            raise StaleLease(rules.stale_message(lease.token, int(current)))
-        if outcome == "status":
-            raise rules.not_in_status(turn_id, "queued" if start else "running")
-        if outcome == "events":
-            rules.check_event_seqs(turn_id, int(last), [e.seq for e in events])
-            raise StoreError("tether_write refused events the rules accept")
-        return rules.stored_items(turn_id, int(first), items, now) if items else []
+        _refused(row, lease, turn_id, events, "queued" if start else "running")
+        return rules.stored_items(turn_id, int(row[2]), items, now) if items else []
 
     async def end_turn(
         self,
@@ -355,6 +331,9 @@ class Turns(Connection):
         events: Sequence[NewEvent],
         memory: MemoryWrites | None = None,
     ) -> Turn:
+        if not (memory and rules.keeps_memory(ending.status)):
+            return await self._end(lease, turn_id, ending, items, events)
+        # Memory writes go with the ending, in one transaction (rare: a turn that remembered).
         async with self._tx() as conn:
             pk = await steps.fenced_pk(conn, lease)
             row = await conn.fetchrow(q.GET_TURN, pk, turn_id)
@@ -362,9 +341,57 @@ class Turns(Connection):
                 raise rules.not_in_status(turn_id, "running")
             await steps.add(conn, pk, turn_id, items, events)
             done = await steps.finish(conn, pk, turn_row(row), ending, terminal=False)
-            if memory and rules.keeps_memory(ending.status):
-                await apply_writes(conn, memory)
+            await apply_writes(conn, memory)
             return done
+
+    async def _end(
+        self,
+        lease: Lease,
+        turn_id: str,
+        ending: TurnEnding,
+        items: Sequence[NewItem],
+        events: Sequence[NewEvent],
+    ) -> Turn:
+        """end_turn in one statement (migration 11's tether_end), with _write's checks."""
+        rules.check_event_seqs(turn_id, 0, [e.seq for e in events])  # none repeats
+        now = time.time()
+        args = (
+            *_write_args(lease, turn_id, now, items, events),
+            rules.items_effect(ending.status),
+            ending.status,
+            ending.reason,
+            ending.error,
+            ending.output,
+            ending.complete,
+            usage_json(ending.usage),
+            ending.agent,
+        )
+        async with self._conn() as conn:
+            try:
+                row = await conn.fetchrow(q.END, *args)
+            except asyncpg.UniqueViolationError as exc:
+                raise Conflict(f"an event seq of turn {turn_id} was already written") from exc
+        assert row is not None  # a function with OUT parameters answers one row
+        _refused(row, lease, turn_id, events, "running")
+        seq, given, policy, created, started, agent, fingerprint = tuple(row)[4:]
+        return Turn(
+            id=turn_id,
+            key=lease.key,
+            seq=seq,
+            input=given,
+            policy=policy,
+            status=ending.status,
+            reason=ending.reason,
+            error=ending.error,
+            output=ending.output,
+            complete=ending.complete,
+            usage=ending.usage,
+            created_at=created,
+            started_at=started,
+            ended_at=now,
+            agent=AgentRef(agent, fingerprint or "") if agent is not None else None,
+            ran_by=ending.agent,
+        )
 
     async def park_turn(
         self,
@@ -432,3 +459,45 @@ class Turns(Connection):
         limit = max(limit, 0)
         rows = await self._fetch(q.LIST_EVENTS, *key_args(key), turn_id, after_seq, limit)
         return events_of(turn_id, rows, after_seq, limit)
+
+
+def _write_args(
+    lease: Lease, turn_id: str, now: float, items: Sequence[NewItem], events: Sequence[NewEvent]
+) -> tuple[Any, ...]:
+    """tether_write's and tether_end's leading arguments (but tether_write's p_start): the
+    fence, the turn, the time, then the items and the events one array per column."""
+    rows = event_rows(events)
+    return (
+        *key_args(lease.key),
+        lease.token,
+        turn_id,
+        now,
+        [i.kind for i in items],
+        [i.content for i in items],
+        [i.complete for i in items],
+        [i.call_id for i in items],
+        [i.tool_name for i in items],
+        [i.arguments for i in items],
+        [json.dumps(i.meta) for i in items],
+        [r[0] for r in rows],
+        [r[1] for r in rows],
+        [r[2] for r in rows],
+        [r[3] for r in rows],
+    )
+
+
+def _refused(
+    row: Any, lease: Lease, turn_id: str, events: Sequence[NewEvent], status: TurnStatus
+) -> None:
+    """Raise the rule's error for a refusal of tether_write or tether_end (row: outcome,
+    current_token, first_seq, last_event, ...)."""
+    outcome, current, _, last = tuple(row)[:4]
+    if outcome == "missing":
+        raise SessionNotFound("session not found")
+    if outcome == "stale":
+        raise StaleLease(rules.stale_message(lease.token, int(current)))
+    if outcome == "status":
+        raise rules.not_in_status(turn_id, status)
+    if outcome == "events":
+        rules.check_event_seqs(turn_id, int(last), [e.seq for e in events])
+        raise StoreError(f"the store refused events the rules accept ({outcome})")
