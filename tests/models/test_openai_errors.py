@@ -3,10 +3,12 @@ words (with the key and any URL password masked) in the log only."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import pytest
 
 from tether.errors import ModelError
-from tether.models.openai import OpenAIModel
+from tether.models.openai import OpenAIModel, _lines
 
 KEY = "sk-server-own-key-0123456789"
 
@@ -19,7 +21,7 @@ def test_an_error_event_mid_stream_keeps_its_words_in_the_log(
 
     # The chunk parser alone: the fake server cannot send an error event inside a stream.
     with pytest.raises(ModelError) as caught:
-        model._chunk(line)
+        model._chunk(line.encode())
 
     assert str(caught.value) == "openai:m: the model provider failed mid-answer"
     assert caught.value.transient
@@ -31,6 +33,29 @@ def test_an_error_event_mid_stream_keeps_its_words_in_the_log(
 def test_invalid_json_in_the_stream_is_ours_too(caplog: pytest.LogCaptureFixture) -> None:
     model = OpenAIModel("m", base_url="http://127.0.0.1:9/v1", api_key=KEY)
     with pytest.raises(ModelError) as caught:
-        model._chunk("data: {not json at /internal/path")
+        model._chunk(b"data: {not json at /internal/path")
     assert str(caught.value) == "openai:m: the model provider sent invalid JSON"
     assert "/internal/path" in caplog.text
+
+
+class _Body:
+    """A streamed body cut into the pieces given, as a transport may hand them over."""
+
+    def __init__(self, *pieces: bytes) -> None:
+        self.pieces = pieces
+
+    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+        for piece in self.pieces:
+            yield piece
+
+
+async def test_stream_lines_survive_any_cut_between_chunks() -> None:
+    whole = b'data: {"a": 1}\r\n\r\ndata: {"b": "x\\u00e9"}\n\n: ping\r\ndata: [DONE]'
+    expected = [b'data: {"a": 1}', b'data: {"b": "x\\u00e9"}', b": ping", b"data: [DONE]"]
+    for cut in range(1, len(whole)):
+        body = _Body(whole[:cut], b"", whole[cut:])
+        lines = [line async for line in _lines(body)]  # type: ignore[arg-type]
+        # Blank lines are SSE's separators (a cut "\r\n" makes one more): only the rest counts.
+        assert [line for line in lines if line] == expected, cut
+    one_by_one = _Body(*(whole[i : i + 1] for i in range(len(whole))))
+    assert [line async for line in _lines(one_by_one) if line] == expected  # type: ignore[arg-type]

@@ -227,7 +227,7 @@ class OpenAIModel:
         usage: Usage | None = None
         finish: FinishReason | None = None
         try:
-            async for line in response.aiter_lines():
+            async for line in _lines(response):
                 chunk = self._chunk(line)
                 if chunk is None:
                     continue
@@ -259,12 +259,12 @@ class OpenAIModel:
             yield usage
         yield Finish(finish)
 
-    def _chunk(self, line: str) -> dict[str, Any] | None:
+    def _chunk(self, line: bytes) -> dict[str, Any] | None:
         """The JSON chunk of one line of the stream (None for lines that carry none)."""
-        if not line.startswith("data:"):
+        if not line.startswith(b"data:"):
             return None  # blank separators, comments (": ping"), event names
         data = line[5:].strip()
-        if data == "[DONE]":
+        if data == b"[DONE]":
             # The caller reads on to the end of the body rather than stop: a response read to
             # its end hands its connection back to the pool; one closed early costs a new TCP
             # connection on the next call.
@@ -272,7 +272,8 @@ class OpenAIModel:
         try:
             chunk = json.loads(data)
         except ValueError:
-            raise self._failed("the model provider sent invalid JSON", data) from None
+            shown = data.decode("utf-8", "replace")
+            raise self._failed("the model provider sent invalid JSON", shown) from None
         error = chunk.get("error")
         if error:
             detail = error.get("message") if isinstance(error, dict) else error
@@ -328,6 +329,24 @@ class OpenAIModel:
             # An error event inside an accepted stream: the server failed mid-answer.
             return self._failed("the model provider failed mid-answer", exc.message)
         return self._failed("the model provider request failed", exc, transient=False)
+
+
+async def _lines(response: httpx2.Response) -> AsyncIterator[bytes]:
+    """The lines of a streamed body, without their ends.
+
+    httpx2's ``aiter_lines`` decodes every chunk to text and splits it in three layers of
+    generators; an answer arrives as dozens of small chunks, and only ``data:`` lines matter
+    here, which json reads as bytes. A ``\r\n`` cut between two chunks yields one extra
+    empty line, which SSE ignores like any blank line.
+    """
+    rest = b""
+    async for chunk in response.aiter_bytes():
+        lines = (rest + chunk).splitlines(keepends=True) if rest else chunk.splitlines(True)
+        rest = lines.pop() if lines and not lines[-1].endswith((b"\n", b"\r")) else b""
+        for line in lines:
+            yield line.rstrip(b"\r\n")
+    if rest:
+        yield rest
 
 
 def _to_openai(message: Message) -> ChatCompletionMessageParam:
