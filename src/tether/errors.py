@@ -198,6 +198,15 @@ class SessionClosed(TetherError):
     stays, and a new ``Session`` with the same id opens it again."""
 
 
+class ToolError(TetherError):
+    """A tool's refusal or failure, in words meant for the model.
+
+    Raised by a tool, it becomes the call's result as ``Error: <message>`` (any other exception
+    is reported with its type): a path outside the workspace, a file over its limit, a missing
+    sandbox. The turn goes on; the model reads why and may try something else.
+    """
+
+
 class ModelError(TetherError):
     """A model provider failed.
 

@@ -52,6 +52,7 @@ from tether.store.protocol import Store
 from tether.store.rules import DEFAULT_MAX_QUEUE
 from tether.store.sqlite import SQLiteStore
 from tether.tools.approval import ApprovalRequest, Approver
+from tether.tools.workspace import quota_from_env
 
 log = logging.getLogger("tether.runtime")
 
@@ -84,8 +85,11 @@ class Runtime:
         embedder: Embedder | str | None = None,
         auto_notes: AutoNotes | None = None,
         limits: PrincipalLimits | None = None,
+        workspace_quota: int | None = None,
     ) -> None:
         self.data_dir = data_dir or default_data_dir()
+        self.workspace_root = self.data_dir / "workspaces"
+        """Every session's workspace lives under it (:mod:`tether.tools.workspace`)."""
         self.default_model = default_model
         self.store: Store = store or SQLiteStore(self.data_dir / "tether.db")
         self.agents: dict[str, Agent] = {}
@@ -101,7 +105,8 @@ class Runtime:
             self.resolve,
             lease_ttl=lease_ttl,
             node=node,
-            workspace_root=self.data_dir / "workspaces",
+            workspace_root=self.workspace_root,
+            workspace_quota=workspace_quota if workspace_quota is not None else quota_from_env(),
             max_queue=max_queue,
             default_model=default_model,
             memory=self.memory,

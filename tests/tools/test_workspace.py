@@ -5,12 +5,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tether import Agent, ToolContext, tool
+from tether.errors import ConfigError, ToolError
 from tether.records import SessionKey
 from tether.runtime import Runtime
 from tether.store import InMemoryStore
 from tether.testing import Call, ScriptedModel, ToolCalls
-from tether.tools.workspace import workspace_dir
+from tether.tools.workspace import (
+    DEFAULT_QUOTA_BYTES,
+    QUOTA_ENV,
+    check_quota,
+    ensure_workspace,
+    quota_from_env,
+    remove_owner_workspaces,
+    remove_workspace,
+    usage,
+    workspace_dir,
+)
 
 
 @tool
@@ -65,3 +78,54 @@ def test_workspace_paths_never_follow_names() -> None:
     # Every session's workspace lies inside its owner's directory, shared with no other owner.
     owners = {workspace_dir(root, k).parent for k in keys}
     assert len(owners) == len({(k.tenant, k.owner) for k in keys})
+
+
+def test_a_workspace_is_made_for_its_user_alone(tmp_path: Path) -> None:
+    key = SessionKey("acme", "alice", "s1")
+    ws = ensure_workspace(workspace_dir(tmp_path, key))
+    assert ws.is_dir() and ws.stat().st_mode & 0o777 == 0o700
+    assert ensure_workspace(ws) == ws  # the next use finds it as it was
+
+
+def test_quota_counts_files_not_what_links_point_at(tmp_path: Path) -> None:
+    ws = ensure_workspace(tmp_path / "ws")
+    big = tmp_path / "outside.bin"
+    big.write_bytes(b"x" * 10_000)
+    (ws / "a.txt").write_bytes(b"y" * 600)
+    (ws / "link").symlink_to(big)
+    held = usage(ws)
+    assert 600 < held < 10_000  # the link counts for itself (its target's name), not 10,000
+    check_quota(ws, quota=1000, adding=100)
+    with pytest.raises(ToolError, match="quota of 1,000 bytes"):
+        check_quota(ws, quota=1000, adding=held)
+    # Rewriting a file in place counts only what it grows by.
+    check_quota(ws, quota=1000, adding=900, replacing=600)
+
+
+def test_quota_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(QUOTA_ENV, raising=False)
+    assert quota_from_env() == DEFAULT_QUOTA_BYTES
+    monkeypatch.setenv(QUOTA_ENV, "1.5")
+    assert quota_from_env() == 1536 * 1024
+    for bad in ("0", "-3", "lots"):
+        monkeypatch.setenv(QUOTA_ENV, bad)
+        with pytest.raises(ConfigError, match=QUOTA_ENV):
+            quota_from_env()
+
+
+def test_removing_a_workspace_never_follows_a_link_out(tmp_path: Path) -> None:
+    root = tmp_path / "workspaces"
+    alice, bob = SessionKey("t", "alice", "s1"), SessionKey("t", "bob", "s1")
+    mine, theirs = (
+        ensure_workspace(workspace_dir(root, alice)),
+        ensure_workspace(workspace_dir(root, bob)),
+    )
+    (theirs / "keep.txt").write_text("bob's")
+    (mine / "sub").mkdir()
+    (mine / "sub" / "to-bob").symlink_to(theirs, target_is_directory=True)
+    remove_workspace(root, alice)
+    assert not mine.exists()
+    assert (theirs / "keep.txt").read_text() == "bob's"
+    remove_workspace(root, alice)  # gone already: nothing to do
+    remove_owner_workspaces(root, "t", "bob")
+    assert not theirs.exists() and root.exists()

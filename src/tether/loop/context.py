@@ -32,6 +32,7 @@ from tether.records import (
 )
 from tether.tools.context import ToolMemory
 from tether.tools.tool import Tool
+from tether.tools.workspace import DEFAULT_QUOTA_BYTES
 
 
 class LoopMemory(ToolMemory, Protocol):
@@ -131,6 +132,8 @@ class TurnContext:
     workspace: Path | None = None
     """The session's own directory, named by a hash of its key
     (:func:`~tether.tools.workspace.workspace_dir`); created by the tool that first uses it."""
+    workspace_quota: int = DEFAULT_QUOTA_BYTES
+    """Bytes the workspace may hold (:func:`~tether.tools.workspace.check_quota`)."""
     memory: LoopMemory | None = None
     extra_tools: tuple[Tool, ...] = ()
     """Built-in tools the agent's memory policy turned on (``remember``, ``search_knowledge``)."""

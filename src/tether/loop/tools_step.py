@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 
-from tether.errors import InvalidInput
+from tether.errors import InvalidInput, ToolError
 from tether.events import TOOL_STARTED
 from tether.loop.context import TurnContext
 from tether.models.base import ToolCall
@@ -20,6 +20,7 @@ from tether.records import ABORTED_TOOL_RESULT, NewDecision
 from tether.tools.approval import EXPIRED_RESULT, REFUSED_RESULT
 from tether.tools.ask_user import ask_user
 from tether.tools.context import ToolContext
+from tether.tools.tool import Tool
 
 
 class NeedsDecision(Exception):
@@ -117,22 +118,33 @@ async def run_call(ctx: TurnContext, call: ToolCall) -> tuple[str, bool]:
         call_id=call.id,
         cancelled=stop,
         workspace=ctx.workspace,
+        workspace_quota=ctx.workspace_quota,
         memory=ctx.memory,
         decision=decision,
     )
     timeout = tool.timeout if tool.timeout is not None else ctx.agent.tool_timeout
-    deadline = asyncio.timeout(timeout)
+    return await _invoke(tool, call, tool_ctx, timeout)
+
+
+async def _invoke(
+    tool: Tool, call: ToolCall, tool_ctx: ToolContext, seconds: float
+) -> tuple[str, bool]:
+    """The call's result within ``seconds``; past them, ``tool_ctx.cancelled`` is set."""
+    deadline = asyncio.timeout(seconds)
     try:
         async with deadline:
             return await tool.invoke(call.arguments, tool_ctx), False
     except TimeoutError as exc:
         if not deadline.expired():  # the tool's own TimeoutError (a socket's, say): its error
             return _raised(call.name, exc), True
-        stop.set()
-        return timed_out(call.name, timeout), True
+        tool_ctx.cancelled.set()
+        return timed_out(call.name, seconds), True
     except asyncio.CancelledError:
-        stop.set()  # the turn is being cancelled (request_cancel cancels the task running it)
+        # The turn is being cancelled (request_cancel cancels the task running it).
+        tool_ctx.cancelled.set()
         raise
+    except ToolError as exc:  # the tool's own refusal, in words meant for the model
+        return f"Error: {exc}", True
     except Exception as exc:  # a tool's bug is reported to the model, not raised
         return _raised(call.name, exc), True
 

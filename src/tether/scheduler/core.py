@@ -51,6 +51,7 @@ from tether.scheduler.runner import AgentResolver, AutoNotes, TurnRunner, TurnSt
 from tether.scheduler.worker import Workers, WorkerStore
 from tether.store.protocol import ChangeCounter, DecisionStore, Maintenance, TurnLog
 from tether.store.rules import DEFAULT_MAX_QUEUE, request_digest
+from tether.tools.workspace import DEFAULT_QUOTA_BYTES
 
 CANCEL_POLL = 0.025
 """Seconds between reads of cancel requests while this process runs turns."""
@@ -83,6 +84,7 @@ class Scheduler:
         lease_ttl: float = 30.0,
         max_queue: int = DEFAULT_MAX_QUEUE,
         workspace_root: Path | None = None,
+        workspace_quota: int = DEFAULT_QUOTA_BYTES,
         default_model: str | None = None,
         linger: float = 0.25,
         memory: MemoryService | None = None,
@@ -101,6 +103,7 @@ class Scheduler:
             self.local,
             agents,
             workspace_root=workspace_root,
+            workspace_quota=workspace_quota,
             default_model=default_model,
             memory=memory,
             auto_notes=auto_notes,

@@ -42,7 +42,7 @@ from tether.store.protocol import (
 from tether.store.rules import aborted_results, always_approved, new_decision, terminal_event_data
 from tether.tools.ask_user import ask_user
 from tether.tools.tool import Tool
-from tether.tools.workspace import workspace_dir
+from tether.tools.workspace import DEFAULT_QUOTA_BYTES, workspace_dir
 
 log = logging.getLogger("tether.scheduler")
 
@@ -89,6 +89,7 @@ class TurnRunner:
         *,
         workspace_root: Path | None,
         default_model: str | None,
+        workspace_quota: int = DEFAULT_QUOTA_BYTES,
         memory: MemoryService | None,
         auto_notes: AutoNotes = "default",
     ) -> None:
@@ -96,6 +97,7 @@ class TurnRunner:
         self._local = local
         self._agents = agents
         self.workspace_root = workspace_root
+        self.workspace_quota = workspace_quota
         self.default_model = default_model
         self.memory = memory
         self.auto_notes: AutoNotes = auto_notes
@@ -259,6 +261,7 @@ class TurnRunner:
             history=CachedHistory(self._store, self._local.history, sink.lease),
             sink=sink,
             workspace=workspace_dir(self.workspace_root, key) if self.workspace_root else None,
+            workspace_quota=self.workspace_quota,
         )
         ctx.extra_tools = self._builtin_tools(agent, policy)
         ctx.hand_to = lambda h: self._switch_to(h, policy)

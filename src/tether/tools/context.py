@@ -16,6 +16,7 @@ from tether.records import (
     Principal,
     SessionKey,
 )
+from tether.tools.workspace import DEFAULT_QUOTA_BYTES
 
 
 class ToolMemory(Protocol):
@@ -49,7 +50,10 @@ class ToolContext:
     cancelled: asyncio.Event
     workspace: Path | None = None
     """The session's own directory (named by a hash of its key, so no id reaches outside it);
-    it may not exist yet: create it on first use."""
+    it may not exist yet: :func:`~tether.tools.workspace.ensure_workspace` makes it."""
+    workspace_quota: int = DEFAULT_QUOTA_BYTES
+    """Bytes the workspace may hold in all; writers check with
+    :func:`~tether.tools.workspace.check_quota` before they write."""
     memory: ToolMemory | None = None
     """The caller's memory and the agent's knowledge (None when the runtime has no memory)."""
     decision: Decision | None = None

@@ -11,10 +11,14 @@ user's workspaces sit in one directory (forgetting a user removes it whole).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+import shutil
 from pathlib import Path
 
+from tether.errors import ConfigError, ToolError
 from tether.records import SessionKey
 
 _DIGEST_CHARS = 32
@@ -38,3 +42,67 @@ def workspace_dir(root: Path, key: SessionKey) -> Path:
     return owner_workspaces(root, key.tenant, key.owner) / _digest(
         key.tenant, key.owner, key.session_id
     )
+
+
+DEFAULT_QUOTA_BYTES = 100 * 1024 * 1024
+"""What one session's workspace may hold (files written by its tools and its sandbox)."""
+QUOTA_ENV = "TETHER_WORKSPACE_QUOTA_MB"
+
+
+def quota_from_env() -> int:
+    """``TETHER_WORKSPACE_QUOTA_MB`` in bytes (the default when unset); ConfigError otherwise."""
+    raw = os.environ.get(QUOTA_ENV, "").strip()
+    if not raw:
+        return DEFAULT_QUOTA_BYTES
+    try:
+        mb = float(raw)
+    except ValueError:
+        mb = -1.0
+    if not mb > 0:
+        raise ConfigError(f"{QUOTA_ENV} must be a positive number of megabytes, not {raw!r}")
+    return int(mb * 1024 * 1024)
+
+
+def ensure_workspace(path: Path) -> Path:
+    """Make the workspace (and the user's directory above it), readable by this user only."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
+def usage(path: Path) -> int:
+    """Bytes held by the workspace's files (0 when it does not exist). Symlinks are not
+    followed: a link counts for itself, never for what it points at."""
+    total = 0
+    for top, dirs, files in os.walk(path, followlinks=False):
+        for name in (*files, *dirs):
+            with contextlib.suppress(OSError):  # removed meanwhile
+                total += os.lstat(os.path.join(top, name)).st_size
+    return total
+
+
+def check_quota(path: Path, quota: int, adding: int, replacing: int = 0) -> None:
+    """ToolError when writing ``adding`` bytes (in place of ``replacing`` ones) would take the
+    workspace past ``quota``."""
+    after = usage(path) - replacing + adding
+    if after > quota:
+        raise ToolError(
+            f"the workspace would hold {after:,} bytes, over its quota of {quota:,} bytes; "
+            "delete files to make room"
+        )
+
+
+def remove_tree(path: Path) -> None:
+    """Delete a workspace (or a user's directory of them) and everything in it, if it exists.
+
+    Never follows a symlink out: ``shutil.rmtree`` unlinks links rather than descending them.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        shutil.rmtree(path)
+
+
+def remove_workspace(root: Path, key: SessionKey) -> None:
+    remove_tree(workspace_dir(root, key))
+
+
+def remove_owner_workspaces(root: Path, tenant: str, owner: str) -> None:
+    remove_tree(owner_workspaces(root, tenant, owner))
