@@ -52,7 +52,7 @@ from tether.store.protocol import Store
 from tether.store.rules import DEFAULT_MAX_QUEUE
 from tether.store.sqlite import SQLiteStore
 from tether.tools.approval import ApprovalRequest, Approver
-from tether.tools.workspace import quota_from_env
+from tether.tools.workspace import discard_owner, quota_from_env
 
 log = logging.getLogger("tether.runtime")
 
@@ -118,7 +118,10 @@ class Runtime:
         )
         """What ``chat`` decides with when the caller passes no ``on_decision`` of its own."""
         self.sessions = SessionService(
-            self.store, self.scheduler, max_sessions=limits.sessions if limits else None
+            self.store,
+            self.scheduler,
+            max_sessions=limits.sessions if limits else None,
+            workspace_root=self.workspace_root,
         )
         """Sessions for every front door: the caller's own, cancel-then-delete."""
         self.keys = ApiKeys(self.store)
@@ -221,7 +224,9 @@ class Runtime:
         writes after its data is gone), then sessions, history, memory and knowledge are
         deleted in one transaction. Shared (agent, tenant) memory stays."""
         await self.sessions.cancel_all_of(tenant, user, "user_data_deleted")
-        return await self.memory.forget_user(tenant, user)
+        report = await self.memory.forget_user(tenant, user)
+        await discard_owner(self.workspace_root, tenant, user)  # after the rows: none is made anew
+        return report
 
     async def ensure_session(
         self, key: SessionKey, agent: str, *, ttl_seconds: float | None = None

@@ -676,12 +676,13 @@ class Session:
             return self.session_ttl  # not created yet: the whole TTL is ahead
         return max(0.0, expires - time.time())  # an expired session has none left, not less
 
-    def clear(self) -> None:
-        """Delete this session's history (the session itself stays)."""
+    def clear(self, *, workspace: bool = False) -> None:
+        """Delete this session's history (the session itself stays); with ``workspace``, its
+        workspace files too."""
         if self._record() is None:
             raise SessionNotFound("session not found")
         rt = self._rt()
-        rt.call(rt.runtime.sessions.clear(self.key))
+        rt.call(rt.runtime.sessions.clear(self.key, workspace=workspace))
 
     def __enter__(self) -> Session:
         return self

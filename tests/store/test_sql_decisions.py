@@ -105,9 +105,9 @@ async def test_forget_and_the_ttl_sweep_leave_no_decision_rows(
 
     # A parked turn is active: the sweep leaves its session alone, however expired.
     await store.update_session(bob, ttl_seconds=0.0)
-    assert await store.sweep_expired(time.time() + 1) == 0
+    assert await store.sweep_expired(time.time() + 1) == []
     await store.end_waiting_turn(bob, "t-bob", "session_expired")
-    assert await store.sweep_expired(time.time() + 1) == 1
+    assert len(await store.sweep_expired(time.time() + 1)) == 1
     assert await count("decisions") == 0
 
 

@@ -18,6 +18,7 @@ from tether.cli._output import fail
 from tether.errors import ConfigError, TetherError
 from tether.records import LOCAL_PRINCIPAL, ForgetReport, Principal, SessionKey
 from tether.scheduler.sessions import SessionService, StoreCanceller
+from tether.tools.workspace import discard_owner
 
 if TYPE_CHECKING:
     from tether.store.protocol import Store
@@ -60,10 +61,15 @@ def _local_key(session_id: str, owner: Principal = LOCAL_PRINCIPAL) -> SessionKe
 
 
 # -- the services over the local store ---------------------------------------------------------
-def sessions_of(s: Store) -> SessionService:
+def sessions_of(s: Store, workspace_root: Path | None = None) -> SessionService:
     """Sessions of the local store. No scheduler runs here: a turn is cancelled through the
     store (a queued one at once; a running one by the process that runs it, waited for)."""
-    return SessionService(s, StoreCanceller(s))
+    return SessionService(s, StoreCanceller(s), workspace_root=workspace_root)
+
+
+def workspaces_of(data_dir: Path | None) -> Path:
+    """The workspaces' root of the data dir the command works on (as ``Runtime`` puts it)."""
+    return Path(settings(data_dir=data_dir).data_dir) / "workspaces"
 
 
 async def list_sessions(
@@ -102,13 +108,21 @@ async def session_history(
     ]
 
 
-async def delete_session(s: Store, session_id: str, owner: Principal = LOCAL_PRINCIPAL) -> bool:
-    """Delete a local session; its queued or running turns are cancelled first."""
-    return await sessions_of(s).delete(_local_key(session_id, owner))
+async def delete_session(
+    s: Store,
+    session_id: str,
+    owner: Principal = LOCAL_PRINCIPAL,
+    workspace_root: Path | None = None,
+) -> bool:
+    """Delete a local session and its workspace; its queued or running turns are cancelled
+    first."""
+    return await sessions_of(s, workspace_root).delete(_local_key(session_id, owner))
 
 
-async def forget_user(s: Store, tenants: Sequence[str], user: str) -> list[ForgetReport]:
-    """Everything of ``user`` in each tenant, their turns cancelled first."""
+async def forget_user(
+    s: Store, tenants: Sequence[str], user: str, workspace_root: Path | None = None
+) -> list[ForgetReport]:
+    """Everything of ``user`` in each tenant (workspaces too), their turns cancelled first."""
     from tether.memory.service import MemoryService
 
     reports = []
@@ -116,4 +130,5 @@ async def forget_user(s: Store, tenants: Sequence[str], user: str) -> list[Forge
     for tenant in tenants:
         await sessions_of(s).cancel_all_of(tenant, user, "user_data_deleted")
         reports.append(await memory.forget_user(tenant, user))
+        await discard_owner(workspace_root, tenant, user)
     return reports

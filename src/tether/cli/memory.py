@@ -13,7 +13,7 @@ import typer
 
 from tether.cli._options import DataDirOpt, KeyOpt, StoreOpt, UrlOpt
 from tether.cli._output import err, errors, fail, out
-from tether.cli._store import forget_user, on_store
+from tether.cli._store import forget_user, on_store, workspaces_of
 from tether.errors import TetherError
 
 if TYPE_CHECKING:
@@ -70,7 +70,8 @@ def forget(
         ):
             raise typer.Exit(1)
 
-        reports = on_store(data_dir, store, lambda s: forget_user(s, tenants, user))
+        root = workspaces_of(data_dir)
+        reports = on_store(data_dir, store, lambda s: forget_user(s, tenants, user, root))
     for t, report in zip(tenants, reports, strict=True):
         out.print(
             f"{t}/{user}: forgot {report.sessions} sessions, {report.memory} memory items and "

@@ -10,7 +10,13 @@ from rich.table import Table
 
 from tether.cli._options import DataDirOpt, KeyOpt, StoreOpt, UrlOpt
 from tether.cli._output import errors, fail, out
-from tether.cli._store import delete_session, list_sessions, on_store, session_history
+from tether.cli._store import (
+    delete_session,
+    list_sessions,
+    on_store,
+    session_history,
+    workspaces_of,
+)
 from tether.records import LOCAL_PRINCIPAL, Principal
 
 OwnerOpt = Annotated[
@@ -120,7 +126,11 @@ def sessions_delete(
             with Client(url, api_key=key) as client:
                 client.request("DELETE", f"/v1/sessions/{session_id}")
         elif not on_store(
-            data_dir, store, lambda s: delete_session(s, session_id, Principal(tenant, user))
+            data_dir,
+            store,
+            lambda s: delete_session(
+                s, session_id, Principal(tenant, user), workspaces_of(data_dir)
+            ),
         ):
             raise fail(f"no session {session_id!r}")
     out.print(f"deleted {session_id}")

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from tether.records import Lease, SessionKey
 from tether.scheduler.local import Running, RunningTurn
@@ -156,8 +156,13 @@ async def _listen(
         await asyncio.sleep(1.0)
 
 
-async def sweep_expired(store: Maintenance, interval: Callable[[], float]) -> None:
-    """Delete idle sessions past their TTL (any node may; the store keeps it safe)."""
+async def sweep_expired(
+    store: Maintenance,
+    interval: Callable[[], float],
+    gone: Callable[[Sequence[SessionKey]], Awaitable[None]],
+) -> None:
+    """Delete idle sessions past their TTL (any node may; the store keeps it safe), then what
+    they had outside the store (``gone``: their workspaces)."""
     while True:
         await asyncio.sleep(interval())
         try:
@@ -165,8 +170,15 @@ async def sweep_expired(store: Maintenance, interval: Callable[[], float]) -> No
         except Exception:
             log.exception("sweeping expired sessions failed; retrying later")
             continue
-        if swept:
-            log.info("swept %d expired sessions", swept)
+        if not swept:
+            continue
+        log.info("swept %d expired sessions", len(swept))
+        try:
+            await gone(swept)
+        except Exception:
+            log.exception(
+                "could not remove what %d swept sessions left outside the store", len(swept)
+            )
 
 
 async def adopt_orphans(

@@ -51,6 +51,7 @@ from tether.scheduler.runner import AgentResolver, AutoNotes, TurnRunner, TurnSt
 from tether.scheduler.worker import Workers, WorkerStore
 from tether.store.protocol import ChangeCounter, DecisionStore, Maintenance, TurnLog
 from tether.store.rules import DEFAULT_MAX_QUEUE, request_digest
+from tether.tools import workspace
 from tether.tools.workspace import DEFAULT_QUOTA_BYTES
 
 CANCEL_POLL = 0.025
@@ -98,6 +99,7 @@ class Scheduler:
         self.limits = limits
         """Per-principal bounds applied when a turn is admitted (None: unbounded)."""
         self.local = Local()
+        self.workspace_root = workspace_root
         self.runner = TurnRunner(
             store,
             self.local,
@@ -148,7 +150,12 @@ class Scheduler:
                 name="tether-cancels",
             ),
             asyncio.create_task(
-                chores.sweep_expired(store, lambda: self.sweep_interval), name="tether-sweeper"
+                chores.sweep_expired(
+                    store,
+                    lambda: self.sweep_interval,
+                    lambda keys: workspace.discard(self.workspace_root, keys),
+                ),
+                name="tether-sweeper",
             ),
             asyncio.create_task(
                 chores.expire_decisions(store, self.workers.kick, local.decision_asked),

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from tether.errors import NotFound, SessionBusy, SessionNotFound, TurnNotFound
@@ -30,6 +31,7 @@ from tether.records import (
 )
 from tether.store import rules
 from tether.store.protocol import HistoryStore, LeaseStore, SessionStore, TurnLog, TurnReader
+from tether.tools.workspace import discard
 
 OFFLINE_CANCEL_WAIT = 30.0
 """Seconds an offline canceller waits for another process to end a running turn."""
@@ -54,12 +56,20 @@ class SessionPage:
 
 class SessionService:
     def __init__(
-        self, store: SessionServiceStore, canceller: Canceller, *, max_sessions: int | None = None
+        self,
+        store: SessionServiceStore,
+        canceller: Canceller,
+        *,
+        max_sessions: int | None = None,
+        workspace_root: Path | None = None,
     ) -> None:
         self._store = store
         self._canceller = canceller
         self.max_sessions = max_sessions
         """How many sessions one owner may keep (None: unbounded)."""
+        self.workspace_root = workspace_root
+        """Where the sessions' workspaces are (None: they have none here); each goes with its
+        session."""
 
     # -- reading ---------------------------------------------------------------------------------
     async def get(self, key: SessionKey) -> SessionRecord | None:
@@ -188,14 +198,23 @@ class SessionService:
             expected_revision=expected_revision,
         )
 
-    async def clear(self, key: SessionKey) -> int:
-        """Delete the history (summaries included); SessionBusy while a turn is active."""
-        return await self._store.clear_items(key)
+    async def clear(self, key: SessionKey, *, workspace: bool = False) -> int:
+        """Delete the history (summaries included); SessionBusy while a turn is active. With
+        ``workspace``, the session's workspace files too."""
+        cleared = await self._store.clear_items(key)
+        if workspace:
+            await discard(self.workspace_root, [key])
+        return cleared
 
     async def delete(self, key: SessionKey, reason: Reason = "session_deleted") -> bool:
-        """Cancel the session's active turns (waiting for each to end), then delete it."""
+        """Cancel the session's active turns (waiting for each to end), then delete it and its
+        workspace."""
         await self.cancel_active(key, reason)
-        return await self._store.delete_session(key)
+        deleted = await self._store.delete_session(key)
+        # Also when there was no such row: a workspace left by a session deleted elsewhere
+        # (another node, a crash between the two) goes now, before the id is used again.
+        await discard(self.workspace_root, [key])
+        return deleted
 
     async def drop_if_expired(self, key: SessionKey) -> None:
         """An expired session is gone (it answers 404): delete it, cancelling what it still

@@ -395,8 +395,9 @@ class DecisionStore(Protocol):
 
 
 class Maintenance(Protocol):
-    async def sweep_expired(self, now: float, limit: int = 500) -> int:
-        """Delete up to ``limit`` sessions past ``expires_at`` that are idle; returns how many.
+    async def sweep_expired(self, now: float, limit: int = 500) -> list[SessionKey]:
+        """Delete up to ``limit`` sessions past ``expires_at`` that are idle; returns their keys
+        (so what lives outside the store, a workspace, goes with them).
 
         Idle means no queued or running turn and no unexpired lease, so a sweep never pulls a
         session from under a turn. Safe to run on every node at once: each delete is atomic.

@@ -7,15 +7,25 @@ cannot name anything but its own directory, and is the same in every process.
 
 Layout: ``<root>/<hash of tenant, owner>/<hash of tenant, owner, session_id>``, so all of one
 user's workspaces sit in one directory (forgetting a user removes it whole).
+
+Lifecycle: made on first use (by the tool that writes), held to a quota, and removed with its
+session: deleted, expired (the sweep, and a read that finds it expired), cleared with
+``workspace=True``, or its user forgotten. The root is ``<data dir>/workspaces`` of the
+process: on PostgreSQL with several machines, a workspace is node-local scratch (a session's
+turns may run on any node, each with its own copy) unless every node's data dir puts
+``workspaces`` on one shared path; a session removed through one node removes that node's
+copy only.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
 import os
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 from tether.errors import ConfigError, ToolError
@@ -106,3 +116,24 @@ def remove_workspace(root: Path, key: SessionKey) -> None:
 
 def remove_owner_workspaces(root: Path, tenant: str, owner: str) -> None:
     remove_tree(owner_workspaces(root, tenant, owner))
+
+
+async def discard(root: Path | None, keys: Iterable[SessionKey]) -> None:
+    """Remove the workspaces of sessions that are gone (deleted, expired), off the event loop:
+    a big workspace takes a while to delete. Each node removes its own copy; see
+    :mod:`tether.tools.workspace` on deployments of several machines."""
+    if root is None:
+        return
+    dirs = [workspace_dir(root, k) for k in keys]
+
+    def remove_all() -> None:
+        for d in dirs:
+            remove_tree(d)
+
+    await asyncio.to_thread(remove_all)
+
+
+async def discard_owner(root: Path | None, tenant: str, owner: str) -> None:
+    """Remove every workspace of one user (forget), off the event loop."""
+    if root is not None:
+        await asyncio.to_thread(remove_tree, owner_workspaces(root, tenant, owner))

@@ -185,9 +185,17 @@ async def list_items(
     status_code=204,
     responses=responses(404, e409="a turn is queued or running (busy_turn_id names it)"),
 )
-async def clear_items(st: State, key: Key, _: OwnSession) -> Response:
-    """Clear the history (summaries included); refused while a turn is queued or running."""
-    await st.runtime.sessions.clear(key)
+async def clear_items(
+    st: State,
+    key: Key,
+    _: OwnSession,
+    workspace: Annotated[
+        bool, Query(description="also delete the session's workspace files")
+    ] = False,
+) -> Response:
+    """Clear the history (summaries included); refused while a turn is queued or running.
+    ``workspace=true`` deletes the session's workspace files too."""
+    await st.runtime.sessions.clear(key, workspace=workspace)
     return Response(status_code=204)
 
 

@@ -179,7 +179,7 @@ class Sessions(State):
         return sum(1 for k in self._keys.values() if k.revoked_at is None)
 
     # -- maintenance ---------------------------------------------------------------------------
-    async def sweep_expired(self, now: float, limit: int = 500) -> int:
+    async def sweep_expired(self, now: float, limit: int = 500) -> list[SessionKey]:
         doomed = [
             k
             for k, s in self._sessions.items()
@@ -194,7 +194,7 @@ class Sessions(State):
         for k in doomed:
             del self._sessions[k]
             self._drop_session_memory(k)
-        return len(doomed)
+        return doomed
 
     async def sessions_needing_work(self, *, unowned_at: float | None = None) -> list[SessionKey]:
         return [

@@ -189,12 +189,12 @@ class Sessions(Connection):
         return int(await self._fetchval(q.COUNT_API_KEYS))
 
     # -- maintenance ---------------------------------------------------------------------------
-    async def sweep_expired(self, now: float, limit: int = 500) -> int:
+    async def sweep_expired(self, now: float, limit: int = 500) -> list[SessionKey]:
         async with self._tx() as conn:
             swept = [SessionKey(*r) for r in await conn.fetch(q.SWEEP_EXPIRED, now, limit)]
             for key in swept:
                 await drop_session_memory(conn, key)
-        return len(swept)
+        return swept
 
     async def sessions_needing_work(self, *, unowned_at: float | None = None) -> list[SessionKey]:
         rows = await self._fetch(q.SESSIONS_NEEDING_WORK, unowned_at)

@@ -237,12 +237,12 @@ class Sessions(Connection):
         return await self._run(do)
 
     # -- maintenance ---------------------------------------------------------------------------
-    async def sweep_expired(self, now: float, limit: int = 500) -> int:
-        def do(c: sqlite3.Connection) -> int:
+    async def sweep_expired(self, now: float, limit: int = 500) -> list[SessionKey]:
+        def do(c: sqlite3.Connection) -> list[SessionKey]:
             swept = [SessionKey(*r) for r in c.execute(q.SWEEP_EXPIRED, (now, now, limit))]
             for key in swept:
                 drop_session_memory(c, key)
-            return len(swept)
+            return swept
 
         return await self._write(do)
 

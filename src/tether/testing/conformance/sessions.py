@@ -259,11 +259,11 @@ class SessionsConformance:
         await store.enqueue_turn(busy, turn_id="t-busy", input="x", policy="enqueue")
         await acquire(store, leased, ttl=LONG_TTL)
         await asyncio.sleep(0.1)
-        assert await store.sweep_expired(time.time()) == 1
+        assert await store.sweep_expired(time.time()) == [idle]
         assert await store.get_session(idle) is None
         for kept in (busy, leased, fresh, forever):
             assert await store.get_session(kept) is not None
-        assert await store.sweep_expired(now) == 0
+        assert await store.sweep_expired(now) == []
 
     async def test_list_sessions_newest_first_pages_without_gaps(self, store: Store) -> None:
         ids = [f"n{i}" for i in range(7)]
