@@ -28,6 +28,7 @@
     ├── StoreError               the store failed or is unreachable (HTTP 503)
     ├── ShuttingDown             the server is draining and takes no new turns (HTTP 503)
     ├── SessionClosed            a Session object was used after its close()
+    ├── ToolError                a tool's refusal, which the model reads as its result
     ├── ModelError               a provider failed; ``transient`` says if a retry may help
     │   ├── ModelRequestsForbidden  a real provider was called while tests forbid it
     │   └── ScriptExhausted      a ScriptedModel was asked for more than its script holds
