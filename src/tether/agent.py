@@ -14,6 +14,7 @@ import secrets
 import warnings
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from tether.errors import ConfigError
@@ -21,6 +22,7 @@ from tether.handoff import Handoff, handoffs_of
 from tether.models.base import Model
 from tether.records import AgentRef, Decision, Policy, validate_session_id
 from tether.reply import Response
+from tether.skills import Skill, coerce_skills
 from tether.tools.tool import Tool
 
 if TYPE_CHECKING:
@@ -248,6 +250,9 @@ def _fingerprint(agent: Agent) -> str:
             [h.tool_name, h.description, h.agent_name, h.agent.fingerprint if h.agent else None]
             for h in agent.handoffs
         ],
+        # What the skills say is part of what the agent does; where their folders are is not
+        # (the same skills checked out elsewhere are the same definition).
+        "skills": [[s.name, s.description, s.instructions] for s in agent.skills],
     }
     canonical = json.dumps(definition, sort_keys=True, default=str, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:32]
@@ -294,6 +299,8 @@ class Agent:
     handoffs: tuple[Handoff, ...] = ()
     """Agents this one may pass the conversation to (a ``transfer_to_<name>`` tool each); see
     :mod:`tether.handoff`."""
+    skills: tuple[Skill, ...] = ()
+    """Skills the model may activate (``activate_skill``); see :mod:`tether.skills`."""
     # A private session for an agent used without a session_id: each Agent object has its own
     # conversation. It is an identity, not conversation state.
     _default_session_id: str = field(
@@ -322,6 +329,7 @@ class Agent:
         memory: MemoryPolicy | Mapping[str, Any] | bool | None = None,
         description: str = "",
         handoffs: Iterable[Agent | Handoff | str] | None = None,
+        skills: Iterable[Skill | str | Path] | str | Path = (),
         auto_save: str | None = None,
     ) -> None:
         if not name or not isinstance(name, str):
@@ -343,6 +351,9 @@ class Agent:
             raise ConfigError("approval_timeout must be a positive number of seconds")
         if ask_user and any(t.name == "ask_user" for t in tools):
             raise ConfigError(f"agent {name}: ask_user=True and a tool named ask_user")
+        offered = coerce_skills(skills)
+        if offered and "activate_skill" in names:
+            raise ConfigError(f"agent {name}: skills and a tool named activate_skill")
         transfers = handoffs_of(handoffs, name)
         clash = sorted({h.tool_name for h in transfers} & set(names))
         if clash:
@@ -366,6 +377,7 @@ class Agent:
             "memory": _with_auto_save(MemoryPolicy.coerce(memory), auto_save),
             "description": description,
             "handoffs": transfers,
+            "skills": offered,
             "_default_session_id": "agent_" + secrets.token_urlsafe(16),
         }
         for key, value in values.items():
@@ -377,8 +389,9 @@ class Agent:
         """A digest of what this template does: the same in every process that defines it alike.
 
         It covers the instructions, model, tools (name, description, parameters, approval,
-        timeout), limits and memory policy — not where a conversation lives (session and user
-        ids, TTL), which is the caller's, not the template's.
+        timeout), limits, memory policy and skills (name, description, instructions) — not
+        where a conversation lives (session and user ids, TTL), which is the caller's, not the
+        template's; nor where the skills' folders are.
         """
         return self._fingerprint
 
@@ -411,6 +424,12 @@ class Agent:
         for t in self.tools:
             if t.name == name:
                 return t
+        return None
+
+    def skill_named(self, name: str) -> Skill | None:
+        for s in self.skills:
+            if s.name == name:
+                return s
         return None
 
     def handoff_named(self, tool_name: str) -> Handoff | None:

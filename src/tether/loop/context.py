@@ -30,7 +30,8 @@ from tether.records import (
     TurnEnding,
     Usage,
 )
-from tether.tools.context import ToolMemory
+from tether.skills import with_skills
+from tether.tools.context import ToolMemory, ToolSkills
 from tether.tools.tool import Tool
 from tether.tools.workspace import DEFAULT_QUOTA_BYTES
 
@@ -46,6 +47,17 @@ class LoopMemory(ToolMemory, Protocol):
 
     async def keep_notes(self, text: str) -> list[MemoryRecord]:
         """Automatic notes from the user's message."""
+        ...
+
+
+class LoopSkills(ToolSkills, Protocol):
+    """The session's skills (the scheduler passes a
+    :class:`~tether.scheduler.skills.SessionSkills`): which are active, for the prompt, and
+    ``activate`` for the tool."""
+
+    @property
+    def active(self) -> tuple[str, ...]:
+        """Names of the skills active in the session, in the order they were activated."""
         ...
 
 
@@ -135,6 +147,8 @@ class TurnContext:
     workspace_quota: int = DEFAULT_QUOTA_BYTES
     """Bytes the workspace may hold (:func:`~tether.tools.workspace.check_quota`)."""
     memory: LoopMemory | None = None
+    skills: LoopSkills | None = None
+    """The session's active skills (None: the agent has none, nor has any it hands off to)."""
     extra_tools: tuple[Tool, ...] = ()
     """Built-in tools the agent's memory policy turned on (``remember``, ``search_knowledge``)."""
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
@@ -147,6 +161,13 @@ class TurnContext:
     can_hand_to: Callable[[Handoff], bool] = _not_served
     """Whether a handoff's target is served here (without making its model ready)."""
     _body: asyncio.Task[TurnResult | TurnPark] | None = field(default=None, repr=False)
+
+    @property
+    def instructions(self) -> str:
+        """What heads the system prompt: the running agent's instructions, then its skills
+        (each one offered, and the instructions of those the session activated)."""
+        active = self.skills.active if self.skills is not None else ()
+        return with_skills(self.agent.instructions, self.agent.skills, active)
 
     @property
     def tools(self) -> tuple[Tool, ...]:

@@ -1,6 +1,7 @@
 """Step 1 of a turn: assemble the prompt.
 
-The prompt is the agent's instructions, recalled memory as a delimited data block, the summary
+The prompt is the agent's instructions (with its skills, :attr:`TurnContext.instructions`),
+recalled memory as a delimited data block, the summary
 of what fell out of the window (if any), the newest history items that fit the context budget
 (:mod:`.window`), then this turn's input.
 """
@@ -64,7 +65,7 @@ def system_message(instructions: str, recalled: str) -> str:
 async def prepare(ctx: TurnContext, state: TurnState, *, resumed: bool = False) -> None:
     """The prompt up to this turn's input. A resumed turn gets the same one, and makes no new
     summary (the loop then adds the turn's own steps)."""
-    instructions = ctx.agent.instructions
+    instructions = ctx.instructions
     recalled = await _recall(ctx, resumed)
     # Recalled data goes in the system prompt, after the instructions, as a block of its own;
     # a model that attends to the end of its prompt (the embedded one) gets it as a system

@@ -121,6 +121,7 @@ async def run_call(ctx: TurnContext, call: ToolCall) -> tuple[str, bool]:
         workspace_quota=ctx.workspace_quota,
         memory=ctx.memory,
         decision=decision,
+        skills=ctx.skills,
     )
     timeout = tool.timeout if tool.timeout is not None else ctx.agent.tool_timeout
     return await _invoke(tool, call, tool_ctx, timeout)

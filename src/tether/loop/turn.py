@@ -51,6 +51,7 @@ async def drive(ctx: TurnContext, state: TurnState) -> TurnResult | TurnPark:
     while True:
         while state.step < state.limit:
             state.step += 1
+            _skills_in_prompt(ctx, state)
             # Asked each step: a handoff changes the agent, and with it what is offered.
             out = await model_step(ctx, state, ctx.specs())
             if not out.calls:
@@ -174,12 +175,19 @@ def _transfer(
     return switch
 
 
+def _skills_in_prompt(ctx: TurnContext, state: TurnState) -> None:
+    """Rebuild the system message of an agent with skills: one activated in the step before
+    is in the prompt of the next (the active set is the session's, :attr:`TurnContext.skills`)."""
+    if ctx.agent.skills:
+        state.messages[0] = Message("system", system_message(ctx.instructions, state.recalled))
+
+
 def _take_over(ctx: TurnContext, state: TurnState, switch: Switch) -> None:
     """The handed-to agent runs the rest of the turn: its instructions head the prompt (the
     conversation and the recalled data stay), with its own tools, model and step limit."""
     ctx.switch(switch)
     state.handoffs += 1
-    state.messages[0] = Message("system", system_message(switch.agent.instructions, state.recalled))
+    state.messages[0] = Message("system", system_message(ctx.instructions, state.recalled))
     state.agent_from_step = state.step
     state.limit = state.step + switch.agent.max_iterations
 
@@ -265,6 +273,7 @@ async def _finish(ctx: TurnContext, state: TurnState) -> TurnResult:
     """One last model call, offered no tools, told to answer with what it has: the turn then
     ends ``completed`` but says how (``finished_at_limit``), so the outcome stays honest."""
     state.step += 1
+    _skills_in_prompt(ctx, state)
     state.messages.append(Message("system", FINISH_NOTE))
     out = await model_step(ctx, state, ())
     if out.calls:

@@ -32,6 +32,8 @@ from tether.scheduler.feeds import TurnFeed
 from tether.scheduler.history import CachedHistory
 from tether.scheduler.local import Local, RunningTurn
 from tether.scheduler.sink import FencedSink
+from tether.scheduler.skills import SessionSkills
+from tether.skills import activate_skill
 from tether.store.protocol import (
     DecisionStore,
     FencedWrites,
@@ -54,7 +56,7 @@ here, else the one served under the name (None: no agent of that name)."""
 class TurnStore(FencedWrites, HistoryStore, TurnLog, SessionReader, DecisionStore, Protocol):
     """What running a turn needs of the store: its fenced writes, its history, and to park and
     resume one: its events so far, its decisions, cancel requests left for it, and the
-    session's standing approvals."""
+    session's standing approvals and active skills."""
 
 
 AutoNotes = Literal["default", "on", "off"]
@@ -217,11 +219,13 @@ class TurnRunner:
             return await _end(sink, turn, ending, _aborted(sink))
         ctx.resumed = resumed
         asks = any(t.requires_approval for t in agent.tools)
-        if resumed is not None or asks or agent.handoffs:
-            # Read only when it can matter: most turns have no tool that asks (an agent that
-            # hands off may pass the turn to one whose tools do).
+        if resumed is not None or asks or agent.handoffs or agent.skills:
+            # Read only when it can matter: most turns have no tool that asks and no skills (an
+            # agent that hands off may pass the turn to one whose tools do, or that has skills).
             record = await self._store.get_session(turn.key)
-            ctx.always = always_approved(record.state) if record is not None else frozenset()
+            state = record.state if record is not None else {}
+            ctx.always = always_approved(state)
+            ctx.skills = SessionSkills(self._store, sink.lease, lambda: ctx.agent, state)
         if memory is not None and held is not None:
             memory.restore(held)
         self._local.running[turn.id] = RunningTurn(turn, ctx)
@@ -278,8 +282,11 @@ class TurnRunner:
         return ctx, memory
 
     def _builtin_tools(self, agent: Agent, policy: MemoryPolicy) -> tuple[Tool, ...]:
-        """``ask_user`` (the agent's), and the memory tools the turn's memory policy turns on."""
+        """``ask_user`` and ``activate_skill`` (the agent's), and the memory tools the turn's
+        memory policy turns on."""
         builtin: tuple[Tool, ...] = (ask_user,) if agent.ask_user else ()
+        if agent.skills:
+            builtin += (activate_skill,)
         if self.memory is None:
             return builtin
         return builtin + memory_tools(policy.remember, policy.knowledge_tool)

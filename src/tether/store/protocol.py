@@ -340,6 +340,13 @@ class FencedWrites(Protocol):
         """
         ...
 
+    async def set_state(self, lease: Lease, name: str, value: Any) -> None:
+        """Set the key ``name`` of the session's state to ``value`` (None removes it), keeping
+        its other keys (:func:`tether.store.rules.with_state`), in one transaction fenced by
+        the lease: what a running turn keeps for the rest of the session (its active skills).
+        """
+        ...
+
     async def recover(self, lease: Lease) -> list[Turn]:
         """Under a freshly acquired lease: end turns left ``running`` as failed/``owner_lost``.
 

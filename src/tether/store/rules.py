@@ -617,6 +617,26 @@ def with_always(state: dict[str, Any], tool: str) -> dict[str, Any]:
     return {**state, ALWAYS_KEY: sorted(always_approved(state) | {tool})}
 
 
+ACTIVE_SKILLS_KEY: Final = "active_skills"
+"""Session state key of the skills the model activated (``activate_skill``): visible in the
+session's state, and revocable by writing the state without them, as ``always`` approvals."""
+
+
+def active_skills(state: dict[str, Any]) -> tuple[str, ...]:
+    """The skills the session activated, in the order they were activated."""
+    names = state.get(ACTIVE_SKILLS_KEY)
+    return tuple(n for n in names if isinstance(n, str)) if isinstance(names, list) else ()
+
+
+def with_state(state: dict[str, Any], name: str, value: Any) -> dict[str, Any]:
+    """The session state with its key ``name`` set to ``value`` (removed when None), the other
+    keys as they are: a fenced write changes only what the turn's owner keeps there."""
+    changed = {k: v for k, v in state.items() if k != name}
+    if value is not None:
+        changed[name] = value
+    return changed
+
+
 def parked(turn: Turn, usage: Usage) -> Turn:
     """The turn's record once it waits for a decision."""
     return replace(turn, status="awaiting_input", usage=usage)

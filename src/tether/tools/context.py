@@ -34,6 +34,16 @@ class ToolMemory(Protocol):
         ...
 
 
+class ToolSkills(Protocol):
+    """The session's skills as the built-in ``activate_skill`` tool changes them: the runtime
+    passes the turn's own, which keeps the active set in the session's state."""
+
+    async def activate(self, name: str) -> str:
+        """Activate the agent's skill ``name`` for the rest of the session (durably); returns
+        the confirmation the model reads. ToolError when the agent has no such skill."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class ToolContext:
     """Passed to a tool that declares a parameter annotated ``ToolContext``.
@@ -58,3 +68,5 @@ class ToolContext:
     """The caller's memory and the agent's knowledge (None when the runtime has no memory)."""
     decision: Decision | None = None
     """The human decision this call waited for (approval, or ``ask_user``'s answer), if any."""
+    skills: ToolSkills | None = None
+    """The session's skills (None when the agent has none)."""

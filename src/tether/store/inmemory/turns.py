@@ -6,10 +6,12 @@ only carried out on dicts, in one call that never awaits (see :mod:`.state`).
 
 from __future__ import annotations
 
+import copy
 import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from tether.errors import Conflict, DecisionNotFound
 from tether.records import (
@@ -272,6 +274,15 @@ class Turns(State):
         s.turns[turn_id] = replace(s.turns[turn_id], status="running")
         self._add_events(s, turn_id, events, time.time())
         return [i for i in s.items if i.turn_id == turn_id], s.held.pop(turn_id, None)
+
+    async def set_state(self, lease: Lease, name: str, value: Any) -> None:
+        s = self._fenced(lease)
+        s.record = replace(
+            s.record,
+            state=rules.with_state(copy.deepcopy(s.record.state), name, copy.deepcopy(value)),
+            updated_at=time.time(),
+            revision=s.record.revision + 1,
+        )
 
     async def recover(self, lease: Lease) -> list[Turn]:
         s = self._fenced(lease)

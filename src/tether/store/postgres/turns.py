@@ -429,6 +429,15 @@ class Turns(Connection):
             items = [item_row(r) for r in await conn.fetch(q.TURN_ITEMS, pk, turn_id)]
             return items, rules.held_memory(row[0])
 
+    async def set_state(self, lease: Lease, name: str, value: Any) -> None:
+        async with self._tx() as conn:
+            pk = await steps.fenced_pk(conn, lease)
+            # The row is locked by the fence: the state read here is the one replaced.
+            row = await conn.fetchrow(q.LOCK_SESSION_STATE, *key_args(lease.key))
+            assert row is not None  # the fence found it, and holds its lock
+            changed = rules.with_state(json.loads(row[1]), name, value)
+            await conn.execute(q.SET_SESSION_STATE, pk, json.dumps(changed), time.time())
+
     async def recover(self, lease: Lease) -> list[Turn]:
         async with self._tx() as conn:
             return await steps.recover(conn, await steps.fenced_pk(conn, lease))

@@ -12,6 +12,7 @@ import sqlite3
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from tether.errors import Conflict, SessionNotFound
 from tether.records import (
@@ -288,6 +289,15 @@ class Turns(Connection):
             return items, rules.held_memory(row[2])
 
         return await self._write(do)
+
+    async def set_state(self, lease: Lease, name: str, value: Any) -> None:
+        def do(c: sqlite3.Connection) -> None:
+            pk = steps.fenced_pk(c, lease)
+            (state,) = c.execute(q.SESSION_STATE, (pk,)).fetchone()
+            changed = rules.with_state(json.loads(state), name, value)
+            c.execute(q.SET_SESSION_STATE, (json.dumps(changed), time.time(), pk))
+
+        await self._write(do)
 
     async def recover(self, lease: Lease) -> list[Turn]:
         def nothing_to_do(c: sqlite3.Connection) -> bool:

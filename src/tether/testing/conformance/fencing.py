@@ -158,3 +158,27 @@ class FencingConformance:
         before = await snapshot(store, k)
         assert await store.recover(lease) == []
         assert await snapshot(store, k) == before
+
+    async def test_set_state_is_fenced_and_keeps_the_other_keys(self, store: Store) -> None:
+        """What a running turn keeps in the session's state (its active skills) is written under
+        its lease: the owner's write replaces one key only, a lost lease's writes nothing."""
+        k = await new_session(store)
+        await store.update_session(k, state={"always_approve": ["lookup"], "mine": 1})
+        old = await running_turn(store, k, "t1", ttl=SHORT_TTL)
+        await store.set_state(old, "active_skills", ["pdf"])
+        got = await store.get_session(k)
+        assert got is not None
+        assert got.state == {"always_approve": ["lookup"], "mine": 1, "active_skills": ["pdf"]}
+
+        await asyncio.sleep(PAST_SHORT_TTL)
+        new = await acquire(store, k, "node-b")
+        with pytest.raises(StaleLease):
+            await store.set_state(old, "active_skills", ["pdf", "sql"])
+        after = await store.get_session(k)
+        assert after is not None and after.state == got.state
+
+        await store.set_state(new, "active_skills", None)
+        cleared = await store.get_session(k)
+        assert cleared is not None
+        assert cleared.state == {"always_approve": ["lookup"], "mine": 1}
+        assert cleared.revision > got.revision
