@@ -52,7 +52,7 @@ from tether.store.protocol import Store
 from tether.store.rules import DEFAULT_MAX_QUEUE
 from tether.store.sqlite import SQLiteStore
 from tether.tools.approval import ApprovalRequest, Approver
-from tether.tools.workspace import discard_owner, quota_from_env
+from tether.tools.workspace import discard_owner, quota_from_env, root_for
 
 log = logging.getLogger("tether.runtime")
 
@@ -86,10 +86,12 @@ class Runtime:
         auto_notes: AutoNotes | None = None,
         limits: PrincipalLimits | None = None,
         workspace_quota: int | None = None,
+        workspace_root: Path | None = None,
     ) -> None:
         self.data_dir = data_dir or default_data_dir()
-        self.workspace_root = self.data_dir / "workspaces"
-        """Every session's workspace lives under it (:mod:`tether.tools.workspace`)."""
+        self.workspace_root = workspace_root or root_for(self.data_dir)
+        """Every session's workspace lives under it (:mod:`tether.tools.workspace`): given,
+        else ``TETHER_WORKSPACE_ROOT``, else ``<data_dir>/workspaces``."""
         self.default_model = default_model
         self.store: Store = store or SQLiteStore(self.data_dir / "tether.db")
         self.agents: dict[str, Agent] = {}

@@ -16,6 +16,7 @@ from tether.testing import Call, ScriptedModel, ToolCalls
 from tether.tools.workspace import (
     DEFAULT_QUOTA_BYTES,
     QUOTA_ENV,
+    ROOT_ENV,
     check_quota,
     ensure_workspace,
     quota_from_env,
@@ -129,3 +130,12 @@ def test_removing_a_workspace_never_follows_a_link_out(tmp_path: Path) -> None:
     remove_workspace(root, alice)  # gone already: nothing to do
     remove_owner_workspaces(root, "t", "bob")
     assert not theirs.exists() and root.exists()
+
+
+def test_a_shared_root_is_a_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ROOT_ENV, raising=False)
+    assert Runtime(InMemoryStore(), data_dir=tmp_path).workspace_root == tmp_path / "workspaces"
+    monkeypatch.setenv(ROOT_ENV, str(tmp_path / "shared"))
+    assert Runtime(InMemoryStore(), data_dir=tmp_path).workspace_root == tmp_path / "shared"
+    given = tmp_path / "mine"
+    assert Runtime(InMemoryStore(), data_dir=tmp_path, workspace_root=given).workspace_root == given

@@ -18,7 +18,7 @@ from tether.cli._output import fail
 from tether.errors import ConfigError, TetherError
 from tether.records import LOCAL_PRINCIPAL, ForgetReport, Principal, SessionKey
 from tether.scheduler.sessions import SessionService, StoreCanceller
-from tether.tools.workspace import discard_owner
+from tether.tools.workspace import discard_owner, root_for
 
 if TYPE_CHECKING:
     from tether.store.protocol import Store
@@ -69,7 +69,7 @@ def sessions_of(s: Store, workspace_root: Path | None = None) -> SessionService:
 
 def workspaces_of(data_dir: Path | None) -> Path:
     """The workspaces' root of the data dir the command works on (as ``Runtime`` puts it)."""
-    return Path(settings(data_dir=data_dir).data_dir) / "workspaces"
+    return root_for(Path(settings(data_dir=data_dir).data_dir))
 
 
 async def list_sessions(

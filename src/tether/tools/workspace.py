@@ -11,10 +11,10 @@ user's workspaces sit in one directory (forgetting a user removes it whole).
 Lifecycle: made on first use (by the tool that writes), held to a quota, and removed with its
 session: deleted, expired (the sweep, and a read that finds it expired), cleared with
 ``workspace=True``, or its user forgotten. The root is ``<data dir>/workspaces`` of the
-process: on PostgreSQL with several machines, a workspace is node-local scratch (a session's
-turns may run on any node, each with its own copy) unless every node's data dir puts
-``workspaces`` on one shared path; a session removed through one node removes that node's
-copy only.
+process (:func:`root_for`): on PostgreSQL with several machines, a workspace is node-local
+scratch (a session's turns may run on any node, each with its own copy) unless every node sets
+``TETHER_WORKSPACE_ROOT`` to one shared path; a session removed through one node removes that
+node's copy only.
 """
 
 from __future__ import annotations
@@ -52,6 +52,16 @@ def workspace_dir(root: Path, key: SessionKey) -> Path:
     return owner_workspaces(root, key.tenant, key.owner) / _digest(
         key.tenant, key.owner, key.session_id
     )
+
+
+ROOT_ENV = "TETHER_WORKSPACE_ROOT"
+
+
+def root_for(data_dir: Path) -> Path:
+    """Where workspaces live: ``TETHER_WORKSPACE_ROOT`` (a path every node shares, say), else
+    ``<data dir>/workspaces``."""
+    shared = os.environ.get(ROOT_ENV, "").strip()
+    return Path(shared) if shared else data_dir / "workspaces"
 
 
 DEFAULT_QUOTA_BYTES = 100 * 1024 * 1024
