@@ -1,6 +1,7 @@
 """Tools: typed functions the model may call."""
 
 from tether.tools.context import ToolContext
+from tether.tools.files import FILE_TOOLS, READ_ONLY_FILE_TOOLS
 from tether.tools.tool import Tool, tool
 
-__all__ = ["Tool", "ToolContext", "tool"]
+__all__ = ["FILE_TOOLS", "READ_ONLY_FILE_TOOLS", "Tool", "ToolContext", "tool"]
