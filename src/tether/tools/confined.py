@@ -116,8 +116,9 @@ def _failed(t: Target, dir_fd: int, name: str, prefix: str, exc: OSError) -> Too
         why = kind_refusal(t, st.st_mode, 1, prefix)
         if why is not None:
             return ToolError(why)
-        if not stat.S_ISDIR(st.st_mode) and prefix != t.relative:
-            return ToolError(f"{t.label}: {prefix!r} is a file, not a directory")
+        if exc.errno == errno.ENOTDIR and not stat.S_ISDIR(st.st_mode):
+            where = t.label if prefix == t.relative else f"{t.label}: {prefix!r}"
+            return ToolError(f"{where} is a file, not a directory")
     return ToolError(f"{t.label}: {os.strerror(exc.errno or errno.EIO).lower()}")
 
 
