@@ -24,7 +24,7 @@ from tether.records import SessionKey
 from tether.runtime import Runtime
 from tether.store import InMemoryStore
 from tether.testing import Call, ScriptedModel, ToolCalls
-from tether.tools import FILE_TOOLS, READ_ONLY_FILE_TOOLS, Tool
+from tether.tools import FILE_TOOLS, READ_ONLY_FILE_TOOLS, Tool, confined
 from tether.tools import files as ft
 from tether.tools.files import (
     READ_LIMIT_BYTES,
@@ -189,14 +189,15 @@ def test_a_workspace_not_made_yet_reads_as_empty(tmp_path: Path) -> None:
 )
 def test_path_forms_that_would_leave(tmp_path: Path, path: str, why: str) -> None:
     ctx = _ctx(tmp_path / "ws")
-    for fn in (
+    calls: list[Callable[[], str]] = [
         lambda: read_file.function(ctx, path),
         lambda: write_file.function(ctx, path, "x"),
         lambda: append_file.function(ctx, path, "x"),
         lambda: list_files.function(ctx, path),
         lambda: search_files.function(ctx, "x", path),
         lambda: delete_file.function(ctx, path),
-    ):
+    ]
+    for fn in calls:
         with pytest.raises(ToolError, match=why):
             fn()
 
@@ -347,7 +348,7 @@ async def test_dot_session_ids_stay_in_their_own_workspace(driver: Driver) -> No
 
 def _swap_after_check(monkeypatch: pytest.MonkeyPatch, swap: Callable[[], None]) -> None:
     """Run ``swap`` right after the tool has looked at the last component, before it opens it."""
-    real = ft.lstat_in
+    real = confined.lstat_in
 
     def looked(dir_fd: int, name: str) -> os.stat_result | None:
         seen = real(dir_fd, name)
@@ -374,11 +375,12 @@ def test_a_link_swapped_in_after_the_check(
             os.link(secret, a / "f.txt")
 
     why = "is a symbolic link" if link == "symlink" else "has 2 hard links|changed while"
-    for fn in (
+    calls: list[Callable[[], str]] = [
         lambda: read_file.function(ctx, "f.txt"),
         lambda: write_file.function(ctx, "f.txt", "pwned"),
         lambda: append_file.function(ctx, "f.txt", "pwned"),
-    ):
+    ]
+    for fn in calls:
         (a / "f.txt").unlink(missing_ok=True)
         (a / "f.txt").write_text("mine")
         with monkeypatch.context() as m:
