@@ -310,13 +310,15 @@ async def test_a_hard_link_to_bs_file(driver: Driver, two: TwoSessions, tmp_path
 
 async def test_device_files_and_fifos(driver: Driver, two: TwoSessions, tmp_path: Path) -> None:
     os.mkfifo(two.a / "pipe")
+    os.mknod(two.a / "sock", 0o600 | stat.S_IFSOCK)
+    whys = {"pipe": "is a named pipe", "sock": "is a socket", "zero": "is a device file"}
     try:
-        os.mknod(two.a / "zero", 0o600 | stat.S_IFCHR, os.makedev(1, 5))
-        devices = ["pipe", "zero"]
-    except PermissionError:  # not root: the FIFO alone
-        devices = ["pipe"]
+        os.mknod(two.a / "zero", 0o600 | stat.S_IFCHR, os.makedev(1, 5))  # /dev/zero's numbers
+        devices = ["pipe", "sock", "zero"]
+    except PermissionError:  # not root: no device file
+        devices = ["pipe", "sock"]
     for path in devices:
-        why = "is a named pipe" if path == "pipe" else "is a device file"
+        why = whys[path]
         for result in [
             await driver.call(ALICE, "s1", "read_file", path=path),
             await driver.call(ALICE, "s1", "write_file", path=path, content="x"),
@@ -485,3 +487,15 @@ def test_search_is_capped_and_checks_its_regex(tmp_path: Path) -> None:
         search_files.function(ctx, "x", "d/many.txt")
     with pytest.raises(ToolError, match="is not empty"):
         delete_file.function(ctx, "d")
+
+
+def test_a_search_told_to_stop_stops(tmp_path: Path) -> None:
+    """A sync tool cannot be interrupted: past its timeout the search sees ``cancelled`` and
+    returns what it found so far."""
+    ws = ensure_workspace(tmp_path / "ws")
+    (ws / "a.txt").write_text("needle\n")
+    ctx = _ctx(ws)
+    ctx.cancelled.set()
+    assert search_files.function(ctx, "needle") == (
+        "no matches for 'needle' in '.'\n[stopped: the search ran out of time]"
+    )

@@ -63,7 +63,8 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _encoded(t: Target, content: str) -> bytes:
-    data = content.encode("utf-8", errors="surrogatepass")
+    # A lone surrogate (valid JSON, not valid UTF-8) is written as "?" rather than refused.
+    data = content.encode("utf-8", errors="replace")
     if len(data) > WRITE_LIMIT_BYTES:
         raise ToolError(
             f"{t.label}: {len(data):,} bytes is more than one call may write "
@@ -273,8 +274,11 @@ def delete_file(ctx: ToolContext, path: str) -> str:
 # -- list, search ----------------------------------------------------------------------------
 
 
-def _describe(entry: os.DirEntry[str]) -> str:
-    st = entry.stat(follow_symlinks=False)
+def _describe(entry: os.DirEntry[str]) -> str | None:
+    try:
+        st = entry.stat(follow_symlinks=False)
+    except OSError:  # removed since the directory was read
+        return None
     if stat.S_ISDIR(st.st_mode):
         return f"{entry.name}/"
     if stat.S_ISLNK(st.st_mode):
@@ -306,7 +310,7 @@ def list_files(ctx: ToolContext, path: str = ".") -> str:
         return "[the workspace is empty]"
     with closing(fd), os.scandir(fd) as entries:
         names = sorted(entries, key=lambda e: e.name)
-        lines = [_describe(e) for e in names[:LIST_LIMIT]]
+        lines = [d for e in names[:LIST_LIMIT] if (d := _describe(e)) is not None]
     if not lines:
         return f"[{t.label} is empty]" if t.parts else "[the workspace is empty]"
     if len(names) > LIST_LIMIT:
@@ -337,7 +341,10 @@ class _Search:
                 self.stopped = True
                 return
             shown_path = f"{relative}/{entry.name}" if relative != "." else entry.name
-            st = entry.stat(follow_symlinks=False)
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:  # removed since the directory was read
+                continue
             if stat.S_ISDIR(st.st_mode):
                 if depth >= SEARCH_DEPTH:
                     self.deep = True
