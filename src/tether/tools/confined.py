@@ -200,3 +200,12 @@ def open_file(
         os.close(fd)
         raise ToolError(why)
     return fd, st
+
+
+def start_dir(ctx: ToolContext, t: Target) -> int | None:
+    """A descriptor of the directory a listing or search starts at; None for the top of a
+    workspace not made yet (empty), ToolError for any other path that is not there."""
+    fd = open_dir(ctx, t, t.parts, create=False)
+    if fd is None and t.parts:
+        raise not_found(t)
+    return fd
