@@ -1,6 +1,7 @@
 """Tools: typed functions the model may call."""
 
 from tether.tools.context import ToolContext
+from tether.tools.sandbox import SANDBOX_TOOLS, Limits, Sandbox, sandbox_tools
 from tether.tools.tool import Tool, tool
 
-__all__ = ["Tool", "ToolContext", "tool"]
+__all__ = ["SANDBOX_TOOLS", "Limits", "Sandbox", "Tool", "ToolContext", "sandbox_tools", "tool"]
