@@ -1,0 +1,217 @@
+"""bubblewrap (Debian ``bubblewrap``): namespaces and a read-only system around each call.
+
+Inside: ``/usr`` (and the ``/bin``, ``/lib``… links to it) read-only, the few ``/etc`` files
+programs need to find their libraries and Debian's alternatives, a fresh ``/proc`` of its own
+pid namespace, a minimal ``/dev``, a private tmpfs ``/tmp``, and the session's workspace
+read-write at ``/workspace`` (also the working directory and ``$HOME``). Nothing else of the
+host: no data dir, no other workspace, no network interface but a downed loopback, so no
+egress and no DNS. rlimits are set by ``prlimit`` just before the command.
+
+Running as root needs care: the kernel never applies RLIMIT_NPROC to uid 0, and a user
+namespace does not help (its uid still maps to host uid 0), so a fork bomb would be unbounded.
+As root bwrap therefore runs privileged (no user namespace) and the command drops to an
+unprivileged host uid (``nobody`` by default) with ``setpriv`` — no capabilities, no new
+privileges — and the workspace is handed to that uid before each call. As any other user,
+bwrap makes a user namespace as usual and the limits count within it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import anyio.to_thread
+
+from tether.tools.sandbox.base import Limits, Outcome, explain
+from tether.tools.sandbox.process import run_process
+
+INSIDE = "/workspace"
+"""Where the workspace appears inside the sandbox."""
+NOBODY = 65534
+_SYSTEM_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+_ETC = ("alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime")
+"""``/etc`` pieces shared read-only: library lookup, Debian's ``/usr/bin/x -> /etc/alternatives``
+links (awk, which…), the time zone. No passwd, hosts, resolv.conf or certificates."""
+_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+class Bubblewrap:
+    """Runs each call in a fresh bubblewrap sandbox confined to one workspace."""
+
+    name = "bubblewrap"
+
+    def __init__(
+        self,
+        *,
+        bwrap: str | None = None,
+        uid: int = NOBODY,
+        gid: int = NOBODY,
+    ) -> None:
+        self.bwrap = bwrap or shutil.which("bwrap") or "/usr/bin/bwrap"
+        self.prlimit = shutil.which("prlimit") or "/usr/bin/prlimit"
+        self.setpriv = shutil.which("setpriv") or "/usr/bin/setpriv"
+        self.privileged = os.geteuid() == 0
+        """Root: bwrap without a user namespace, the command dropped to ``uid``/``gid``."""
+        self.uid = uid
+        """The host uid sandboxed commands run as when tether runs as root (else our own)."""
+        self.gid = gid
+        self._probed: tuple[str | None] | None = None
+
+    def unavailable(self) -> str | None:
+        # Probed once per instance: what is installed does not change under a running server.
+        if self._probed is None:
+            self._probed = (self._probe(),)
+        return self._probed[0]
+
+    def _probe(self) -> str | None:
+        needed = [self.bwrap, self.prlimit] + ([self.setpriv] if self.privileged else [])
+        for program in needed:
+            if not os.access(program, os.X_OK):
+                return (
+                    f"{program} is missing (install the bubblewrap and util-linux packages, "
+                    "e.g. apt-get install bubblewrap)"
+                )
+        with tempfile.TemporaryDirectory(prefix="tether-sandbox-probe-") as tmp:
+            probe = Path(tmp)
+            if self.privileged:
+                self._hand_over(probe)
+            try:
+                done = subprocess.run(
+                    self.command(["/bin/true"], workspace=probe, limits=Limits()),
+                    capture_output=True,
+                    timeout=30,
+                    check=False,
+                )
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                return f"bubblewrap could not start: {exc}"
+        if done.returncode != 0:
+            said = done.stderr.decode("utf-8", errors="replace").strip()
+            return (
+                f"bubblewrap failed a probe run (exit status {done.returncode}: {said}); "
+                "user namespaces may be disabled here"
+            )
+        return None
+
+    def command(self, argv: list[str], *, workspace: Path, limits: Limits) -> list[str]:
+        if self.privileged:
+            self._hand_over(workspace)
+        return [
+            self.bwrap,
+            *self._namespaces(),
+            "--die-with-parent",
+            "--new-session",
+            *self._filesystem(workspace, limits),
+            "--clearenv",
+            *_env(),
+            "--",
+            *self._drop(),
+            self.prlimit,
+            f"--cpu={limits.cpu_seconds}",
+            f"--as={limits.memory_bytes}",
+            f"--nproc={limits.processes}",
+            f"--fsize={limits.file_bytes}",
+            f"--nofile={limits.open_files}",
+            "--core=0",
+            "--",
+            *argv,
+        ]
+
+    async def run(
+        self,
+        argv: list[str],
+        *,
+        workspace: Path,
+        limits: Limits,
+        stdin: bytes | None = None,
+    ) -> Outcome:
+        full = await anyio.to_thread.run_sync(
+            lambda: self.command(argv, workspace=workspace, limits=limits)
+        )
+        outcome = await run_process(full, limits=limits, env={"PATH": _PATH}, stdin=stdin)
+        if outcome.signal is None and outcome.exit_status > 128:
+            # bwrap's pid 1 reports a child killed by signal N as 128+N.
+            number = outcome.exit_status - 128
+            if number in signal.valid_signals():
+                outcome = replace(outcome, signal=number)
+        return explain(outcome, limits)
+
+    def _namespaces(self) -> list[str]:
+        common = ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+        common += ["--unshare-cgroup-try", "--hostname", "sandbox"]
+        if self.privileged:
+            # Only the two capabilities setpriv needs to drop to the sandbox uid; setpriv
+            # then clears every set, the bounding set included, and forbids regaining any.
+            return [*common, "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        return [*common, "--unshare-user", "--disable-userns"]
+
+    def _filesystem(self, workspace: Path, limits: Limits) -> list[str]:
+        args = ["--ro-bind", "/usr", "/usr"]
+        for name in _SYSTEM_LINKS:
+            host = Path("/", name)
+            if host.is_symlink():
+                args += ["--symlink", os.readlink(host), str(host)]
+            elif host.is_dir():
+                args += ["--ro-bind", str(host), str(host)]
+        # Made by bwrap as root, these would be 0700 root's; the dropped uid must read /etc
+        # and write /tmp.
+        args += ["--perms", "0755", "--dir", "/etc"]
+        for name in _ETC:
+            args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        args += ["--size", str(limits.tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp"]
+        args += ["--bind", str(workspace), INSIDE, "--chdir", INSIDE]
+        return args
+
+    def _drop(self) -> list[str]:
+        if not self.privileged:
+            return []
+        return [
+            self.setpriv,
+            f"--reuid={self.uid}",
+            f"--regid={self.gid}",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--no-new-privs",
+        ]
+
+    def _hand_over(self, workspace: Path) -> None:
+        """Make the workspace the sandbox uid's, so the dropped command can write in it.
+
+        Walked by file descriptor (``os.fwalk``), so a directory swapped for a symlink while
+        we walk (a sandboxed server may be running meanwhile) is not followed out; links are
+        changed themselves, and a file with more than one name is left alone, since another
+        name may be outside the workspace.
+        """
+        os.chown(workspace, self.uid, self.gid, follow_symlinks=False)
+        for _top, dirs, files, fd in os.fwalk(workspace, follow_symlinks=False):
+            for name in (*dirs, *files):
+                try:
+                    info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    if (info.st_uid, info.st_gid) == (self.uid, self.gid):
+                        continue
+                    if not stat.S_ISDIR(info.st_mode) and info.st_nlink > 1:
+                        continue
+                    os.chown(name, self.uid, self.gid, dir_fd=fd, follow_symlinks=False)
+                except FileNotFoundError:  # removed meanwhile
+                    continue
+
+
+def _env() -> list[str]:
+    values = {
+        "PATH": _PATH,
+        "HOME": INSIDE,
+        "LANG": "C.UTF-8",
+        "TMPDIR": "/tmp",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    args: list[str] = []
+    for name, value in values.items():
+        args += ["--setenv", name, value]
+    return args

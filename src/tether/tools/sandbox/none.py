@@ -1,0 +1,67 @@
+"""No sandbox: commands run as tether's own user, in the workspace directory, with rlimits.
+
+Only for an operator who says so (``sandbox="none"``): the command sees the whole host, its
+network and every file tether can read, the data dir included. The rlimits, the wall limit and
+the kill of its process group still apply; a process that starts its own session escapes that
+kill. A warning is logged when one is made.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+from tether.tools.sandbox.base import Limits, Outcome, explain
+from tether.tools.sandbox.process import run_process
+
+log = logging.getLogger("tether.sandbox")
+
+
+class Unsandboxed:
+    """Runs commands unconfined (the operator's explicit choice), rlimits applied."""
+
+    name = "none"
+
+    def __init__(self) -> None:
+        self.prlimit = shutil.which("prlimit")
+        log.warning(
+            "sandbox='none': code and shell tools run UNSANDBOXED as this process's user, with "
+            "its network and every file it can read; use bubblewrap unless you trust every caller"
+        )
+
+    def unavailable(self) -> str | None:
+        return None
+
+    def command(self, argv: list[str], *, workspace: Path, limits: Limits) -> list[str]:
+        if self.prlimit is None:
+            return list(argv)
+        return [
+            self.prlimit,
+            f"--cpu={limits.cpu_seconds}",
+            f"--as={limits.memory_bytes}",
+            f"--fsize={limits.file_bytes}",
+            f"--nofile={limits.open_files}",
+            # No --nproc: counted per user across the host, it would starve tether itself.
+            "--core=0",
+            "--",
+            *argv,
+        ]
+
+    async def run(
+        self,
+        argv: list[str],
+        *,
+        workspace: Path,
+        limits: Limits,
+        stdin: bytes | None = None,
+    ) -> Outcome:
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(workspace), "LANG": "C.UTF-8"}
+        outcome = await run_process(
+            self.command(argv, workspace=workspace, limits=limits),
+            limits=limits,
+            cwd=workspace,
+            env=env,
+            stdin=stdin,
+        )
+        return explain(outcome, limits)

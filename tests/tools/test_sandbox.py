@@ -1,0 +1,304 @@
+"""Sandboxed code and shell: no network, only the workspace writable, rlimits, a killed tree.
+
+These run real bubblewrap; they skip (saying how to enable them) where it is missing or cannot
+make its namespaces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import wait_until
+from tether import Agent
+from tether.errors import ToolError
+from tether.records import LOCAL_PRINCIPAL, SessionKey
+from tether.runtime import Runtime
+from tether.store import InMemoryStore
+from tether.testing import Call, ScriptedModel, ToolCalls
+from tether.tools import Tool, ToolContext
+from tether.tools.sandbox import Bubblewrap, Limits, sandbox_tools
+from tether.tools.workspace import ensure_workspace, workspace_dir
+
+_BWRAP = Bubblewrap()
+_WHY = _BWRAP.unavailable()
+needs_bwrap = pytest.mark.skipif(
+    _WHY is not None,
+    reason=f"bubblewrap unusable here ({_WHY}); enable with: apt-get install bubblewrap",
+)
+LIMITS = Limits(wall_seconds=20, processes=32)
+
+
+def _ctx(root: Path, session_id: str) -> ToolContext:
+    key = SessionKey(LOCAL_PRINCIPAL.tenant, LOCAL_PRINCIPAL.user, session_id)
+    return ToolContext(
+        session=key,
+        principal=LOCAL_PRINCIPAL,
+        turn_id="t",
+        call_id="c",
+        cancelled=asyncio.Event(),
+        workspace=workspace_dir(root, key),
+    )
+
+
+def _tools(limits: Limits = LIMITS, sandbox: Bubblewrap | str = _BWRAP) -> dict[str, Tool]:
+    made = sandbox_tools(sandbox, limits=limits, requires_approval=False)  # type: ignore[arg-type]
+    return {t.name: t for t in made}
+
+
+async def _shell(ctx: ToolContext, command: str, limits: Limits = LIMITS) -> str:
+    return await _tools(limits)["shell"].invoke(json.dumps({"command": command}), ctx)
+
+
+async def _python(ctx: ToolContext, code: str, limits: Limits = LIMITS) -> str:
+    return await _tools(limits)["run_python"].invoke(json.dumps({"code": code}), ctx)
+
+
+def _live_pids_with(marker: str) -> set[int]:
+    """Host pids of live processes whose command line holds ``marker`` (zombies have none)."""
+    found: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path("/proc", entry, "cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in cmdline:
+            found.add(int(entry))
+    return found
+
+
+@pytest.fixture
+async def listener() -> AsyncIterator[int]:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+@needs_bwrap
+async def test_no_dns_and_no_connection_to_the_hosts_own_listener(
+    tmp_path: Path, listener: int
+) -> None:
+    ctx = _ctx(tmp_path, "s")
+    # The listener is reachable from outside, so a failure inside is the sandbox's doing.
+    _, writer = await asyncio.open_connection("127.0.0.1", listener)
+    writer.close()
+    out = await _shell(ctx, "getent hosts example.com; echo getent=$?")
+    assert "getent=0" not in out and "getent=" in out
+    code = f"import socket\nsocket.create_connection(('127.0.0.1', {listener}), timeout=5)\n"
+    out = await _python(ctx, code)
+    assert out.startswith("exit status: 1\n")
+    assert "ConnectionRefusedError" in out or "OSError" in out
+
+
+@needs_bwrap
+async def test_only_the_workspace_is_writable(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    (data_dir / "secret").mkdir(parents=True)
+    ctx = _ctx(data_dir / "workspaces", "s")
+    targets = ["/usr/x", "/etc/x", "/x", f"{data_dir}/x", f"{data_dir}/secret/x"]
+    script = "".join(f"touch {t} 2>/dev/null && echo WROTE {t}; " for t in targets)
+    out = await _shell(ctx, script + "echo in-workspace > mine.txt && echo ok")
+    assert "WROTE" not in out
+    assert "ok" in out
+    assert ctx.workspace is not None
+    assert (ctx.workspace / "mine.txt").read_text() == "in-workspace\n"
+    assert not [t for t in targets if os.path.exists(t)]  # noqa: ASYNC240 - a quick local look
+    out = await _shell(ctx, f"ls {data_dir}; echo ls=$?; touch /tmp/scratch && echo tmp-ok")
+    assert "ls=0" not in out and "tmp-ok" in out
+
+
+@needs_bwrap
+async def test_proc_shows_only_the_sandboxs_processes(tmp_path: Path) -> None:
+    code = (
+        "import os\n"
+        "pids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
+        "names = sorted(open(f'/proc/{p}/comm').read().strip() for p in pids)\n"
+        "print(len(pids), names)\n"
+    )
+    out = await _python(_ctx(tmp_path, "s"), code)
+    # bwrap's pid 1 and the program itself (prlimit exec'd it), whatever runs on the host.
+    assert out == "exit status: 0\nstdout:\n2 ['bwrap', 'python3']\n"
+
+
+@needs_bwrap
+async def test_a_session_cannot_reach_another_sessions_workspace(tmp_path: Path) -> None:
+    root = tmp_path / "workspaces"
+    a, b = _ctx(root, "a"), _ctx(root, "b")
+    assert b.workspace is not None
+    assert "exit status: 0" in await _shell(b, "echo CONTENT-OF-B > secret.txt")
+    assert (b.workspace / "secret.txt").exists()
+    out = await _shell(
+        a,
+        f"ls {b.workspace}; echo ls=$?; cat {b.workspace}/secret.txt; ls {root}; echo root=$?; "
+        "ls -a /workspace",
+    )
+    assert "CONTENT-OF-B" not in out
+    # Neither B's workspace nor the root above it exists in A's sandbox; A's own is empty.
+    assert "stdout:\nls=2\nroot=2\n.\n..\n\nstderr:" in out
+    assert "ls=0" not in out and "root=0" not in out
+
+
+@needs_bwrap
+async def test_a_fork_bomb_stops_at_the_process_limit(tmp_path: Path) -> None:
+    code = (
+        "import os, time\n"
+        "n = 0\n"
+        "try:\n"
+        "    while True:\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(60); os._exit(0)\n"
+        "        n += 1\n"
+        "except OSError as exc:\n"
+        "    print('forked', n, 'then', exc, flush=True)\n"
+        "    raise SystemExit('Cannot fork')\n"
+    )
+    out = await _python(_ctx(tmp_path, "s"), code)
+    assert "Resource temporarily unavailable" in out
+    forked = int(out.split("forked ")[1].split()[0])
+    assert forked < LIMITS.processes
+    assert "limit: probably the process limit (32 processes)" in out
+    # The classic one too, as the model would type it: it ends, and says why.
+    out = await _shell(_ctx(tmp_path, "s"), ":(){ :|:& };:; sleep 1")
+    assert "process limit" in out
+
+
+@needs_bwrap
+async def test_a_memory_hog_hits_the_address_space_limit(tmp_path: Path) -> None:
+    limits = Limits(wall_seconds=20, memory_bytes=512 * 1024 * 1024)
+    out = await _python(_ctx(tmp_path, "s"), "x = bytearray(1024 ** 3)\n", limits)
+    assert out.startswith("exit status: 1\n")
+    assert "MemoryError" in out and "memory limit" in out
+
+
+@needs_bwrap
+async def test_an_infinite_loop_ends_at_the_wall_limit(tmp_path: Path) -> None:
+    limits = Limits(wall_seconds=1)
+    started = time.monotonic()
+    out = await _shell(_ctx(tmp_path, "s"), "echo before; while :; do :; done", limits)
+    assert time.monotonic() - started < 10
+    assert out.startswith("exit status: 137 (killed by SIGKILL)\n")
+    assert "wall-clock limit of 1 s" in out and "before" in out
+
+
+@needs_bwrap
+async def test_output_is_cut_with_a_marker(tmp_path: Path) -> None:
+    limits = Limits(wall_seconds=20, output_bytes=1000)
+    out = await _shell(_ctx(tmp_path, "s"), "head -c 300000 /dev/zero | tr '\\0' y", limits)
+    assert out.startswith("exit status: 0\n")
+    assert "output truncated: 300,000 bytes written, the first 1,000 shown" in out
+    assert out.count("y") < 1100
+
+
+async def _assert_tree_dies(start: asyncio.Task[str], marker: str, stop: object) -> None:
+    await wait_until(lambda: len(_live_pids_with(marker)) >= 2, within=20)
+    pids = _live_pids_with(marker)
+    if stop is None:
+        start.cancel()
+    else:
+        assert isinstance(stop, asyncio.Event)
+        stop.set()
+    await _all_gone_within_a_second(marker, pids)
+    with pytest.raises((asyncio.CancelledError, ToolError)):
+        await start
+
+
+async def _all_gone_within_a_second(marker: str, pids: set[int]) -> None:
+    try:
+        await wait_until(lambda: not _live_pids_with(marker), within=1.0)
+    except TimeoutError:
+        left = _live_pids_with(marker)
+        raise AssertionError(f"still alive a second later: {left} of {pids}") from None
+
+
+@needs_bwrap
+async def test_cancelling_the_call_kills_the_whole_tree(tmp_path: Path) -> None:
+    marker = "987651"
+    # A background job, one that left the session, and the foreground one.
+    command = f"sleep {marker} & setsid sleep {marker} & sleep {marker}"
+    task = asyncio.create_task(_shell(_ctx(tmp_path, "s"), command))
+    await _assert_tree_dies(task, marker, None)
+
+
+@needs_bwrap
+async def test_the_context_being_cancelled_kills_the_whole_tree(tmp_path: Path) -> None:
+    marker = "987652"
+    ctx = _ctx(tmp_path, "s")
+    task = asyncio.create_task(_shell(ctx, f"sleep {marker} & sleep {marker}"))
+    await _assert_tree_dies(task, marker, ctx.cancelled)
+
+
+@needs_bwrap
+async def test_cancelling_the_turn_kills_the_shells_tree(tmp_path: Path) -> None:
+    marker = "987653"
+    command = f"sleep {marker} & sleep {marker}"
+    model = ScriptedModel(ToolCalls(Call("shell", {"command": command})))
+    agent = Agent(name="a", model=model, tools=list(_tools().values()))
+    rt = Runtime(InMemoryStore(), agents=[agent], data_dir=tmp_path)
+    await rt.start()
+    try:
+        turn = await rt.submit(agent, "go", session_id="s")
+        await wait_until(lambda: len(_live_pids_with(marker)) >= 2, within=20)
+        pids = _live_pids_with(marker)
+        done = await rt.scheduler.cancel(turn.key, turn.id)
+        assert done.status == "cancelled"
+        await _all_gone_within_a_second(marker, pids)
+    finally:
+        await rt.close(drain_timeout=5)
+
+
+async def test_no_sandbox_means_a_clear_refusal(tmp_path: Path) -> None:
+    missing = Bubblewrap(bwrap=str(tmp_path / "no-bwrap"))
+    shell = _tools(sandbox=missing)["shell"]
+    with pytest.raises(ToolError, match=r"no sandbox is available.*apt-get install bubblewrap"):
+        await shell.invoke(json.dumps({"command": "touch ran"}), _ctx(tmp_path, "s"))
+    assert not list(tmp_path.rglob("ran"))  # noqa: ASYNC240 - a quick local look
+
+
+async def test_sandbox_none_runs_unconfined_and_warns(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="tether.sandbox"):
+        tools = _tools(sandbox="none")
+    assert "UNSANDBOXED" in caplog.text
+    ctx = _ctx(tmp_path, "s")
+    out = await tools["shell"].invoke(json.dumps({"command": "echo hi > f; cat f"}), ctx)
+    assert out == "exit status: 0\nstdout:\nhi\n"
+    assert ctx.workspace is not None and (ctx.workspace / "f").exists()
+
+
+async def test_the_tools_ask_for_approval_by_default() -> None:
+    assert all(t.requires_approval for t in sandbox_tools(_BWRAP))
+
+
+async def test_a_workspace_over_its_quota_is_reported(tmp_path: Path) -> None:
+    ctx = _ctx(tmp_path, "s")
+    assert ctx.workspace is not None
+    ensure_workspace(ctx.workspace)
+    small = ToolContext(
+        session=ctx.session,
+        principal=ctx.principal,
+        turn_id="t",
+        call_id="c",
+        cancelled=asyncio.Event(),
+        workspace=ctx.workspace,
+        workspace_quota=100,
+    )
+    out = await _tools(sandbox="none")["shell"].invoke(
+        json.dumps({"command": "head -c 1000 /dev/zero > big"}), small
+    )
+    assert "over its quota of 100 bytes" in out
