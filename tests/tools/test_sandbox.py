@@ -243,6 +243,28 @@ async def test_the_context_being_cancelled_kills_the_whole_tree(tmp_path: Path) 
 
 
 @needs_bwrap
+async def test_a_cancel_at_any_moment_of_the_start_leaves_nothing(tmp_path: Path) -> None:
+    """Cancelled while bwrap is still being started (its pipes connected, its sandbox's pid 1
+    forked), the call must still kill the whole group: asyncio alone kills bwrap, not the pid 1
+    it has already made, and that one lives on."""
+    marker = "987654"
+    workspace = ensure_workspace(tmp_path / "ws")
+    for step in range(25):
+        run = asyncio.create_task(
+            _BWRAP.run(
+                ["bash", "-c", f"sleep {marker} & sleep {marker}"],
+                workspace=workspace,
+                limits=LIMITS,
+            )
+        )
+        await asyncio.sleep(step * 0.002)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        await _all_gone_within_a_second(marker, _live_pids_with(marker))
+
+
+@needs_bwrap
 async def test_cancelling_the_turn_kills_the_shells_tree(tmp_path: Path) -> None:
     marker = "987653"
     command = f"sleep {marker} & sleep {marker}"

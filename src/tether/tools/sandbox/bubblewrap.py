@@ -105,7 +105,13 @@ class Bubblewrap:
             self.bwrap,
             *self._namespaces(),
             "--die-with-parent",
-            "--new-session",
+            # No --new-session: the caller starts bwrap in a session of its own
+            # (start_new_session), so nothing inside has a controlling terminal to inject into,
+            # and bwrap's pid-1 child stays in bwrap's process group. One SIGKILL to the group
+            # then reaches that pid 1, whose death takes the whole pid namespace with it. With
+            # --new-session the child led a group of its own and died only by bwrap's
+            # parent-death signal, which under load now and then never came (a leak the kill
+            # tests caught).
             *self._filesystem(workspace, limits),
             "--clearenv",
             *_env(),

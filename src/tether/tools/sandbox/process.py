@@ -2,17 +2,19 @@
 
 The process starts in a session of its own, so its process group holds it and everything it
 forks that does not leave the group; a timeout or a cancel sends SIGKILL to the whole group.
-Under bubblewrap that group is bwrap itself: its pid-1 child dies with it (``--die-with-parent``)
-and the kernel kills everything else in the pid namespace, so no descendant survives even one
-that called ``setsid``.
+Under bubblewrap that group holds bwrap and the pid 1 of its pid namespace (bwrap runs without
+``--new-session`` for this); when that pid 1 dies the kernel kills everything else in the
+namespace, so no descendant survives, even one that called ``setsid``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,7 @@ _DRAIN_SECONDS = 1.0
 """After the process exits, how long its pipes may stay open (held by a straggler) before we
 stop reading."""
 _CHUNK = 64 * 1024
+log = logging.getLogger("tether.sandbox")
 
 
 @dataclass(slots=True)
@@ -43,9 +46,92 @@ class _Capture:
                 self.data += chunk[:room]
 
 
-def _kill_group(proc: asyncio.subprocess.Process) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+KILL_WITHIN = 0.2
+"""How long :func:`kill_group` keeps at a process group whose members will not go."""
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of the process group ``pgid``, from ``/proc``."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # gone meanwhile
+        # After the command name (which may hold spaces and parentheses): state, ppid, pgrp.
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        if fields[0] != b"Z" and int(fields[2]) == pgid:
+            found.append(int(entry.name))
+    return found
+
+
+def kill_group(pgid: int) -> bool:
+    """SIGKILL the process group ``pgid`` until no live member is left (True), for up to
+    :data:`KILL_WITHIN` seconds.
+
+    Once is not always enough: a member forked while the group's SIGKILL was delivered (bwrap
+    making its sandbox's pid 1, a shell starting a job) can miss it, and under bubblewrap that
+    pid 1 is what takes the whole sandbox with it; the kill tests caught such a survivor now and
+    then under load. Synchronous on purpose: a caller cancelled again, or a loop shutting down,
+    must not leave the killing half done. It blocks only while members remain, which is the
+    race's few milliseconds.
+    """
+    deadline = time.monotonic() + KILL_WITHIN
+    while True:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            return True  # no process left in the group
+        except PermissionError:
+            return False
+        if not group_members(pgid):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.002)
+
+
+async def kill_tree(proc: asyncio.subprocess.Process) -> None:
+    """Kill the process group ``proc`` leads (:func:`kill_group`), then reap ``proc``."""
+    if not kill_group(proc.pid):
+        log.warning("process group %d still has live members after SIGKILL", proc.pid)
+    await proc.wait()
+
+
+async def _start(
+    argv: list[str], *, stdin: int, cwd: Path | None, env: dict[str, str] | None
+) -> asyncio.subprocess.Process:
+    """Start ``argv`` in a session of its own; cancelled meanwhile, kill what was started.
+
+    The process exists before ``create_subprocess_exec`` returns (its pipes are still being
+    connected). Cancelled in that moment, asyncio kills the process it started but not its
+    process group: bwrap would die, and the sandbox's pid 1, already forked, live on. So the
+    start is finished under a shield, and then the whole group is killed.
+    """
+    starting = asyncio.ensure_future(
+        asyncio.create_subprocess_exec(
+            *argv,
+            stdin=stdin,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+        )
+    )
+    try:
+        return await asyncio.shield(starting)
+    except asyncio.CancelledError:
+        await asyncio.wait({starting})
+        if not starting.cancelled() and starting.exception() is None:
+            proc = starting.result()
+            if not kill_group(proc.pid):
+                log.warning("process group %d still has live members after SIGKILL", proc.pid)
+            await asyncio.shield(proc.wait())
+        raise
 
 
 async def _feed(proc: asyncio.subprocess.Process, data: bytes | None) -> None:
@@ -67,14 +153,11 @@ async def run_process(
     stdin: bytes | None = None,
 ) -> Outcome:
     """Run ``argv``; on the wall limit or a cancel kill its process group and reap it first."""
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
+    proc = await _start(
+        argv,
         stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
         cwd=cwd,
         env=dict(env) if env is not None else None,
-        start_new_session=True,
     )
     assert proc.stdout is not None and proc.stderr is not None
     out = _Capture(limits.output_bytes, bytearray())
@@ -94,15 +177,16 @@ async def run_process(
         # Anything still in the group (a background job of a shell) goes with the call; the
         # group id is ours until the last member is gone, so this cannot hit a stranger unless
         # every member was already reaped and the id reused in between.
-        _kill_group(proc)
-        await proc.wait()
+        await kill_tree(proc)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(_DRAIN_SECONDS):
                 await asyncio.gather(*readers, return_exceptions=True)
     except BaseException:
-        # Cancelled (the turn, or the tool's timeout): the tree dies now, and we reap it unless
-        # cancelled again, in which case asyncio's child watcher reaps it.
-        _kill_group(proc)
+        # Cancelled (the turn, or the tool's timeout): the tree dies now (synchronously, so a
+        # second cancel cannot stop it), and we reap it unless cancelled again, in which case
+        # asyncio's child watcher does.
+        if not kill_group(proc.pid):
+            log.warning("process group %d still has live members after SIGKILL", proc.pid)
         await asyncio.shield(proc.wait())
         raise
     finally:
