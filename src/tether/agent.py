@@ -21,6 +21,7 @@ from tether.handoff import Handoff, handoffs_of
 from tether.models.base import Model
 from tether.records import AgentRef, Decision, Policy, validate_session_id
 from tether.reply import Response
+from tether.tools.mcp.specs import McpHttp, McpServer, McpStdio
 from tether.tools.tool import Tool
 
 if TYPE_CHECKING:
@@ -249,6 +250,8 @@ def _fingerprint(agent: Agent) -> str:
             for h in agent.handoffs
         ],
     }
+    if agent.mcp:  # only when set: agents without MCP servers keep the fingerprints they had
+        definition["mcp"] = [s.describe() for s in agent.mcp]
     canonical = json.dumps(definition, sort_keys=True, default=str, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:32]
 
@@ -294,6 +297,9 @@ class Agent:
     handoffs: tuple[Handoff, ...] = ()
     """Agents this one may pass the conversation to (a ``transfer_to_<name>`` tool each); see
     :mod:`tether.handoff`."""
+    mcp: tuple[McpServer, ...] = ()
+    """MCP servers whose tools the agent offers (``<server>__<tool>``), each session with its
+    own connections (see :mod:`tether.tools.mcp`)."""
     # A private session for an agent used without a session_id: each Agent object has its own
     # conversation. It is an identity, not conversation state.
     _default_session_id: str = field(
@@ -323,6 +329,7 @@ class Agent:
         description: str = "",
         handoffs: Iterable[Agent | Handoff | str] | None = None,
         auto_save: str | None = None,
+        mcp: Iterable[McpServer] = (),
     ) -> None:
         if not name or not isinstance(name, str):
             raise ConfigError("an agent needs a non-empty name")
@@ -347,6 +354,12 @@ class Agent:
         clash = sorted({h.tool_name for h in transfers} & set(names))
         if clash:
             raise ConfigError(f"agent {name}: a tool and a handoff are both named {clash[0]}")
+        servers = tuple(mcp)
+        for server in servers:
+            if not isinstance(server, McpStdio | McpHttp):
+                raise ConfigError(f"{server!r} is not an MCP server; use McpStdio or McpHttp")
+        if len({s.name for s in servers}) != len(servers):
+            raise ConfigError(f"agent {name}: two MCP servers share a name")
         values = {
             "name": name,
             "instructions": instructions,
@@ -366,6 +379,7 @@ class Agent:
             "memory": _with_auto_save(MemoryPolicy.coerce(memory), auto_save),
             "description": description,
             "handoffs": transfers,
+            "mcp": servers,
             "_default_session_id": "agent_" + secrets.token_urlsafe(16),
         }
         for key, value in values.items():

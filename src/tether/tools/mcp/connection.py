@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import logging
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -27,13 +26,10 @@ from mcp.shared.exceptions import MCPError
 
 from tether.errors import ToolError
 from tether.records import Principal
-from tether.tools.mcp.specs import McpHttp, McpServer, McpStdio
+from tether.tools.mcp.specs import McpHttp, McpServer, McpStdio, Wrap
 from tether.version import __version__
 
 log = logging.getLogger("tether.mcp")
-
-Wrap = Callable[[list[str], Path], list[str]]
-"""``(argv, workspace) -> argv`` that runs ``argv`` confined to ``workspace`` (a sandbox's)."""
 
 CLOSE_WAIT = 8.0
 """Seconds a connection's task may take to leave its transport (the stdio transport gives a

@@ -23,18 +23,21 @@ from collections import OrderedDict
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import mcp_types as types
+from typing import TYPE_CHECKING, Any
 
 from tether.errors import ConfigError, ToolError
 from tether.records import Principal, SessionKey
 from tether.tools.context import ToolContext
-from tether.tools.mcp.connection import Connection, Wrap
-from tether.tools.mcp.render import labelled, result_text
-from tether.tools.mcp.specs import McpServer, McpStdio
+from tether.tools.mcp.specs import McpServer, McpStdio, Wrap
 from tether.tools.tool import Tool, schema_tool
 from tether.tools.workspace import ensure_workspace
+
+if TYPE_CHECKING:
+    # The SDK (and its HTTP client) takes a good part of a second to import: only a process
+    # whose agents use MCP servers pays for it, when the first one starts.
+    import mcp_types as types
+
+    from tether.tools.mcp.connection import Connection
 
 log = logging.getLogger("tether.mcp")
 
@@ -52,7 +55,7 @@ class _Session:
     """Server name → the tools made from its connection's listing."""
     last_used: float = field(default_factory=time.monotonic)
     calls: int = 0
-    """Calls in flight: a session making one is never idle."""
+    """Calls and listings in flight: a session making one is never idle."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held while a connection opens or the session closes: no server starts for a session
     being closed, and none twice."""
@@ -112,19 +115,23 @@ class McpSessions:
         entry = self._entry(key)
         found: list[Tool] = []
         names = set(taken)
-        for spec in servers:
-            try:
-                offered = await self._tools_of(entry, spec, principal, workspace)
-            except ToolError as exc:
-                log.warning("session %s: %s", key.session_id, exc)
-                offered = (_unavailable(spec, str(exc)),)
-            for t in offered:
-                if t.name in names:
-                    log.warning("MCP tool %s is left out: the name is taken", t.name)
-                    continue
-                names.add(t.name)
-                found.append(t)
-        self._touch(entry)
+        entry.calls += 1
+        try:
+            for spec in servers:
+                try:
+                    offered = await self._tools_of(entry, spec, principal, workspace)
+                except ToolError as exc:
+                    log.warning("session %s: %s", key.session_id, exc)
+                    offered = (_unavailable(spec, str(exc)),)
+                for t in offered:
+                    if t.name in names:
+                        log.warning("MCP tool %s is left out: the name is taken", t.name)
+                        continue
+                    names.add(t.name)
+                    found.append(t)
+        finally:
+            entry.calls -= 1
+            self._touch(entry)
         return tuple(found)
 
     async def _tools_of(
@@ -166,6 +173,8 @@ class McpSessions:
         finally:
             entry.calls -= 1
             self._touch(entry)
+        from tether.tools.mcp.render import labelled, result_text
+
         text = labelled(spec.name, tool, result_text(result))
         if result.is_error:
             raise ToolError(f"the MCP tool {tool!r} of {spec.name!r} failed:\n{text}")
@@ -187,6 +196,8 @@ class McpSessions:
                 del entry.connections[spec.name]
                 entry.tools.pop(spec.name, None)
                 await conn.close()
+            from tether.tools.mcp.connection import Connection
+
             if isinstance(spec, McpStdio) and workspace is not None:
                 ensure_workspace(workspace)
             conn = Connection(spec, workspace=workspace, principal=principal, wrap=self.wrap)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tether.errors import ConfigError
@@ -20,6 +21,10 @@ _SERVER_NAME = re.compile(r"^[a-zA-Z0-9-]{1,32}$")
 which must stay one of ``[a-zA-Z0-9_-]{1,64}``."""
 
 DEFAULT_START_TIMEOUT = 30.0
+
+Wrap = Callable[[list[str], Path], list[str]]
+"""``(argv, workspace) -> argv`` that runs a stdio server's ``argv`` confined to the session's
+``workspace`` (a sandbox's command for a long-lived process)."""
 
 
 def _check_name(name: str) -> None:
