@@ -213,6 +213,23 @@ async def test_an_mcp_tool_error_is_a_tool_error_the_model_reads(runtime: Runtim
     assert "kaput: this tool always refuses" in result
 
 
+async def test_a_call_past_its_timeout_is_told_and_the_server_goes_on(runtime: Runtime) -> None:
+    agent = _agent(_model(), McpStdio("t", [sys.executable, SERVER], timeout=0.5))
+    result = await _ask(runtime, agent, "s1", "t__sleep", {"seconds": 30})
+    assert result == "Error: t__sleep timed out after 0.5 seconds; it was told to stop."
+    assert "slept" in await _ask(runtime, agent, "s1", "t__sleep", {"seconds": 0})
+
+
+async def test_a_server_that_dies_is_started_again_on_the_next_call(runtime: Runtime) -> None:
+    agent = _agent(_model())
+    before = _data(await _ask(runtime, agent, "s1", "t__whoami"))["pid"]
+    died = await _ask(runtime, agent, "s1", "t__die")
+    assert died.startswith("Error: MCP server 't' went away")
+    after = _data(await _ask(runtime, agent, "s1", "t__whoami"))["pid"]
+    assert after != before
+    assert not _alive(before)  # reaped, not left a zombie
+
+
 @pytest.mark.parametrize(
     "command",
     [
