@@ -27,10 +27,12 @@ def echo(text: str) -> str:
 
 @app.tool()
 def whoami(ctx: Context) -> str:
-    """This server's pid and working directory, and the caller's Authorization header."""
+    """This server's pid, working directory and a few variables, and the caller's
+    Authorization header."""
     headers = ctx.headers or {}
+    seen = {k: os.environ.get(k) for k in ("WRAPPED", "GIVEN", "SECRET_OF_TETHER")}
     return json.dumps(
-        {"pid": os.getpid(), "cwd": os.getcwd(), "auth": headers.get("authorization")}
+        {"pid": os.getpid(), "cwd": os.getcwd(), "auth": headers.get("authorization"), **seen}
     )
 
 

@@ -20,7 +20,7 @@ import pytest
 from tether import Agent, ToolContext
 from tether.errors import ConfigError
 from tether.models.base import ModelRequest
-from tether.records import LOCAL_PRINCIPAL, Principal, SessionKey
+from tether.records import LOCAL_PRINCIPAL, Decision, Principal, SessionKey
 from tether.runtime import Runtime
 from tether.store import InMemoryStore
 from tether.testing import Call, ScriptedModel, ToolCalls, last_user_text
@@ -205,6 +205,43 @@ async def test_an_expired_session_is_swept_with_its_server(tmp_path: Path) -> No
         await asyncio.to_thread(_wait_gone, pid)
         assert not _alive(pid)
         assert rt.mcp.open_sessions() == []
+
+
+async def test_a_stdio_server_runs_as_wrap_says_with_only_its_own_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``wrap`` is where the sandbox goes: it gets the command and the workspace and returns
+    what runs. The server sees its spec's ``env``, never tether's own environment."""
+    monkeypatch.setenv("SECRET_OF_TETHER", "do not pass on")
+    wrapped: list[tuple[list[str], Path]] = []
+
+    def wrap(argv: list[str], workspace: Path) -> list[str]:
+        wrapped.append((argv, workspace))
+        return ["/usr/bin/env", f"WRAPPED={workspace.name}", *argv]
+
+    server = McpStdio("t", [sys.executable, SERVER], env={"GIVEN": "yes"})
+    async with Runtime(InMemoryStore(), data_dir=tmp_path, mcp=McpSessions(wrap=wrap)) as rt:
+        seen = _data(await _ask(rt, _agent(_model(), server), "s1", "t__whoami"))
+        workspace = workspace_dir(rt.workspace_root, _key("s1"))
+    assert wrapped == [([sys.executable, SERVER], workspace)]
+    assert seen["WRAPPED"] == workspace.name and seen["GIVEN"] == "yes"
+    assert seen["SECRET_OF_TETHER"] is None
+
+
+async def test_a_server_may_ask_for_approval_of_each_call(runtime: Runtime) -> None:
+    agent = _agent(_model(), McpStdio("t", [sys.executable, SERVER], requires_approval=True))
+    asked: list[str] = []
+
+    def approve(decision: Decision) -> bool:
+        asked.append(str(decision.payload["tool"]))
+        return True
+
+    reply = await runtime.chat(
+        agent, 'call t__echo {"text": "approved"}', session_id="s1", on_decision=approve
+    )
+    assert reply == "done" and asked == ["t__echo"]
+    assert isinstance(agent.model, ScriptedModel)
+    assert "approved" in _last_result(agent.model)
 
 
 async def test_an_mcp_tool_error_is_a_tool_error_the_model_reads(runtime: Runtime) -> None:
