@@ -123,6 +123,9 @@ class McpSessions:
                 except ToolError as exc:
                     log.warning("session %s: %s", key.session_id, exc)
                     offered = (_unavailable(spec, str(exc)),)
+                except Exception as exc:  # a bug (a headers function's, say): not the turn's end
+                    log.exception("session %s: MCP server %s failed", key.session_id, spec.name)
+                    offered = (_unavailable(spec, f"{type(exc).__name__}: {exc}"),)
                 for t in offered:
                     if t.name in names:
                         log.warning("MCP tool %s is left out: the name is taken", t.name)
