@@ -18,13 +18,14 @@ import httpx
 import pytest
 
 from tether import Agent, ToolContext
-from tether.errors import ConfigError
+from tether.errors import ConfigError, InvalidInput
 from tether.models.base import ModelRequest
 from tether.records import LOCAL_PRINCIPAL, Decision, Principal, SessionKey
 from tether.runtime import Runtime
 from tether.store import InMemoryStore
 from tether.testing import Call, ScriptedModel, ToolCalls, last_user_text
 from tether.tools.mcp import McpHttp, McpSessions, McpStdio
+from tether.tools.tool import schema_tool
 from tether.tools.workspace import workspace_dir
 
 pytestmark = pytest.mark.slow  # real server processes
@@ -384,3 +385,22 @@ async def test_one_session_called_by_another_principal_gets_a_connection_of_thei
             assert seen["auth"] == f"Bearer {expected}"
     finally:
         await sessions.close()
+
+
+async def test_a_schema_tool_passes_the_models_object_through() -> None:
+    got: list[dict[str, Any]] = []
+
+    async def call(arguments: dict[str, Any], ctx: ToolContext) -> str:
+        got.append(arguments)
+        return "ok"
+
+    t = schema_tool("x__y", "", {"type": "object"}, call, timeout=3)
+    assert t.description == "x__y" and t.timeout == 3
+    context = ToolContext(_key("s"), LOCAL_PRINCIPAL, "turn", "call", asyncio.Event())
+    assert await t.invoke('{"a": [1, {"b": null}]}', context) == "ok"
+    assert got == [{"a": [1, {"b": None}]}]
+    for bad in ("[1]", "not json"):
+        with pytest.raises(InvalidInput, match="x__y"):
+            t.parse_arguments(bad)
+    with pytest.raises(ConfigError, match="tool name"):
+        schema_tool("a.b", "", {}, call)
