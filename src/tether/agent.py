@@ -23,6 +23,7 @@ from tether.models.base import Model
 from tether.records import AgentRef, Decision, Policy, validate_session_id
 from tether.reply import Response
 from tether.skills import Skill, coerce_skills
+from tether.tools.mcp.specs import McpHttp, McpServer, McpStdio
 from tether.tools.tool import Tool
 
 if TYPE_CHECKING:
@@ -250,10 +251,13 @@ def _fingerprint(agent: Agent) -> str:
             [h.tool_name, h.description, h.agent_name, h.agent.fingerprint if h.agent else None]
             for h in agent.handoffs
         ],
+    }
+    if agent.skills:  # only when set: agents without skills keep the fingerprints they had
         # What the skills say is part of what the agent does; where their folders are is not
         # (the same skills checked out elsewhere are the same definition).
-        "skills": [[s.name, s.description, s.instructions] for s in agent.skills],
-    }
+        definition["skills"] = [[s.name, s.description, s.instructions] for s in agent.skills]
+    if agent.mcp:  # only when set: agents without MCP servers keep the fingerprints they had
+        definition["mcp"] = [s.describe() for s in agent.mcp]
     canonical = json.dumps(definition, sort_keys=True, default=str, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:32]
 
@@ -301,6 +305,9 @@ class Agent:
     :mod:`tether.handoff`."""
     skills: tuple[Skill, ...] = ()
     """Skills the model may activate (``activate_skill``); see :mod:`tether.skills`."""
+    mcp: tuple[McpServer, ...] = ()
+    """MCP servers whose tools the agent offers (``<server>__<tool>``), each session with its
+    own connections (see :mod:`tether.tools.mcp`)."""
     # A private session for an agent used without a session_id: each Agent object has its own
     # conversation. It is an identity, not conversation state.
     _default_session_id: str = field(
@@ -331,6 +338,7 @@ class Agent:
         handoffs: Iterable[Agent | Handoff | str] | None = None,
         skills: Iterable[Skill | str | Path] | str | Path = (),
         auto_save: str | None = None,
+        mcp: Iterable[McpServer] = (),
     ) -> None:
         if not name or not isinstance(name, str):
             raise ConfigError("an agent needs a non-empty name")
@@ -358,6 +366,12 @@ class Agent:
         clash = sorted({h.tool_name for h in transfers} & set(names))
         if clash:
             raise ConfigError(f"agent {name}: a tool and a handoff are both named {clash[0]}")
+        servers = tuple(mcp)
+        for server in servers:
+            if not isinstance(server, McpStdio | McpHttp):
+                raise ConfigError(f"{server!r} is not an MCP server; use McpStdio or McpHttp")
+        if len({s.name for s in servers}) != len(servers):
+            raise ConfigError(f"agent {name}: two MCP servers share a name")
         values = {
             "name": name,
             "instructions": instructions,
@@ -378,6 +392,7 @@ class Agent:
             "description": description,
             "handoffs": transfers,
             "skills": offered,
+            "mcp": servers,
             "_default_session_id": "agent_" + secrets.token_urlsafe(16),
         }
         for key, value in values.items():

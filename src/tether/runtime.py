@@ -52,6 +52,7 @@ from tether.store.protocol import Store
 from tether.store.rules import DEFAULT_MAX_QUEUE
 from tether.store.sqlite import SQLiteStore
 from tether.tools.approval import ApprovalRequest, Approver
+from tether.tools.mcp import McpSessions
 from tether.tools.workspace import discard_owner, quota_from_env, root_for
 
 log = logging.getLogger("tether.runtime")
@@ -87,12 +88,16 @@ class Runtime:
         limits: PrincipalLimits | None = None,
         workspace_quota: int | None = None,
         workspace_root: Path | None = None,
+        mcp: McpSessions | None = None,
     ) -> None:
         self.data_dir = data_dir or default_data_dir()
         self.workspace_root = workspace_root or root_for(self.data_dir)
         """Every session's workspace lives under it (:mod:`tether.tools.workspace`): given,
         else ``TETHER_WORKSPACE_ROOT``, else ``<data_dir>/workspaces``."""
         self.default_model = default_model
+        self.mcp = mcp if mcp is not None else McpSessions()
+        """The sessions' MCP servers in this process (idle timeout, bound, sandbox wrap);
+        closed with their sessions and with the runtime."""
         self.store: Store = store or SQLiteStore(self.data_dir / "tether.db")
         self.agents: dict[str, Agent] = {}
         """The first definition of each name: what a name alone means (HTTP, ``served``)."""
@@ -114,6 +119,7 @@ class Runtime:
             memory=self.memory,
             auto_notes=auto_notes or auto_notes_from_env(),
             limits=limits,
+            mcp=self.mcp,
         )
         self.on_decision: OnDecision | None = on_decision or (
             _from_approver(approver) if approver is not None else None
@@ -124,6 +130,7 @@ class Runtime:
             self.scheduler,
             max_sessions=limits.sessions if limits else None,
             workspace_root=self.workspace_root,
+            mcp=self.mcp,
         )
         """Sessions for every front door: the caller's own, cancel-then-delete."""
         self.keys = ApiKeys(self.store)
@@ -155,6 +162,7 @@ class Runtime:
             await self._warming
             self._warming = None
         await self.scheduler.close(drain_timeout)
+        await self.mcp.close()  # after the turns: none starts a server again
         # The model clients' pooled connections belong to this loop: closed here, or they are
         # garbage (unclosed sockets) when the loop is gone.
         await close_models([a.model for a in self.agents.values()] + [self.default_model])
@@ -227,6 +235,7 @@ class Runtime:
         deleted in one transaction. Shared (agent, tenant) memory stays."""
         await self.sessions.cancel_all_of(tenant, user, "user_data_deleted")
         report = await self.memory.forget_user(tenant, user)
+        await self.mcp.close_owner(tenant, user)
         await discard_owner(self.workspace_root, tenant, user)  # after the rows: none is made anew
         return report
 

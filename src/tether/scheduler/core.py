@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -52,6 +52,7 @@ from tether.scheduler.worker import Workers, WorkerStore
 from tether.store.protocol import ChangeCounter, DecisionStore, Maintenance, TurnLog
 from tether.store.rules import DEFAULT_MAX_QUEUE, request_digest
 from tether.tools import workspace
+from tether.tools.mcp import McpSessions
 from tether.tools.workspace import DEFAULT_QUOTA_BYTES
 
 CANCEL_POLL = 0.025
@@ -91,6 +92,7 @@ class Scheduler:
         memory: MemoryService | None = None,
         auto_notes: AutoNotes = "default",
         limits: PrincipalLimits | None = None,
+        mcp: McpSessions | None = None,
     ) -> None:
         self.store = store
         self.owner = new_owner_id(node)
@@ -109,7 +111,10 @@ class Scheduler:
             default_model=default_model,
             memory=memory,
             auto_notes=auto_notes,
+            mcp=mcp,
         )
+        self.mcp = mcp
+        """The sessions' MCP connections in this process; swept sessions' are closed."""
         self.workers = Workers(
             store, self.local, self.runner, owner=self.owner, lease_ttl=lease_ttl, linger=linger
         )
@@ -153,7 +158,7 @@ class Scheduler:
                 chores.sweep_expired(
                     store,
                     lambda: self.sweep_interval,
-                    lambda keys: workspace.discard(self.workspace_root, keys),
+                    self._swept,
                 ),
                 name="tether-sweeper",
             ),
@@ -170,6 +175,12 @@ class Scheduler:
         ]
         for key in await store.sessions_needing_work():
             self.workers.kick(key)
+
+    async def _swept(self, keys: Sequence[SessionKey]) -> None:
+        """What expired sessions had outside the store: their MCP servers, their workspaces."""
+        if self.mcp is not None:
+            await self.mcp.close_sessions(keys)
+        await workspace.discard(self.workspace_root, keys)
 
     async def close(self, drain_timeout: float = 10.0) -> None:
         """Stop taking turns; let running ones finish up to ``drain_timeout``, then cancel them."""

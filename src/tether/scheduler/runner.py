@@ -43,6 +43,7 @@ from tether.store.protocol import (
 )
 from tether.store.rules import aborted_results, always_approved, new_decision, terminal_event_data
 from tether.tools.ask_user import ask_user
+from tether.tools.mcp import McpSessions
 from tether.tools.tool import Tool
 from tether.tools.workspace import DEFAULT_QUOTA_BYTES, workspace_dir
 
@@ -94,6 +95,7 @@ class TurnRunner:
         workspace_quota: int = DEFAULT_QUOTA_BYTES,
         memory: MemoryService | None,
         auto_notes: AutoNotes = "default",
+        mcp: McpSessions | None = None,
     ) -> None:
         self._store = store
         self._local = local
@@ -103,6 +105,8 @@ class TurnRunner:
         self.default_model = default_model
         self.memory = memory
         self.auto_notes: AutoNotes = auto_notes
+        self.mcp = mcp
+        """The sessions' MCP connections in this process (None: agents' MCP servers unused)."""
 
     async def run(self, lease: Lease, turn: Turn, agent_name: str | None) -> None:
         """Run ``turn`` to its ending (or until it parks on a decision) and hand it to whoever
@@ -218,7 +222,14 @@ class TurnRunner:
             ending = TurnEnding("failed", "model_error", error=str(exc))
             return await _end(sink, turn, ending, _aborted(sink))
         ctx.resumed = resumed
-        asks = any(t.requires_approval for t in agent.tools)
+        if agent.mcp and self.mcp is not None:
+            # The session's MCP servers, started by its first turn that needs them. (An agent a
+            # handoff passes the turn to offers its MCP tools from its next turn on.)
+            taken = {t.name for t in ctx.tools} | {h.tool_name for h in agent.handoffs}
+            ctx.extra_tools += await self.mcp.tools(
+                agent.mcp, turn.key, ctx.principal, ctx.workspace, taken=taken
+            )
+        asks = any(t.requires_approval for t in ctx.tools)
         if resumed is not None or asks or agent.handoffs or agent.skills:
             # Read only when it can matter: most turns have no tool that asks and no skills (an
             # agent that hands off may pass the turn to one whose tools do, or that has skills).

@@ -31,6 +31,7 @@ from tether.records import (
 )
 from tether.store import rules
 from tether.store.protocol import HistoryStore, LeaseStore, SessionStore, TurnLog, TurnReader
+from tether.tools.mcp import McpSessions
 from tether.tools.workspace import discard
 
 OFFLINE_CANCEL_WAIT = 30.0
@@ -62,6 +63,7 @@ class SessionService:
         *,
         max_sessions: int | None = None,
         workspace_root: Path | None = None,
+        mcp: McpSessions | None = None,
     ) -> None:
         self._store = store
         self._canceller = canceller
@@ -70,6 +72,8 @@ class SessionService:
         self.workspace_root = workspace_root
         """Where the sessions' workspaces are (None: they have none here); each goes with its
         session."""
+        self.mcp = mcp
+        """The sessions' MCP connections in this process; a deleted session's are closed."""
 
     # -- reading ---------------------------------------------------------------------------------
     async def get(self, key: SessionKey) -> SessionRecord | None:
@@ -207,10 +211,12 @@ class SessionService:
         return cleared
 
     async def delete(self, key: SessionKey, reason: Reason = "session_deleted") -> bool:
-        """Cancel the session's active turns (waiting for each to end), then delete it and its
-        workspace."""
+        """Cancel the session's active turns (waiting for each to end), then delete it, its MCP
+        servers and its workspace."""
         await self.cancel_active(key, reason)
         deleted = await self._store.delete_session(key)
+        if self.mcp is not None:  # after its turns ended: none starts a server again
+            await self.mcp.close_session(key)
         # Also when there was no such row: a workspace left by a session deleted elsewhere
         # (another node, a crash between the two) goes now, before the id is used again.
         await discard(self.workspace_root, [key])

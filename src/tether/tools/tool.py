@@ -76,6 +76,63 @@ class Tool:
         return json.dumps(to_jsonable_python(result), ensure_ascii=False)
 
 
+def _no_call(arguments: dict[str, Any], context: ToolContext) -> Awaitable[str]:
+    raise NotImplementedError
+
+
+class _AnyArguments(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="allow")
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaTool(Tool):
+    """A tool described by a JSON schema rather than a Python signature (an MCP server's tool):
+    the model's arguments reach ``call`` as one dict, checked only to be a JSON object, since
+    the schema is the callee's to enforce."""
+
+    call: Callable[[dict[str, Any], ToolContext], Awaitable[str]] = field(
+        default=_no_call, repr=False
+    )
+
+    def parse_arguments(self, arguments: str) -> dict[str, Any]:
+        try:
+            parsed = json.loads(arguments or "{}")
+        except ValueError:
+            raise InvalidInput(f"invalid arguments for {self.name}: not JSON") from None
+        if not isinstance(parsed, dict):
+            raise InvalidInput(f"invalid arguments for {self.name}: not a JSON object")
+        return cast(dict[str, Any], parsed)
+
+    async def invoke(self, arguments: str, context: ToolContext) -> str:
+        return await self.call(self.parse_arguments(arguments), context)
+
+
+def schema_tool(
+    name: str,
+    description: str,
+    parameters: dict[str, Any],
+    call: Callable[[dict[str, Any], ToolContext], Awaitable[str]],
+    *,
+    requires_approval: bool = False,
+    read_only: bool = False,
+    timeout: float | None = None,
+) -> Tool:
+    """A tool from a JSON schema and an async ``call(arguments, context) -> text``."""
+    if not _NAME.match(name):
+        raise ConfigError(f"tool name {name!r} must be 1-64 of [a-zA-Z0-9_-]")
+    return SchemaTool(
+        name=name,
+        description=description or name,
+        parameters=parameters,
+        function=call,
+        args_model=_AnyArguments,
+        requires_approval=requires_approval,
+        read_only=read_only,
+        timeout=timeout,
+        call=call,
+    )
+
+
 def _parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
     if not doc:
         return "", {}
