@@ -210,6 +210,16 @@ def _same_code(a: object, b: object) -> bool:
     )
 
 
+def _mcp_servers(agent: str, given: Iterable[McpServer]) -> tuple[McpServer, ...]:
+    servers = tuple(given)
+    for server in servers:
+        if not isinstance(server, McpStdio | McpHttp):
+            raise ConfigError(f"{server!r} is not an MCP server; use McpStdio or McpHttp")
+    if len({s.name for s in servers}) != len(servers):
+        raise ConfigError(f"agent {agent}: two MCP servers share a name")
+    return servers
+
+
 def _fingerprint(agent: Agent) -> str:
     memory = asdict(agent.memory)
     for conversation_field in ("session_id", "user_id", "session_ttl"):
@@ -366,12 +376,7 @@ class Agent:
         clash = sorted({h.tool_name for h in transfers} & set(names))
         if clash:
             raise ConfigError(f"agent {name}: a tool and a handoff are both named {clash[0]}")
-        servers = tuple(mcp)
-        for server in servers:
-            if not isinstance(server, McpStdio | McpHttp):
-                raise ConfigError(f"{server!r} is not an MCP server; use McpStdio or McpHttp")
-        if len({s.name for s in servers}) != len(servers):
-            raise ConfigError(f"agent {name}: two MCP servers share a name")
+        servers = _mcp_servers(name, mcp)
         values = {
             "name": name,
             "instructions": instructions,

@@ -37,6 +37,26 @@ def whoami(ctx: Context) -> str:
 
 
 @app.tool()
+def probe(port: int, path: str) -> str:
+    """What this server can reach: a TCP connect to 127.0.0.1:port, and whether path exists."""
+    import socket
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2):
+            connect = "ok"
+    except OSError as exc:
+        connect = type(exc).__name__
+    return json.dumps(
+        {
+            "hostname": socket.gethostname(),
+            "uid": os.getuid(),
+            "connect": connect,
+            "sees_path": os.path.exists(path),
+        }
+    )
+
+
+@app.tool()
 def refuse() -> str:
     """Always fails, as a tool error."""
     raise ToolError("kaput: this tool always refuses")

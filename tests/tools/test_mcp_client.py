@@ -25,6 +25,7 @@ from tether.runtime import Runtime
 from tether.store import InMemoryStore
 from tether.testing import Call, ScriptedModel, ToolCalls, last_user_text
 from tether.tools.mcp import McpHttp, McpSessions, McpStdio
+from tether.tools.sandbox import Bubblewrap
 from tether.tools.tool import schema_tool
 from tether.tools.workspace import workspace_dir
 
@@ -40,6 +41,12 @@ def _respond(request: ModelRequest) -> str | ToolCalls:
         return "done"
     _, tool, *rest = last_user_text(request).split(" ", 2)
     return ToolCalls(Call(tool, json.loads(rest[0]) if rest else {}))
+
+
+def _here() -> McpSessions:
+    """Servers run as they are: these tests are about connections and their lifecycle (the
+    sandboxed ones, below, need bubblewrap)."""
+    return McpSessions(sandbox="none")
 
 
 def _model() -> ScriptedModel:
@@ -92,7 +99,7 @@ def _key(sid: str, principal: Principal = LOCAL_PRINCIPAL) -> SessionKey:
 
 @pytest.fixture
 async def runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
-    async with Runtime(InMemoryStore(), data_dir=tmp_path) as rt:
+    async with Runtime(InMemoryStore(), data_dir=tmp_path, mcp=_here()) as rt:
         yield rt
 
 
@@ -156,7 +163,7 @@ async def test_forgetting_a_user_stops_their_servers(runtime: Runtime) -> None:
 
 async def test_closing_the_runtime_stops_every_server(tmp_path: Path) -> None:
     agent = _agent(_model())
-    async with Runtime(InMemoryStore(), data_dir=tmp_path) as rt:
+    async with Runtime(InMemoryStore(), data_dir=tmp_path, mcp=_here()) as rt:
         pids = [_data(await _ask(rt, agent, sid, "t__whoami"))["pid"] for sid in ("a", "b")]
         assert all(_alive(p) for p in pids)
     assert not any(_alive(p) for p in pids)
@@ -172,7 +179,7 @@ def _wait_gone(pid: int, within: float = 15.0) -> bool:
 
 async def test_an_idle_sessions_servers_stop_and_start_again_when_needed(tmp_path: Path) -> None:
     agent = _agent(_model())
-    idle = McpSessions(idle_timeout=0.3)
+    idle = McpSessions(sandbox="none", idle_timeout=0.3)
     async with Runtime(InMemoryStore(), data_dir=tmp_path, mcp=idle) as rt:
         first = _data(await _ask(rt, agent, "s1", "t__whoami"))["pid"]
         await asyncio.to_thread(_wait_gone, first)
@@ -184,7 +191,7 @@ async def test_an_idle_sessions_servers_stop_and_start_again_when_needed(tmp_pat
 
 async def test_past_the_bound_the_least_recently_used_session_closes(tmp_path: Path) -> None:
     agent = _agent(_model())
-    bounded = McpSessions(max_sessions=2)
+    bounded = McpSessions(sandbox="none", max_sessions=2)
     async with Runtime(InMemoryStore(), data_dir=tmp_path, mcp=bounded) as rt:
         s1 = _data(await _ask(rt, agent, "s1", "t__whoami"))["pid"]
         s2 = _data(await _ask(rt, agent, "s2", "t__whoami"))["pid"]
@@ -199,7 +206,7 @@ async def test_past_the_bound_the_least_recently_used_session_closes(tmp_path: P
 async def test_an_expired_session_is_swept_with_its_server(tmp_path: Path) -> None:
     model = _model()
     agent = Agent(name="a", model=model, mcp=[STDIO], memory={"auto": False, "session_ttl": 1})
-    rt = Runtime(InMemoryStore(), data_dir=tmp_path)
+    rt = Runtime(InMemoryStore(), data_dir=tmp_path, mcp=_here())
     rt.scheduler.sweep_interval = 0.1
     async with rt:
         pid = _data(await _ask(rt, agent, "s1", "t__whoami"))["pid"]
@@ -373,7 +380,7 @@ async def test_one_session_called_by_another_principal_gets_a_connection_of_thei
     def by_role(p: Principal) -> dict[str, str]:
         return {"Authorization": f"Bearer {p.user}-{'-'.join(sorted(p.roles)) or 'plain'}"}
 
-    sessions = McpSessions()
+    sessions = _here()
     server = McpHttp("remote", url, headers=by_role)
     key = SessionKey("t", "alice", "s1")
     plain, admin = Principal("t", "alice"), Principal("t", "alice", frozenset({"admin"}))
@@ -404,3 +411,72 @@ async def test_a_schema_tool_passes_the_models_object_through() -> None:
             t.parse_arguments(bad)
     with pytest.raises(ConfigError, match="tool name"):
         schema_tool("a.b", "", {}, call)
+
+
+# -- in the sandbox (the default) -------------------------------------------------------------
+_BWRAP = Bubblewrap()
+needs_bwrap = pytest.mark.skipif(
+    _BWRAP.unavailable() is not None,
+    reason=f"bubblewrap cannot run here ({_BWRAP.unavailable()}); apt-get install bubblewrap",
+)
+# What a Python server of this checkout needs to run: its virtualenv, the Python under it, its
+# script's folder.
+SANDBOXED = McpStdio(
+    "t",
+    [sys.executable, SERVER],
+    env={"GIVEN": "given"},
+    read_only=[sys.prefix, sys.base_prefix, str(Path(SERVER).parent)],
+)
+
+
+def _host_pids_running(script: str) -> set[int]:
+    """Host pids whose command line names ``script`` (the server, and bwrap around it)."""
+    found = set()
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                    if script.encode() in f.read():
+                        found.add(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+@needs_bwrap
+async def test_a_stdio_server_runs_in_the_sandbox_by_default(tmp_path: Path) -> None:
+    agent = _agent(_model(), SANDBOXED)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        async with Runtime(InMemoryStore(), data_dir=tmp_path) as rt:  # the default McpSessions
+            seen = _data(await _ask(rt, agent, "s1", "t__whoami"))
+            assert seen["cwd"] == "/workspace"  # the session's workspace, seen from inside
+            assert (seen["GIVEN"], seen["SECRET_OF_TETHER"]) == ("given", None)
+            reach = _data(
+                await _ask(rt, agent, "s1", "t__probe", {"port": port, "path": str(tmp_path)})
+            )
+            assert reach["hostname"] == "sandbox"
+            assert reach["connect"] != "ok"  # no network: not even this host's loopback
+            assert reach["sees_path"] is False  # the data dir is not there
+            running = _host_pids_running(SERVER)
+            assert running  # bwrap and the server, on the host
+            await rt.sessions.delete(_key("s1"))
+            for _ in range(100):
+                if not (_host_pids_running(SERVER) & running):
+                    break
+                await asyncio.sleep(0.05)
+            assert not (_host_pids_running(SERVER) & running)
+
+
+async def test_with_no_sandbox_a_stdio_server_does_not_start(tmp_path: Path) -> None:
+    missing = McpSessions(sandbox=Bubblewrap(bwrap=str(tmp_path / "no-bwrap")))
+    model = _model()
+    agent = _agent(model, SANDBOXED)
+    async with Runtime(InMemoryStore(), data_dir=tmp_path, mcp=missing) as rt:
+        said = await _ask(rt, agent, "s1", "t__unavailable")
+    assert "no sandbox to run it in" in said and "sandbox='none'" in said
+    assert not _host_pids_running(SERVER)
+    offered = {t.name for t in model.requests[0].tools}
+    assert "t__whoami" not in offered

@@ -29,6 +29,7 @@ from tether.errors import ConfigError, ToolError
 from tether.records import Principal, SessionKey
 from tether.tools.context import ToolContext
 from tether.tools.mcp.specs import McpServer, McpStdio, Wrap
+from tether.tools.sandbox import Limits, Sandbox, SandboxChoice, Unsandboxed, make_sandbox
 from tether.tools.tool import Tool, schema_tool
 from tether.tools.workspace import ensure_workspace
 
@@ -65,16 +66,20 @@ class _Session:
 class McpSessions:
     """The MCP connections of this process's sessions, keyed by session.
 
-    ``wrap`` turns a stdio server's command into one that runs it confined to the session's
-    workspace: ``wrap(argv, workspace) -> argv``, e.g. a sandbox's
-    ``lambda argv, ws: sandbox.command(argv, workspace=ws, limits=...)`` (bubblewrap for a
-    long-lived process). None runs the command as it is (still with the workspace as its
-    working directory and a minimal environment).
+    Stdio servers run in ``sandbox`` (DESIGN §7: per-session subprocesses live in the same
+    sandbox as the code tools): bubblewrap by default, with ``limits`` (no wall limit: they
+    are long-lived), seeing the workspace, ``/usr`` and the server's own ``read_only`` paths.
+    No sandbox available → the server does not start, and the model is told why. ``"none"``
+    (the operator's explicit choice, logged as a warning) runs them unconfined, with the
+    workspace as their working directory and a minimal environment. ``wrap(argv, workspace)
+    -> argv``, when given, replaces all of that with a confinement of your own.
     """
 
     def __init__(
         self,
         *,
+        sandbox: SandboxChoice = "bubblewrap",
+        limits: Limits | None = None,
         wrap: Wrap | None = None,
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
@@ -84,6 +89,10 @@ class McpSessions:
         if max_sessions < 1:
             raise ConfigError("MCP max_sessions must be at least 1")
         self.wrap = wrap
+        self.sandbox: Sandbox | None = None if wrap is not None else make_sandbox(sandbox)
+        """Where stdio servers run (None: ``wrap`` says)."""
+        self.limits = limits or Limits()
+        self._unavailable: tuple[str | None] | None = None
         self.idle_timeout = idle_timeout
         """Seconds a session's servers stay open with no call and no turn asking for them."""
         self.max_sessions = max_sessions
@@ -91,6 +100,33 @@ class McpSessions:
         self._sessions: OrderedDict[SessionKey, _Session] = OrderedDict()
         self._reaper: asyncio.Task[None] | None = None
         self._closing: set[asyncio.Task[None]] = set()
+
+    def _wrap_for(self, spec: McpStdio) -> Wrap | None:
+        """How ``spec``'s command is confined: ``wrap``, the sandbox, or (``"none"``) not."""
+        box = self.sandbox
+        if self.wrap is not None or box is None:
+            return self.wrap
+        if isinstance(box, Unsandboxed):
+            return None  # as it is: the operator chose no sandbox
+
+        def confined(argv: list[str], workspace: Path) -> list[str]:
+            if self._unavailable is None:
+                self._unavailable = (box.unavailable(),)  # probed once: a short bwrap run
+            reason = self._unavailable[0]
+            if reason is not None:
+                raise ToolError(
+                    f"no sandbox to run it in ({reason}); an operator who trusts it may run "
+                    "MCP servers unsandboxed with McpSessions(sandbox='none')"
+                )
+            return box.command(
+                argv,
+                workspace=workspace,
+                limits=self.limits,
+                read_only=[Path(p) for p in spec.read_only],
+                env=spec.env,
+            )
+
+        return confined
 
     def open_sessions(self) -> list[SessionKey]:
         """Sessions holding connections now, least recently used first."""
@@ -203,7 +239,8 @@ class McpSessions:
 
             if isinstance(spec, McpStdio) and workspace is not None:
                 ensure_workspace(workspace)
-            conn = Connection(spec, workspace=workspace, principal=principal, wrap=self.wrap)
+            wrap = self._wrap_for(spec) if isinstance(spec, McpStdio) else None
+            conn = Connection(spec, workspace=workspace, principal=principal, wrap=wrap)
             await conn.open()
             log.info("MCP server %s connected for session %s", spec.name, entry.key.session_id)
             entry.connections[spec.name] = conn

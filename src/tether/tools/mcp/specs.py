@@ -63,12 +63,19 @@ class McpStdio:
     start_timeout: float = DEFAULT_START_TIMEOUT
     """Seconds it may take to start and answer the handshake; then the turn goes on without it
     (the model is told)."""
+    read_only: Sequence[str] = ()
+    """Host paths the server needs besides the system's ``/usr`` (its virtualenv, its script,
+    a ``node_modules``): visible inside the sandbox at the same place, read-only. Nothing else
+    of the host is (the data dir, other workspaces, ``/home``)."""
 
     def __post_init__(self) -> None:
         _check_name(self.name)
         if isinstance(self.command, str) or not self.command:
             raise ConfigError(f"MCP server {self.name}: command must be a non-empty list")
         object.__setattr__(self, "command", tuple(str(c) for c in self.command))
+        if isinstance(self.read_only, str):
+            raise ConfigError(f"MCP server {self.name}: read_only must be a list of paths")
+        object.__setattr__(self, "read_only", tuple(str(p) for p in self.read_only))
         if self.env is not None:
             object.__setattr__(self, "env", {str(k): str(v) for k, v in self.env.items()})
         _check_common(self.start_timeout, self.timeout)
@@ -80,6 +87,7 @@ class McpStdio:
             "name": self.name,
             "command": list(self.command),
             "env": dict(sorted((self.env or {}).items())),
+            "read_only": list(self.read_only),
             "requires_approval": self.requires_approval,
             "timeout": self.timeout,
         }

@@ -8,6 +8,7 @@ runner only has to fill in the same four members. The threat model is in ``docs/
 from __future__ import annotations
 
 import signal as signals
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -119,10 +120,20 @@ class Sandbox(Protocol):
         cancel or timeout kills the whole process tree before this returns or raises."""
         ...
 
-    def command(self, argv: list[str], *, workspace: Path, limits: Limits) -> list[str]:
+    def command(
+        self,
+        argv: list[str],
+        *,
+        workspace: Path,
+        limits: Limits,
+        read_only: Sequence[Path] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> list[str]:
         """The argv that runs a long-lived ``argv`` (an MCP stdio server) inside the sandbox,
         without the wall limit. The caller starts it with ``start_new_session=True`` and kills
-        its process group to stop it."""
+        its process group to stop it. ``read_only``: host paths the program needs (its
+        interpreter, its script), visible inside at the same place, read-only; ``env``:
+        variables set inside (the sandbox clears the caller's)."""
         ...
 
 

@@ -23,6 +23,7 @@ import signal
 import stat
 import subprocess
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,6 +32,8 @@ import anyio.to_thread
 from tether.tools.sandbox.base import Limits, Outcome, explain
 from tether.tools.sandbox.process import run_process
 
+_PROVIDED = frozenset({"/usr", "/etc", "/proc", "/dev", "/tmp", "/workspace"})
+"""Top directories the sandbox makes itself; read-only paths below them need no parents."""
 INSIDE = "/workspace"
 """Where the workspace appears inside the sandbox."""
 NOBODY = 65534
@@ -98,7 +101,29 @@ class Bubblewrap:
             )
         return None
 
-    def command(self, argv: list[str], *, workspace: Path, limits: Limits) -> list[str]:
+    def command(
+        self,
+        argv: list[str],
+        *,
+        workspace: Path,
+        limits: Limits,
+        read_only: Sequence[Path] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> list[str]:
+        binds: list[str] = []
+        made: set[Path] = set()
+        for path in read_only:
+            # The directories above it, made by bwrap as root, would be root's alone (0700):
+            # the dropped uid could not reach what is bound below them.
+            for parent in reversed(Path(path).parents):
+                if parent not in made and not _provided(parent):
+                    made.add(parent)
+                    binds += ["--perms", "0755", "--dir", str(parent)]
+            # At the same place inside, read-only; one that does not exist is left out.
+            binds += ["--ro-bind-try", str(path), str(path)]
+        variables: list[str] = []
+        for name, value in (env or {}).items():
+            variables += ["--setenv", name, value]
         if self.privileged:
             self._hand_over(workspace)
         return [
@@ -113,8 +138,10 @@ class Bubblewrap:
             # parent-death signal, which under load now and then never came (a leak the kill
             # tests caught).
             *self._filesystem(workspace, limits),
+            *binds,
             "--clearenv",
             *_env(),
+            *variables,
             "--",
             *self._drop(),
             self.prlimit,
@@ -207,6 +234,13 @@ class Bubblewrap:
                     os.chown(name, self.uid, self.gid, dir_fd=fd, follow_symlinks=False)
                 except FileNotFoundError:  # removed meanwhile
                     continue
+
+
+def _provided(path: Path) -> bool:
+    """Whether the sandbox has ``path`` already (``/``, ``/tmp``, ``/usr`` and what is below
+    it, …): :meth:`Bubblewrap.command` makes only the directories it lacks."""
+    top = Path(*path.parts[:2]) if len(path.parts) > 1 else path
+    return path == Path("/") or str(top) in _PROVIDED or top.is_symlink()
 
 
 def _env() -> list[str]:

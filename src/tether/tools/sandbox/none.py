@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tether.tools.sandbox.base import Limits, Outcome, explain
@@ -33,7 +34,17 @@ class Unsandboxed:
     def unavailable(self) -> str | None:
         return None
 
-    def command(self, argv: list[str], *, workspace: Path, limits: Limits) -> list[str]:
+    def command(
+        self,
+        argv: list[str],
+        *,
+        workspace: Path,
+        limits: Limits,
+        read_only: Sequence[Path] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> list[str]:
+        """As the protocol says; ``read_only`` means nothing here (the host is all visible),
+        and ``env`` is the caller's to give the process (nothing clears it here)."""
         if self.prlimit is None:
             return list(argv)
         return [
