@@ -703,6 +703,9 @@ class Session:
                     await runtime.scheduler.wait(turn.key, turn.id, until_input=True)
             except TimeoutError:
                 await runtime.scheduler.cancel(turn.key, turn.id, "caller_cancelled")
+        # Its MCP servers go with the object (the conversation stays; its next use starts
+        # them again). A turn parked on a decision starts them again when it resumes.
+        await runtime.mcp.close_session(self.key)
 
     def close(self, wait: float = CLOSE_WAIT) -> None:
         """Done with this object: a remote session's connection is closed, and every later

@@ -480,3 +480,34 @@ async def test_with_no_sandbox_a_stdio_server_does_not_start(tmp_path: Path) -> 
     assert not _host_pids_running(SERVER)
     offered = {t.name for t in model.requests[0].tools}
     assert "t__whoami" not in offered
+
+
+@needs_bwrap
+def test_closing_a_session_object_stops_its_servers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Session.close()`` (the Python API): its stdio servers stop, no process left; the
+    conversation stays, and its next use starts them again."""
+    import tether.embedded
+    from tether import Session
+
+    monkeypatch.setenv("TETHER_DATA_DIR", str(tmp_path / "data"))
+    try:
+        session = Session(session_id="closing")
+        helper = session.Agent(name="a", model=_model(), mcp=[SANDBOXED], memory=False)
+        assert helper.chat("call t__whoami") == "done"
+        running = _host_pids_running(SERVER)
+        assert running
+        session.close()
+        assert not (_host_pids_running(SERVER) & running)
+        again = Session(session_id="closing")
+        assert (
+            again.Agent(name="a2", model=_model(), mcp=[SANDBOXED], memory=False).chat(
+                'call t__echo {"text": "back"}'
+            )
+            == "done"
+        )
+        again.close()
+        assert not _host_pids_running(SERVER)
+    finally:
+        tether.embedded.shutdown()
