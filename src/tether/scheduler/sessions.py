@@ -207,6 +207,10 @@ class SessionService:
         ``workspace``, the session's workspace files too."""
         cleared = await self._store.clear_items(key)
         if workspace:
+            # Its MCP servers first: one still running there would go on writing into the
+            # tree being removed (a turn that needs them starts them again).
+            if self.mcp is not None:
+                await self.mcp.close_session(key)
             await discard(self.workspace_root, [key])
         return cleared
 

@@ -8,6 +8,7 @@ in the same transaction, so a process that lost the session can never change its
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -36,12 +37,18 @@ class SessionSkills:
         self._lease = lease
         self._agent = agent
         self._active = active_skills(state)
+        # Two activations in one model step run at once: each must build on the other's.
+        self._lock = asyncio.Lock()
 
     @property
     def active(self) -> tuple[str, ...]:
         return self._active
 
     async def activate(self, name: str) -> str:
+        async with self._lock:
+            return await self._activate(name)
+
+    async def _activate(self, name: str) -> str:
         agent = self._agent()
         if agent.skill_named(name) is None:
             offered = ", ".join(s.name for s in agent.skills) or "none"

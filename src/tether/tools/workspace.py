@@ -20,16 +20,18 @@ node's copy only.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
+import logging
 import os
-import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
 from tether.errors import ConfigError, ToolError
 from tether.records import SessionKey
+from tether.tools import tree
+
+log = logging.getLogger("tether.workspace")
 
 _DIGEST_CHARS = 32
 """128 bits of SHA-256: no two sessions share a directory by accident."""
@@ -91,13 +93,12 @@ def ensure_workspace(path: Path) -> Path:
 
 def usage(path: Path) -> int:
     """Bytes held by the workspace's files (0 when it does not exist). Symlinks are not
-    followed: a link counts for itself, never for what it points at."""
-    total = 0
-    for top, dirs, files in os.walk(path, followlinks=False):
-        for name in (*files, *dirs):
-            with contextlib.suppress(OSError):  # removed meanwhile
-                total += os.lstat(os.path.join(top, name)).st_size
-    return total
+    followed: a link counts for itself, never for what it points at (:mod:`.tree`, which the
+    sandbox cannot lead astray). ToolError for a tree too deep to measure."""
+    try:
+        return tree.size(path)
+    except tree.TooDeep as exc:
+        raise ToolError(f"the workspace is {exc}; flatten it to go on writing") from None
 
 
 def check_quota(path: Path, quota: int, adding: int, replacing: int = 0) -> None:
@@ -112,12 +113,9 @@ def check_quota(path: Path, quota: int, adding: int, replacing: int = 0) -> None
 
 
 def remove_tree(path: Path) -> None:
-    """Delete a workspace (or a user's directory of them) and everything in it, if it exists.
-
-    Never follows a symlink out: ``shutil.rmtree`` unlinks links rather than descending them.
-    """
-    with contextlib.suppress(FileNotFoundError):
-        shutil.rmtree(path)
+    """Delete a workspace (or a user's directory of them) and everything in it, if it exists:
+    however deep, whatever its modes, never through a link (:func:`.tree.remove`)."""
+    tree.remove(path)
 
 
 def remove_workspace(root: Path, key: SessionKey) -> None:
@@ -138,7 +136,11 @@ async def discard(root: Path | None, keys: Iterable[SessionKey]) -> None:
 
     def remove_all() -> None:
         for d in dirs:
-            remove_tree(d)
+            # One that cannot go (a disk error) must not keep the others: say so, go on.
+            try:
+                remove_tree(d)
+            except OSError:
+                log.exception("could not remove the workspace %s", d.name)
 
     await asyncio.to_thread(remove_all)
 

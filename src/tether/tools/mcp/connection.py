@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import anyio
+import anyio.to_thread
 import httpx2
 import mcp_types as types
 from mcp import Client, StdioServerParameters
@@ -152,7 +153,9 @@ class Connection:
             raise ToolError("no workspace to run it in")
         argv = list(spec.command)
         if self._wrap is not None:
-            argv = self._wrap(argv, self.workspace)
+            # In a thread: a sandbox's command may probe it (a short run) and hand the
+            # workspace over (a walk of what the session wrote), neither for the event loop.
+            argv = await anyio.to_thread.run_sync(self._wrap, argv, self.workspace)
         params = StdioServerParameters(
             command=argv[0],
             args=argv[1:],

@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import stat
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -29,6 +28,7 @@ from pathlib import Path
 
 import anyio.to_thread
 
+from tether.tools import tree
 from tether.tools.sandbox.base import Limits, Outcome, explain
 from tether.tools.sandbox.process import run_process
 
@@ -217,23 +217,13 @@ class Bubblewrap:
     def _hand_over(self, workspace: Path) -> None:
         """Make the workspace the sandbox uid's, so the dropped command can write in it.
 
-        Walked by file descriptor (``os.fwalk``), so a directory swapped for a symlink while
-        we walk (a sandboxed server may be running meanwhile) is not followed out; links are
-        changed themselves, and a file with more than one name is left alone, since another
+        Walked by file descriptor with ``O_NOFOLLOW | O_NONBLOCK`` (:func:`.tree.chown_all`):
+        a sandboxed server may be changing the tree meanwhile, and a directory swapped for a
+        link or a FIFO must neither lead out nor hang us (``os.fwalk`` opened it plainly). Links
+        are changed themselves, and a file with more than one name is left alone, since another
         name may be outside the workspace.
         """
-        os.chown(workspace, self.uid, self.gid, follow_symlinks=False)
-        for _top, dirs, files, fd in os.fwalk(workspace, follow_symlinks=False):
-            for name in (*dirs, *files):
-                try:
-                    info = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                    if (info.st_uid, info.st_gid) == (self.uid, self.gid):
-                        continue
-                    if not stat.S_ISDIR(info.st_mode) and info.st_nlink > 1:
-                        continue
-                    os.chown(name, self.uid, self.gid, dir_fd=fd, follow_symlinks=False)
-                except FileNotFoundError:  # removed meanwhile
-                    continue
+        tree.chown_all(workspace, self.uid, self.gid)
 
 
 def _provided(path: Path) -> bool:
