@@ -324,3 +324,19 @@ async def test_a_workspace_over_its_quota_is_reported(tmp_path: Path) -> None:
         json.dumps({"command": "head -c 1000 /dev/zero > big"}), small
     )
     assert "over its quota of 100 bytes" in out
+
+
+@needs_bwrap
+@pytest.mark.skipif(os.geteuid() != 0, reason="without root every sandbox runs as our own uid")
+async def test_as_root_each_session_runs_as_a_uid_of_its_own(tmp_path: Path) -> None:
+    """One session's fork bomb (or its MCP servers' threads) must not use up another's
+    process limit, nor its files be the other's: as root, a uid per workspace."""
+    uids = {}
+    for sid in ("one", "two"):
+        out = await _shell(_ctx(tmp_path, sid), "id -u")
+        uids[sid] = int(out.split("stdout:\n")[1].split()[0])
+    assert uids["one"] != uids["two"]
+    assert all(u >= 1_000_000_000 for u in uids.values())
+    # The same session gets the same uid again (its files stay its own).
+    again = await _shell(_ctx(tmp_path, "one"), "id -u")
+    assert int(again.split("stdout:\n")[1].split()[0]) == uids["one"]

@@ -37,6 +37,10 @@ _PROVIDED = frozenset({"/usr", "/etc", "/proc", "/dev", "/tmp", "/workspace"})
 INSIDE = "/workspace"
 """Where the workspace appears inside the sandbox."""
 NOBODY = 65534
+SESSION_UIDS = (1_000_000_000, 100_000_000)
+"""As root: the first uid and how many a workspace's own uid is taken from (by its hashed
+name), so one session's processes never count against another's process limit and its files
+are no other sandbox's. No passwd entry is needed; none of them is a user of the host."""
 _SYSTEM_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 _ETC = ("alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime")
 """``/etc`` pieces shared read-only: library lookup, Debian's ``/usr/bin/x -> /etc/alternatives``
@@ -53,8 +57,8 @@ class Bubblewrap:
         self,
         *,
         bwrap: str | None = None,
-        uid: int = NOBODY,
-        gid: int = NOBODY,
+        uid: int | None = None,
+        gid: int | None = None,
     ) -> None:
         self.bwrap = bwrap or shutil.which("bwrap") or "/usr/bin/bwrap"
         self.prlimit = shutil.which("prlimit") or "/usr/bin/prlimit"
@@ -62,7 +66,8 @@ class Bubblewrap:
         self.privileged = os.geteuid() == 0
         """Root: bwrap without a user namespace, the command dropped to ``uid``/``gid``."""
         self.uid = uid
-        """The host uid sandboxed commands run as when tether runs as root (else our own)."""
+        """As root, the host uid every sandboxed command runs as; None (the default): each
+        workspace's own (:meth:`uid_for`). Without root, our own uid, always."""
         self.gid = gid
         self._probed: tuple[str | None] | None = None
 
@@ -83,7 +88,7 @@ class Bubblewrap:
         with tempfile.TemporaryDirectory(prefix="tether-sandbox-probe-") as tmp:
             probe = Path(tmp)
             if self.privileged:
-                self._hand_over(probe)
+                self._hand_over(probe, *self.uid_for(probe))
             try:
                 done = subprocess.run(
                     self.command(["/bin/true"], workspace=probe, limits=Limits()),
@@ -124,8 +129,9 @@ class Bubblewrap:
         variables: list[str] = []
         for name, value in (env or {}).items():
             variables += ["--setenv", name, value]
+        uid, gid = self.uid_for(workspace)
         if self.privileged:
-            self._hand_over(workspace)
+            self._hand_over(workspace, uid, gid)
         return [
             self.bwrap,
             *self._namespaces(),
@@ -143,7 +149,7 @@ class Bubblewrap:
             *_env(),
             *variables,
             "--",
-            *self._drop(),
+            *self._drop(uid, gid),
             self.prlimit,
             f"--cpu={limits.cpu_seconds}",
             f"--as={limits.memory_bytes}",
@@ -201,20 +207,34 @@ class Bubblewrap:
         args += ["--bind", str(workspace), INSIDE, "--chdir", INSIDE]
         return args
 
-    def _drop(self) -> list[str]:
+    def uid_for(self, workspace: Path) -> tuple[int, int]:
+        """The uid and gid a command in ``workspace`` runs as, when tether runs as root: the
+        given ones, else the workspace's own, taken from its hashed name (``nobody`` for a
+        directory not named so, the probe's)."""
+        if self.uid is not None:
+            return self.uid, self.gid if self.gid is not None else self.uid
+        try:
+            n = int(workspace.name, 16)
+        except ValueError:
+            return NOBODY, NOBODY
+        first, span = SESSION_UIDS
+        own = first + n % span
+        return own, own
+
+    def _drop(self, uid: int, gid: int) -> list[str]:
         if not self.privileged:
             return []
         return [
             self.setpriv,
-            f"--reuid={self.uid}",
-            f"--regid={self.gid}",
+            f"--reuid={uid}",
+            f"--regid={gid}",
             "--clear-groups",
             "--inh-caps=-all",
             "--bounding-set=-all",
             "--no-new-privs",
         ]
 
-    def _hand_over(self, workspace: Path) -> None:
+    def _hand_over(self, workspace: Path, uid: int, gid: int) -> None:
         """Make the workspace the sandbox uid's, so the dropped command can write in it.
 
         Walked by file descriptor with ``O_NOFOLLOW | O_NONBLOCK`` (:func:`.tree.chown_all`):
@@ -223,7 +243,7 @@ class Bubblewrap:
         are changed themselves, and a file with more than one name is left alone, since another
         name may be outside the workspace.
         """
-        tree.chown_all(workspace, self.uid, self.gid)
+        tree.chown_all(workspace, uid, gid)
 
 
 def _provided(path: Path) -> bool:
