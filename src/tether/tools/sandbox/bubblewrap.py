@@ -33,7 +33,9 @@ from tether.tools.sandbox.base import Limits, Outcome, explain
 from tether.tools.sandbox.process import run_process
 
 _PROVIDED = frozenset({"/usr", "/etc", "/proc", "/dev", "/tmp", "/workspace"})
-"""Top directories the sandbox makes itself; read-only paths below them need no parents."""
+"""Top directories the sandbox makes itself."""
+_WHOLE = frozenset({"/usr", "/proc", "/dev", "/workspace"})
+"""Top directories whose insides the sandbox has as they are: no directory is made in them."""
 INSIDE = "/workspace"
 """Where the workspace appears inside the sandbox."""
 NOBODY = 65534
@@ -247,10 +249,14 @@ class Bubblewrap:
 
 
 def _provided(path: Path) -> bool:
-    """Whether the sandbox has ``path`` already (``/``, ``/tmp``, ``/usr`` and what is below
-    it, …): :meth:`Bubblewrap.command` makes only the directories it lacks."""
-    top = Path(*path.parts[:2]) if len(path.parts) > 1 else path
-    return path == Path("/") or str(top) in _PROVIDED or top.is_symlink()
+    """Whether the sandbox has the directory ``path`` already, or must not get it made:
+    ``/``, its own top directories, everything below ``/usr`` (bound whole) and below
+    ``/proc``, ``/dev`` and ``/workspace``. Below ``/tmp`` or ``/etc`` (made empty) a parent is
+    made (``/tmp/ci/.venv`` needs ``/tmp/ci``)."""
+    if path == Path("/") or str(path) in _PROVIDED:
+        return True
+    top = Path(*path.parts[:2])
+    return str(top) in _WHOLE or top.is_symlink()
 
 
 def _env() -> list[str]:
