@@ -137,6 +137,22 @@ class Sandbox(Protocol):
         ...
 
 
+def rlimits(prlimit: str, limits: Limits, *, processes: bool = True) -> list[str]:
+    """``prlimit`` with ``limits``, ending in ``--`` (the command follows). ``processes``:
+    also the process limit, which counts a uid's processes across the host (left out when the
+    command runs as tether's own user: it would starve tether itself)."""
+    return [
+        prlimit,
+        f"--cpu={limits.cpu_seconds}",
+        f"--as={limits.memory_bytes}",
+        *([f"--nproc={limits.processes}"] if processes else []),
+        f"--fsize={limits.file_bytes}",
+        f"--nofile={limits.open_files}",
+        "--core=0",
+        "--",
+    ]
+
+
 def explain(outcome: Outcome, limits: Limits) -> Outcome:
     """The outcome with a ``reason`` naming the limit it most likely hit, if any.
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import anyio.to_thread
 
 from tether.tools import tree
-from tether.tools.sandbox.base import Limits, Outcome, explain
+from tether.tools.sandbox.base import Limits, Outcome, explain, rlimits
 from tether.tools.sandbox.process import run_process
 
 _PROVIDED = frozenset({"/usr", "/etc", "/proc", "/dev", "/tmp", "/workspace"})
@@ -152,14 +152,7 @@ class Bubblewrap:
             *variables,
             "--",
             *self._drop(uid, gid),
-            self.prlimit,
-            f"--cpu={limits.cpu_seconds}",
-            f"--as={limits.memory_bytes}",
-            f"--nproc={limits.processes}",
-            f"--fsize={limits.file_bytes}",
-            f"--nofile={limits.open_files}",
-            "--core=0",
-            "--",
+            *rlimits(self.prlimit, limits),
             *argv,
         ]
 

@@ -13,7 +13,7 @@ import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from tether.tools.sandbox.base import Limits, Outcome, explain
+from tether.tools.sandbox.base import Limits, Outcome, explain, rlimits
 from tether.tools.sandbox.process import run_process
 
 log = logging.getLogger("tether.sandbox")
@@ -47,17 +47,8 @@ class Unsandboxed:
         and ``env`` is the caller's to give the process (nothing clears it here)."""
         if self.prlimit is None:
             return list(argv)
-        return [
-            self.prlimit,
-            f"--cpu={limits.cpu_seconds}",
-            f"--as={limits.memory_bytes}",
-            f"--fsize={limits.file_bytes}",
-            f"--nofile={limits.open_files}",
-            # No --nproc: counted per user across the host, it would starve tether itself.
-            "--core=0",
-            "--",
-            *argv,
-        ]
+        # No process limit: counted per user across the host, it would starve tether itself.
+        return [*rlimits(self.prlimit, limits, processes=False), *argv]
 
     async def run(
         self,
