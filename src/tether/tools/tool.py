@@ -76,10 +76,6 @@ class Tool:
         return json.dumps(to_jsonable_python(result), ensure_ascii=False)
 
 
-def _no_call(arguments: dict[str, Any], context: ToolContext) -> Awaitable[str]:
-    raise NotImplementedError
-
-
 class _AnyArguments(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="allow")
 
@@ -87,12 +83,8 @@ class _AnyArguments(pydantic.BaseModel):
 @dataclass(frozen=True, slots=True)
 class SchemaTool(Tool):
     """A tool described by a JSON schema rather than a Python signature (an MCP server's tool):
-    the model's arguments reach ``call`` as one dict, checked only to be a JSON object, since
-    the schema is the callee's to enforce."""
-
-    call: Callable[[dict[str, Any], ToolContext], Awaitable[str]] = field(
-        default=_no_call, repr=False
-    )
+    the model's arguments reach ``function`` (an async ``call(arguments, context)``) as one
+    dict, checked only to be a JSON object, since the schema is the callee's to enforce."""
 
     def parse_arguments(self, arguments: str) -> dict[str, Any]:
         try:
@@ -104,7 +96,8 @@ class SchemaTool(Tool):
         return cast(dict[str, Any], parsed)
 
     async def invoke(self, arguments: str, context: ToolContext) -> str:
-        return await self.call(self.parse_arguments(arguments), context)
+        call = cast(Callable[[dict[str, Any], ToolContext], Awaitable[str]], self.function)
+        return await call(self.parse_arguments(arguments), context)
 
 
 def schema_tool(
@@ -129,7 +122,6 @@ def schema_tool(
         requires_approval=requires_approval,
         read_only=read_only,
         timeout=timeout,
-        call=call,
     )
 
 
