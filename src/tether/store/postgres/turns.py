@@ -374,24 +374,24 @@ class Turns(Connection):
         assert row is not None  # a function with OUT parameters answers one row
         _refused(row, lease, turn_id, events, "running")
         seq, given, policy, created, started, agent, fingerprint = tuple(row)[4:]
-        return Turn(
+        running = Turn(
             id=turn_id,
             key=lease.key,
             seq=seq,
             input=given,
             policy=policy,
-            status=ending.status,
-            reason=ending.reason,
-            error=ending.error,
-            output=ending.output,
-            complete=ending.complete,
-            usage=ending.usage,
+            status="running",
+            reason=None,
+            error=None,
+            output=None,
+            complete=False,
+            usage=Usage(),
             created_at=created,
             started_at=started,
-            ended_at=now,
+            ended_at=None,
             agent=AgentRef(agent, fingerprint or "") if agent is not None else None,
-            ran_by=ending.agent,
         )
+        return rules.ended(running, ending, now)
 
     async def park_turn(
         self,

@@ -64,7 +64,10 @@ async def _execute(
         raise ToolError("the call was cancelled; its process tree was killed")
     text = run.result().render()
     # A disk quota cannot be enforced inside the sandbox; it is checked after the call.
-    held = await anyio.to_thread.run_sync(usage, workspace)
+    try:
+        held = await anyio.to_thread.run_sync(usage, workspace)
+    except ToolError as exc:  # too deep to measure: the call ran, its result still counts
+        return f"{text}\nworkspace: {exc}"
     if held > ctx.workspace_quota:
         text += (
             f"\nworkspace: {held:,} bytes, over its quota of {ctx.workspace_quota:,} bytes; "
