@@ -10,9 +10,9 @@ egress and no DNS. rlimits are set by ``prlimit`` just before the command.
 Running as root needs care: the kernel never applies RLIMIT_NPROC to uid 0, and a user
 namespace does not help (its uid still maps to host uid 0), so a fork bomb would be unbounded.
 As root bwrap therefore runs privileged (no user namespace) and the command drops to an
-unprivileged host uid (``nobody`` by default) with ``setpriv`` — no capabilities, no new
-privileges — and the workspace is handed to that uid before each call. As any other user,
-bwrap makes a user namespace as usual and the limits count within it.
+unprivileged host uid (the session's own, :meth:`Bubblewrap.uid_for`) with ``setpriv`` — no
+capabilities, no new privileges — and the workspace is handed to that uid before each call.
+As any other user, bwrap makes a user namespace as usual and the limits count within it.
 """
 
 from __future__ import annotations
