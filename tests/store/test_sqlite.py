@@ -238,3 +238,43 @@ async def test_the_data_version_moves_for_other_processes_writes_only(tmp_path: 
     finally:
         await mine.close()
         await theirs.close()
+
+
+_SWITCH = """
+import sqlite3, sys, time
+from tether.store.sqlite.connection import _use_wal
+
+conn = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=10)
+while time.time() < float(sys.argv[2]):
+    pass
+_use_wal(conn)
+print(conn.execute("PRAGMA journal_mode").fetchone()[0])
+"""
+
+
+@pytest.mark.slow
+def test_processes_switching_a_fresh_file_to_wal_at_once_all_get_there(tmp_path: Path) -> None:
+    """SQLite refuses the switch to WAL at once ("database is locked", no busy handler) to all
+    but one of the processes making it together; each must get there anyway."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.server.conftest import PYTHONPATH
+
+    env = {"PYTHONPATH": PYTHONPATH, "PATH": "/usr/bin:/bin"}
+    for round_ in range(5):
+        db = tmp_path / f"fresh-{round_}.db"
+        start = time.time() + 1.0  # after every interpreter has started
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", _SWITCH, str(db), str(start)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            for _ in range(4)
+        ]
+        outs = [p.communicate(timeout=60) for p in procs]
+        assert [p.returncode for p in procs] == [0] * 4, [err.decode()[-300:] for _, err in outs]
+        assert [out.decode().strip() for out, _ in outs] == ["wal"] * 4

@@ -15,6 +15,7 @@ import asyncio
 import logging
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -102,7 +103,7 @@ class Connection:
         conn = sqlite3.connect(
             self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_MS / 1000
         )
-        conn.execute("PRAGMA journal_mode=WAL")
+        _use_wal(conn)
         conn.execute(f"PRAGMA synchronous={self._synchronous}")
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute(f"PRAGMA busy_timeout={BUSY_MS}")
@@ -195,3 +196,20 @@ def _checkpoint(c: sqlite3.Connection) -> bool:
 def _data_version(c: sqlite3.Connection) -> int:
     (version,) = c.execute("PRAGMA data_version").fetchone()
     return int(version)
+
+
+def _use_wal(conn: sqlite3.Connection) -> None:
+    """Put the file in WAL mode. On a fresh file that several processes open at once, the
+    switch fails at once with "database is locked" for all but one (SQLite does not call the
+    busy handler for it), so it is tried again until the busy timeout."""
+    deadline = time.monotonic() + BUSY_MS / 1000
+    delay = 0.005
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
