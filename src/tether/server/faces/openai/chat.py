@@ -69,6 +69,8 @@ _MESSAGE = {
     "properties": {
         "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
         "content": {"anyOf": [_TEXT, {"type": "array", "items": _PART}]},
+        # Read by the code the Responses face shares: a message item, if it says.
+        "type": {"const": "message"},
     },
 }
 _REQUEST = {
