@@ -7,7 +7,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import pytest
@@ -15,7 +15,7 @@ import pytest
 from tests.helpers import StoreFactory, all_items, wait_until
 from tether import Agent, QueueFull
 from tether.models.base import Finish, ModelEvent, ModelRequest, TextDelta, Usage
-from tether.records import LOCAL_PRINCIPAL, NewItem, SessionKey
+from tether.records import LOCAL_PRINCIPAL, Item, Lease, NewEvent, NewItem, SessionKey
 from tether.runtime import Runtime
 from tether.scheduler.owners import owner_is_dead
 from tether.store import InMemoryStore
@@ -481,3 +481,51 @@ async def test_a_session_made_again_under_a_lingering_lease_runs_its_turns(
         async with asyncio.timeout(10):
             done = await rt.scheduler.wait(key, second.id)
         assert done.status == "completed" and done.output == "again"
+
+
+async def test_a_turn_ended_elsewhere_just_before_its_start_is_skipped_not_fatal(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another process cancels a waiting turn after this worker read the queue but before it
+    started the turn: the store refuses the start, the turn keeps the ending recorded there,
+    a follower sees that ending (not a start that never happened), and the worker goes on."""
+    agent = Agent(name="a", model=ScriptedModel(default="ok"))
+    async with Runtime(store, agents=[agent]) as rt:
+        key = SessionKey("local", "local", "raced")
+        await store.create_session(key, "a")
+        start_turn = store.start_turn
+        seen: list[str] = []
+
+        async def cancelled_first(
+            lease: Lease, turn_id: str, items: Sequence[NewItem], events: Sequence[NewEvent]
+        ) -> list[Item]:
+            if not seen:
+                seen.append(turn_id)
+                # What another process does meanwhile, without the lease.
+                assert await store.end_waiting_turn(key, turn_id, "cancelled") is not None
+            return await start_turn(lease, turn_id, items, events)
+
+        store.start_turn = cancelled_first  # type: ignore[method-assign]
+        followed: list[tuple[int, str]] = []
+
+        async def follow(turn_id: str) -> None:
+            async with contextlib.aclosing(rt.scheduler.events(key, turn_id)) as events:
+                async for event in events:
+                    followed.append((event.seq, event.type))
+
+        with caplog.at_level(logging.ERROR, logger="tether.scheduler"):
+            first = await rt.scheduler.submit(key, "never runs")
+            follower = asyncio.create_task(follow(first.id))
+            async with asyncio.timeout(10):
+                done = await rt.scheduler.wait(key, first.id)
+                await follower
+            assert (done.status, done.reason) == ("cancelled", "cancelled")
+            assert followed[-1][1] == "turn.ended"
+            assert "turn.started" not in [t for _, t in followed]
+            assert [s for s, _ in followed] == sorted({s for s, _ in followed})
+            # The worker lives on: the next turn runs, under the same lease or a new one.
+            second = await rt.scheduler.submit(key, "runs")
+            async with asyncio.timeout(10):
+                assert (await rt.scheduler.wait(key, second.id)).status == "completed"
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert [i.content for i in await store.list_items(key, limit=10)] == ["runs", "ok"]

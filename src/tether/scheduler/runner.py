@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal, Protocol, cast
 
 from tether.agent import Agent, MemoryPolicy, reachable, resolve_target
-from tether.errors import ConfigError
+from tether.errors import ConfigError, Conflict
 from tether.events import TOOL_STARTED
 from tether.handoff import Handoff
 from tether.loop.context import Resumed, Switch, TurnContext, TurnPark
@@ -172,11 +172,22 @@ class TurnRunner:
     ) -> Turn:
         resumed: Resumed | None = None
         held: MemoryWrites | None = None
-        if turn.started_at is None:
-            user_item = await sink.start(turn.input)
-        else:
-            items, held = await sink.resume()
-            user_item = next(i for i in items if i.kind == "user")
+        items: list[Item] = []
+        try:
+            if turn.started_at is None:
+                user_item = await sink.start(turn.input)
+            else:
+                items, held = await sink.resume()
+                user_item = next(i for i in items if i.kind == "user")
+        except Conflict:
+            # Another process ended the turn (cancelled it while it waited) between the
+            # worker's read of the queue and this start: nothing of it ran here; its ending is
+            # the one recorded, and the worker goes on with the rest of the queue.
+            now = await self._store.get_turn(turn.key, turn.id)
+            if now is None or not now.ended:
+                raise
+            return now
+        if turn.started_at is not None:
             decided = await self._store.list_decisions(turn.key, turn_id=turn.id)
             resumed = Resumed(
                 items,
