@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -369,6 +371,43 @@ def test_a_stateless_run_leaves_no_thread(client: SyncLangGraphClient) -> None:
             break
         time.sleep(0.01)
     assert after == before
+
+
+def test_a_search_while_threads_are_deleted_never_fails(server: Server) -> None:
+    """Threads deleted between a search's listing and its read of them are left out; the
+    search is never a 404 (it was, when a stateless run's thread went mid-search)."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def churn() -> None:
+        with sdk(server) as c:
+            while not stop.is_set():
+                tid = c.threads.create(metadata={"churn": True})["thread_id"]
+                c.threads.delete(tid)
+
+    def search() -> int:
+        done = 0
+        with sdk(server) as c:
+            for _ in range(150):
+                try:
+                    c.threads.search(metadata={"churn": True}, limit=1000)
+                    c.threads.search(metadata={"churn": True}, status="idle", limit=1000)
+                except Exception as e:  # every failure is the finding
+                    errors.append(e)
+                done += 1
+        return done
+
+    churners = [threading.Thread(target=churn) for _ in range(3)]
+    for t in churners:
+        t.start()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            assert sum(pool.map(lambda _: search(), range(2))) == 300
+    finally:
+        stop.set()
+        for t in churners:
+            t.join()
+    assert errors == []
 
 
 def test_bad_input_is_refused_in_langgraphs_form(client: SyncLangGraphClient) -> None:

@@ -3,6 +3,7 @@ each with its status (idle, busy, awaiting input), counts and agents — the cal
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -66,3 +67,32 @@ def test_a_session_waiting_for_a_human_says_so(server: Server) -> None:
         c.post("/v1/sessions/list-two/turns", json={"input": "find"})
         c.post("/v1/sessions/list-two/turns", json={"input": "write", "agent": "writer"})
         assert c.get("/v1/sessions/list-two").json()["agents"] == ["researcher", "writer"]
+
+
+def test_listing_while_sessions_are_deleted_never_fails(server: Server) -> None:
+    """A session deleted between the page's read and its details is left out of the page; the
+    list is never a 404 because another request deleted one of the caller's sessions."""
+    stop = threading.Event()
+
+    def churn(n: int) -> None:
+        with server.client() as c:
+            i = 0
+            while not stop.is_set():
+                sid = f"churn-{n}-{i}"
+                c.post("/v1/sessions", json={"agent": "echo", "session_id": sid})
+                c.delete(f"/v1/sessions/{sid}")
+                i += 1
+
+    churners = [threading.Thread(target=churn, args=(n,)) for n in range(3)]
+    for t in churners:
+        t.start()
+    statuses: list[int] = []
+    try:
+        with server.client() as c:
+            for _ in range(300):
+                statuses.append(c.get("/v1/sessions", params={"q": "churn-"}).status_code)
+    finally:
+        stop.set()
+        for t in churners:
+            t.join()
+    assert set(statuses) == {200}

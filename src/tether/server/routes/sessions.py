@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Response
 
-from tether.errors import InvalidInput, TooLarge
+from tether.errors import InvalidInput, SessionNotFound, TooLarge
 from tether.records import SessionKey, SessionOrder, SessionRecord, new_session_id
 from tether.server.deps import Caller, Key, OwnSession, State
 from tether.server.problems import responses
@@ -129,7 +129,12 @@ async def list_sessions(
     page = await st.runtime.sessions.page(
         caller.tenant, caller.user, limit=limit, after=cursor, order=order, contains=q
     )
-    data = [await _detailed(st, r) for r in page.records]
+    data = []
+    for record in page.records:
+        try:
+            data.append(await _detailed(st, record))
+        except SessionNotFound:
+            continue  # deleted since the page was read: left out, never a 404 for the list
     return SessionPage(data=data, next_cursor=page.next_cursor)
 
 

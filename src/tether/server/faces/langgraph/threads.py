@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
-from tether.errors import InvalidSessionId, TooLarge
+from tether.errors import InvalidSessionId, SessionNotFound, TooLarge
 from tether.records import Principal, SessionKey, SessionRecord
 from tether.server.deps import State
 from tether.server.faces.langgraph._common import (
@@ -124,8 +124,12 @@ async def _search(st: ServerState, caller: Principal, body: dict[str, Any]) -> l
             continue
         if not contains(thread_metadata(record), metadata):
             continue
-        if status is not None and await thread_status(st, record.key) != status:
-            continue
+        if status is not None:
+            try:
+                if await thread_status(st, record.key) != status:
+                    continue
+            except SessionNotFound:
+                continue  # deleted since the listing (a stateless run's thread, say)
         found.append(record)
     return found
 
@@ -148,7 +152,14 @@ async def search_threads(request: Request, st: State, caller: Caller) -> JSONRes
         reverse=order == "desc",
     )
     offset, limit = number(body, "offset", 0, 10**6), number(body, "limit", 10, 1000)
-    threads = [await thread_out(st, r) for r in found[offset : offset + limit]]
+    threads = []
+    for record in found[offset : offset + limit]:
+        try:
+            threads.append(await thread_out(st, record))
+        except SessionNotFound:
+            # Deleted between the listing and this read: a search sees a thread or it doesn't,
+            # it never fails because another request ended one.
+            continue
     select = body.get("select")
     if isinstance(select, list):
         threads = [{k: v for k, v in t.items() if k in select} for t in threads]
