@@ -15,7 +15,7 @@ import pytest
 from tests.helpers import StoreFactory, all_items, wait_until
 from tether import Agent, QueueFull
 from tether.models.base import Finish, ModelEvent, ModelRequest, TextDelta, Usage
-from tether.records import LOCAL_PRINCIPAL, Item, Lease, NewEvent, NewItem, SessionKey
+from tether.records import LOCAL_PRINCIPAL, Item, Lease, NewEvent, NewItem, SessionKey, Turn
 from tether.runtime import Runtime
 from tether.scheduler.owners import owner_is_dead
 from tether.store import InMemoryStore
@@ -529,3 +529,62 @@ async def test_a_turn_ended_elsewhere_just_before_its_start_is_skipped_not_fatal
                 assert (await rt.scheduler.wait(key, second.id)).status == "completed"
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
         assert [i.content for i in await store.list_items(key, limit=10)] == ["runs", "ok"]
+
+
+async def test_a_turn_submitted_here_starts_without_a_read_of_the_queue(store: Store) -> None:
+    """The worker lingering on the session's lease starts the turn a submit hands it: the
+    store's refusal of an out-of-order start replaces the read of the queue before it."""
+    agent = Agent(name="a", model=ScriptedModel(default="ok"))
+    async with Runtime(store, agents=[agent]) as rt:
+        rt.scheduler.linger = 60.0
+        key = SessionKey("local", "local", "handed")
+        await rt.sessions.create(key, "a")
+        first = await rt.scheduler.submit(key, "one")
+        await rt.scheduler.wait(key, first.id)
+        calls: list[str] = []
+        active_turns, start_turn = store.active_turns, store.start_turn
+
+        async def counted_active(key: SessionKey) -> list[Turn]:
+            calls.append("active_turns")
+            return await active_turns(key)
+
+        async def counted_start(
+            lease: Lease, turn_id: str, items: Sequence[NewItem], events: Sequence[NewEvent]
+        ) -> list[Item]:
+            calls.append(f"start {turn_id}")
+            return await start_turn(lease, turn_id, items, events)
+
+        store.active_turns = counted_active  # type: ignore[method-assign]
+        store.start_turn = counted_start  # type: ignore[method-assign]
+        second = await rt.scheduler.submit(key, "two")
+        async with asyncio.timeout(10):
+            assert (await rt.scheduler.wait(key, second.id)).status == "completed"
+        assert calls[0] == f"start {second.id}"
+
+
+async def test_a_handed_turn_behind_one_accepted_elsewhere_waits_its_turn(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another process accepted a turn (no worker here knows of it) just before this one was
+    submitted here: the worker handed the later turn has its start refused, reads the queue,
+    and runs the earlier turn first. Order is the store's, whatever the worker was handed."""
+    model = ScriptedModel(default=lambda r: f"after {r.messages[-1].content}")
+    agent = Agent(name="a", model=model)
+    async with Runtime(store, agents=[agent]) as rt:
+        key = SessionKey("local", "local", "handed-late")
+        await rt.sessions.create(key, "a")
+        with caplog.at_level(logging.ERROR, logger="tether.scheduler"):
+            elsewhere = await store.enqueue_turn(
+                key, turn_id="elsewhere", input="first", policy="enqueue"
+            )
+            here = await rt.scheduler.submit(key, "second")
+            async with asyncio.timeout(10):
+                done_here = await rt.scheduler.wait(key, here.id)
+                done_elsewhere = await rt.scheduler.wait(key, elsewhere.id)
+        assert (done_elsewhere.status, done_here.status) == ("completed", "completed")
+        assert done_elsewhere.started_at is not None and done_here.started_at is not None
+        assert done_elsewhere.ended_at is not None
+        assert done_elsewhere.ended_at <= done_here.started_at
+        items = [i.content for i in await store.list_items(key, limit=10)]
+        assert items == ["first", "after first", "second", "after second"]
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

@@ -32,6 +32,7 @@ from tether.errors import (
     TooLarge,
     TurnFailed,
     TurnNotFound,
+    TurnNotNext,
 )
 from tether.handoff import Handoff, handoff
 from tether.records import Decision, Event, Item, Principal, SessionKey, Turn
@@ -113,6 +114,7 @@ __all__ = [
     "Turn",
     "TurnFailed",
     "TurnNotFound",
+    "TurnNotNext",
     "__version__",
     "handoff",
     "tool",

@@ -17,7 +17,8 @@
     │   └── DocumentNotFound
     ├── Conflict                 a precondition moved: revision, existing id (HTTP 409)
     │   ├── RevisionConflict     an update named a revision that is no longer current
-    │   └── DecisionMade         a decision that is not pending (carries the one made first)
+    │   ├── DecisionMade         a decision that is not pending (carries the one made first)
+    │   └── TurnNotNext          a start of a turn an earlier active turn of its session precedes
     ├── Unauthorized             no credentials, or unknown or revoked ones (HTTP 401)
     ├── Forbidden                readable but not writable by this principal (HTTP 403)
     ├── SessionBusy              policy=reject and a turn is queued or running (HTTP 409)
@@ -144,6 +145,11 @@ class DecisionMade(Conflict):
     def __init__(self, message: str, *, decision: Decision) -> None:
         super().__init__(message)
         self.decision = decision
+
+
+class TurnNotNext(Conflict):
+    """A store refused to start a turn because an earlier turn of its session is still active
+    (queued, running or parked): a session's turns start in the order they were accepted."""
 
 
 class Unauthorized(TetherError):

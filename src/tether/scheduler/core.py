@@ -252,7 +252,7 @@ class Scheduler:
         self.local.waiters.setdefault(turn.id, (key, []))
         if policy == "interrupt" or policy == "rollback":
             await self._preempt(key, policy)
-        self.workers.kick(key)
+        self.workers.kick(key, turn)
         return turn
 
     async def _enqueue(

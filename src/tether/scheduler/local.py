@@ -51,6 +51,9 @@ class Local:
     """Sessions whose worker must re-read the queue before it gives the session up."""
     kicked: dict[SessionKey, asyncio.Event] = field(default_factory=dict)
     """Set to wake a worker that lingers on its lease."""
+    handed: dict[SessionKey, Turn] = field(default_factory=dict)
+    """The earliest turn submitted here that the session's worker has not looked at: it tries
+    to start it without reading the queue (the store refuses it if an earlier one is active)."""
     leases: dict[SessionKey, Lease] = field(default_factory=dict)
     history: HistoryCache = field(default_factory=HistoryCache)
     """What the holder of each lease here knows of its session's history (windows unread)."""

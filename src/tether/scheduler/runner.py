@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal, Protocol, cast
 
 from tether.agent import Agent, MemoryPolicy, reachable, resolve_target
-from tether.errors import ConfigError, Conflict
+from tether.errors import ConfigError, Conflict, TurnNotNext
 from tether.events import TOOL_STARTED
 from tether.handoff import Handoff
 from tether.loop.context import Resumed, Switch, TurnContext, TurnPark
@@ -112,7 +112,8 @@ class TurnRunner:
         """Run ``turn`` to its ending (or until it parks on a decision) and hand it to whoever
         waits for it.
 
-        Raises :class:`StaleLease` when the session was lost meanwhile: nothing more was written.
+        Raises :class:`StaleLease` when the session was lost meanwhile: nothing more was written;
+        :class:`TurnNotNext` when an earlier turn of the session is active: nothing was written.
         """
         feed = TurnFeed(turn.id)
         self._local.feeds.open(feed)
@@ -179,6 +180,8 @@ class TurnRunner:
             else:
                 items, held = await sink.resume()
                 user_item = next(i for i in items if i.kind == "user")
+        except TurnNotNext:
+            raise  # an earlier turn comes first: nothing was written; the worker reads the queue
         except Conflict:
             # Another process ended the turn (cancelled it while it waited) between the
             # worker's read of the queue and this start: nothing of it ran here; its ending is

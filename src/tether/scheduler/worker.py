@@ -16,7 +16,7 @@ import logging
 import time
 from typing import Protocol
 
-from tether.errors import SessionNotFound, StaleLease
+from tether.errors import SessionNotFound, StaleLease, TurnNotNext
 from tether.records import Lease, SessionKey, Turn
 from tether.scheduler.local import Local
 from tether.scheduler.owners import owner_is_dead
@@ -64,10 +64,18 @@ class Workers:
         self.owner = owner
         self.lease_ttl = lease_ttl
         self.linger = linger
+        self._agent_of: dict[SessionKey, str] = {}
+        """Each leased session's own agent ('' once gone), for the turns that name none."""
+        self._ran_to: dict[SessionKey, int] = {}
+        """The seq of the last turn this process's worker of the session took up: a handed turn
+        at or before it was found in the queue before it was handed (and is stale)."""
 
-    def kick(self, key: SessionKey) -> None:
-        """Make sure a worker will look at ``key``'s queue (start one, or wake the one there)."""
+    def kick(self, key: SessionKey, turn: Turn | None = None) -> None:
+        """Make sure a worker will look at ``key``'s queue (start one, or wake the one there);
+        ``turn``, just queued here, is handed to it to start without a read of the queue."""
         local = self._local
+        if turn is not None:
+            local.handed.setdefault(key, turn)  # the earliest is the likelier to be next
         worker = local.workers.get(key)
         if worker is not None and not worker.done():
             local.dirty.add(key)  # the worker re-reads the queue before it gives up the session
@@ -98,6 +106,7 @@ class Workers:
                     local.dirty.add(key)
                 finally:
                     local.leases.pop(key, None)
+                    self._agent_of.pop(key, None)
                     local.history.forget(key)
                     await self._release(lease)
                 # No await between this check and leaving workers: a submit that lands after
@@ -107,13 +116,19 @@ class Workers:
                     continue
                 local.workers.pop(key, None)
                 local.principals.pop(key, None)
+                local.handed.pop(key, None)
+                self._ran_to.pop(key, None)
                 return
         except asyncio.CancelledError:
             local.workers.pop(key, None)
+            local.handed.pop(key, None)
+            self._ran_to.pop(key, None)
             raise
         except Exception:
             log.exception("session worker failed")
             local.workers.pop(key, None)
+            local.handed.pop(key, None)
+            self._ran_to.pop(key, None)
 
     async def _acquire(self, key: SessionKey) -> Lease | None:
         delay = 0.02
@@ -156,17 +171,25 @@ class Workers:
             self._local.resolve(lost)
 
     async def _drain(self, key: SessionKey, lease: Lease) -> None:
-        default_agent: str | None = None  # the session's own agent, for turns that name none
+        local = self._local
         while True:
-            self._local.dirty.discard(key)
-            turn = runnable(await self._store.active_turns(key))
-            if turn is None or self._local.closing:
+            local.dirty.discard(key)
+            # A turn submitted here is most often the next one: start it without reading the
+            # queue. The store refuses the start if an earlier turn (accepted by another
+            # process, or parked) is still active, and then the queue says what comes first.
+            turn = local.handed.pop(key, None)
+            if turn is None or turn.seq <= self._ran_to.get(key, 0):
+                turn = runnable(await self._store.active_turns(key))
+            if turn is None or local.closing:
                 return
-            if turn.agent is None and default_agent is None:
+            self._ran_to[key] = max(turn.seq, self._ran_to.get(key, 0))
+            if turn.agent is None and key not in self._agent_of:
                 # Read once per lease: a session's own agent does not change under it.
                 record = await self._store.get_session(key)
-                default_agent = record.agent if record is not None else ""
-            await self._runner.run(lease, turn, turn.agent.name if turn.agent else default_agent)
+                self._agent_of[key] = record.agent if record is not None else ""
+            agent = turn.agent.name if turn.agent else self._agent_of[key]
+            with contextlib.suppress(TurnNotNext):
+                await self._runner.run(lease, turn, agent)
 
     def _closing(self) -> bool:
         # A call, not the attribute: close() flips it while _linger awaits, and a type checker

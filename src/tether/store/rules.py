@@ -30,6 +30,7 @@ from tether.errors import (
     QueueFull,
     SessionBusy,
     SessionNotFound,
+    TurnNotNext,
 )
 from tether.records import (
     ABORTED_TOOL_RESULT,
@@ -294,6 +295,12 @@ def duplicate_turn(turn_id: str) -> Conflict:
 def not_in_status(turn_id: str, status: TurnStatus) -> Conflict:
     """The error of a fenced write whose turn is not (any longer) in ``status``."""
     return Conflict(f"turn {turn_id} is not {status}")
+
+
+def not_next(turn_id: str) -> TurnNotNext:
+    """The error of a start of a queued turn that an earlier active turn of its session
+    precedes. A start is refused for its status first: only a queued turn is ever not next."""
+    return TurnNotNext(f"turn {turn_id} is not next: an earlier turn of its session is active")
 
 
 ITEM_SEQ_GAP: Final = 1

@@ -197,6 +197,8 @@ class Turns(State):
         s = self._in_status(lease, turn_id, "queued")
         if s.turns[turn_id].started_at is not None:  # decided and waiting: resume_turn's
             raise rules.not_in_status(turn_id, "queued")
+        if s.first_active() != turn_id:  # the session's order is the store's to keep
+            raise rules.not_next(turn_id)
         # Every check before the first change: a refused write changes nothing, as a rolled
         # back transaction would not.
         rules.check_event_seqs(turn_id, s.last_event_seq(turn_id), [e.seq for e in events])

@@ -494,6 +494,91 @@ MIGRATIONS: list[tuple[int, str]] = [
         $$;
         """,
     ),
+    (
+        12,
+        """
+        -- tether_write as migration 10's, and a start of a turn that an earlier active turn
+        -- of its session precedes is refused ('not_next'): the store keeps the session's order,
+        -- so a worker may start the turn it was handed without reading the queue first.
+        CREATE OR REPLACE FUNCTION tether_write(
+            p_tenant text, p_owner text, p_session text, p_token bigint, p_turn text,
+            p_start boolean, p_now double precision,
+            p_kinds text[], p_contents text[], p_completes boolean[], p_call_ids text[],
+            p_tools text[], p_arguments text[], p_metas text[],
+            p_event_seqs bigint[], p_event_lasts bigint[], p_event_types text[],
+            p_event_datas text[],
+            OUT outcome text, OUT current_token bigint, OUT first_seq bigint,
+            OUT last_event bigint)
+        LANGUAGE plpgsql VOLATILE AS $$
+        DECLARE
+            v_pk bigint;
+            v_count integer := cardinality(p_kinds);
+        BEGIN
+            SELECT s.pk, s.lease_token INTO v_pk, current_token FROM sessions s
+             WHERE s.tenant = p_tenant AND s.owner = p_owner AND s.session_id = p_session
+               FOR UPDATE;
+            IF NOT FOUND THEN
+                outcome := 'missing';
+                RETURN;
+            END IF;
+            IF current_token <> p_token THEN
+                outcome := 'stale';
+                RETURN;
+            END IF;
+            -- Every refusal comes before the first write: a RETURN commits what was done.
+            PERFORM 1 FROM turns
+             WHERE id = p_turn AND session_pk = v_pk
+               AND CASE WHEN p_start THEN status = 'queued' AND started_at IS NULL
+                        ELSE status = 'running' END;
+            IF NOT FOUND THEN
+                outcome := 'status';
+                RETURN;
+            END IF;
+            -- A session's turns start in the order they were accepted: not while an earlier
+            -- one is still active. (Earlier active turns only ever end, so once none is left
+            -- none can come back.)
+            IF p_start THEN
+                PERFORM 1 FROM turns e
+                 WHERE e.session_pk = v_pk
+                   AND e.status IN ('queued', 'running', 'awaiting_input')
+                   AND e.seq < (SELECT t.seq FROM turns t WHERE t.id = p_turn);
+                IF FOUND THEN
+                    outcome := 'not_next';
+                    RETURN;
+                END IF;
+            END IF;
+            IF cardinality(p_event_seqs) > 0 THEN
+                SELECT COALESCE(MAX(COALESCE(e.last_seq, e.seq)), 0) INTO last_event
+                  FROM events e WHERE e.turn_id = p_turn;
+                IF (SELECT min(x) FROM unnest(p_event_seqs) x) <= last_event THEN
+                    outcome := 'events';
+                    RETURN;
+                END IF;
+            END IF;
+            IF p_start THEN
+                UPDATE turns SET status = 'running', started_at = p_now WHERE id = p_turn;
+            END IF;
+            IF v_count > 0 THEN
+                UPDATE sessions SET next_item_seq = next_item_seq + v_count, updated_at = p_now
+                 WHERE pk = v_pk RETURNING next_item_seq - v_count INTO first_seq;
+                INSERT INTO items (session_pk, seq, turn_id, kind, content, complete, call_id,
+                                   tool_name, arguments, meta, created_at)
+                SELECT v_pk, first_seq + u.n - 1, p_turn, u.kind, u.content, u.complete,
+                       u.call_id, u.tool_name, u.arguments, u.meta, p_now
+                  FROM unnest(p_kinds, p_contents, p_completes, p_call_ids, p_tools,
+                              p_arguments, p_metas)
+                       WITH ORDINALITY AS u(kind, content, complete, call_id, tool_name,
+                                            arguments, meta, n);
+            END IF;
+            INSERT INTO events (turn_id, seq, last_seq, type, data, created_at)
+            SELECT p_turn, u.seq, u.last_seq, u.type, u.data, p_now
+              FROM unnest(p_event_seqs, p_event_lasts, p_event_types, p_event_datas)
+                   AS u(seq, last_seq, type, data);
+            outcome := 'written';
+        END
+        $$;
+        """,
+    ),
 ]
 
 

@@ -507,6 +507,8 @@ def _refused(
         raise StaleLease(rules.stale_message(lease.token, int(current)))
     if outcome == "status":
         raise rules.not_in_status(turn_id, status)
+    if outcome == "not_next":
+        raise rules.not_next(turn_id)
     if outcome == "events":
         rules.check_event_seqs(turn_id, int(last), [e.seq for e in events])
         raise StoreError(f"the store refused events the rules accept ({outcome})")

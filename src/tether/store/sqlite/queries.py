@@ -174,6 +174,12 @@ START_TURN = (
     "UPDATE turns SET status = 'running', started_at = ?"
     " WHERE id = ? AND session_pk = ? AND status = 'queued' AND started_at IS NULL"
 )
+# Why a start was refused (asked only then): the turn is not a new queued one, or it is and an
+# earlier turn of the session is still active.
+TURN_IS_NEW = (
+    "SELECT 1 FROM turns WHERE id = ? AND session_pk = ? AND status = 'queued'"
+    " AND started_at IS NULL"
+)
 TURN_IS_RUNNING = "SELECT 1 FROM turns WHERE id = ? AND session_pk = ? AND status = 'running'"
 # An ended turn holds no memory writes any more: they were applied or dropped.
 FINISH_TURN = (

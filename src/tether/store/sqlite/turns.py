@@ -202,6 +202,11 @@ class Turns(Connection):
     ) -> list[Item]:
         def do(c: sqlite3.Connection) -> list[Item]:
             pk = steps.fenced_pk(c, lease)
+            first = c.execute(q.FIRST_ACTIVE_TURN, (pk,)).fetchone()
+            if first is not None and first[0] != turn_id:
+                if c.execute(q.TURN_IS_NEW, (turn_id, pk)).fetchone() is not None:
+                    raise rules.not_next(turn_id)
+                raise rules.not_in_status(turn_id, "queued")
             if c.execute(q.START_TURN, (time.time(), turn_id, pk)).rowcount != 1:
                 raise rules.not_in_status(turn_id, "queued")
             return steps.add_rows(c, pk, turn_id, items, events)

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tether.errors import Conflict, QueueFull, SessionBusy
+from tether.errors import Conflict, QueueFull, SessionBusy, TurnNotNext
 from tether.events import MESSAGE_COMPLETED, TOOL_CALL, TURN_ENDED, TURN_QUEUED, TURN_STARTED
 from tether.records import NewItem, TurnEnding, Usage
 from tether.store.protocol import Store
@@ -200,6 +200,29 @@ class TurnsConformance:
         with pytest.raises(Conflict):
             await store.start_turn(lease, "unknown", [NewItem("user", "x")], [ev(2)])
         assert await snapshot(store, k) == before_snap
+
+    async def test_a_turn_starts_only_when_no_earlier_turn_is_active(self, store: Store) -> None:
+        """The store keeps a session's order: a worker handed a turn may start it without
+        reading the queue, and a start that would jump an earlier active turn is refused."""
+        k = await new_session(store)
+        for n in (1, 2, 3):
+            await store.enqueue_turn(k, turn_id=f"t{n}", input=f"q{n}", policy="enqueue")
+        lease = await acquire(store, k)
+        before = await snapshot(store, k)
+        with pytest.raises(TurnNotNext):  # t1 is queued before it
+            await store.start_turn(lease, "t2", [NewItem("user", "q2")], [ev(2, TURN_STARTED)])
+        assert await snapshot(store, k) == before
+        await store.start_turn(lease, "t1", [NewItem("user", "q1")], [ev(2, TURN_STARTED)])
+        with pytest.raises(TurnNotNext):  # t1 runs
+            await store.start_turn(lease, "t2", [NewItem("user", "q2")], [ev(2, TURN_STARTED)])
+        await store.end_turn(lease, "t1", TurnEnding("completed", "answered"), [], [ev(3)])
+        await store.end_waiting_turn(k, "t2", "cancelled")
+        # An ended turn is refused for its status, not its place; the next active one starts.
+        with pytest.raises(Conflict) as refused:
+            await store.start_turn(lease, "t2", [NewItem("user", "q2")], [ev(3, TURN_STARTED)])
+        assert not isinstance(refused.value, TurnNotNext)
+        await store.start_turn(lease, "t3", [NewItem("user", "q3")], [ev(2, TURN_STARTED)])
+        assert [t.id for t in await store.active_turns(k)] == ["t3"]
 
     async def test_append(self, store: Store) -> None:
         k = await new_session(store)
