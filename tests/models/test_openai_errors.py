@@ -3,6 +3,7 @@ words (with the key and any URL password masked) in the log only."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 
 import pytest
@@ -36,6 +37,16 @@ def test_invalid_json_in_the_stream_is_ours_too(caplog: pytest.LogCaptureFixture
         model._chunk(b"data: {not json at /internal/path")
     assert str(caught.value) == "openai:m: the model provider sent invalid JSON"
     assert "/internal/path" in caplog.text
+
+
+def test_chunks_the_standard_library_reads_are_still_read() -> None:
+    """Chunks are read with orjson, but a provider's chunk that only Python's json accepts
+    (NaN, an escaped lone surrogate) is read as before rather than failing the turn."""
+    model = OpenAIModel("m", base_url="http://127.0.0.1:9/v1", api_key=KEY)
+    plain = model._chunk(rb'data: {"choices": [{"index": 0, "delta": {"content": "x\u00e9"}}]}')
+    assert plain == {"choices": [{"index": 0, "delta": {"content": "x\u00e9"}}]}
+    odd = model._chunk(rb'data: {"usage": {"cost": NaN}, "text": "\ud83d"}')
+    assert odd is not None and odd["text"] == "\ud83d" and math.isnan(odd["usage"]["cost"])
 
 
 class _Body:
