@@ -114,21 +114,21 @@ class Workers:
                 if key in local.dirty:
                     local.dirty.discard(key)
                     continue
-                local.workers.pop(key, None)
+                self._gone(key)
                 local.principals.pop(key, None)
-                local.handed.pop(key, None)
-                self._ran_to.pop(key, None)
                 return
         except asyncio.CancelledError:
-            local.workers.pop(key, None)
-            local.handed.pop(key, None)
-            self._ran_to.pop(key, None)
+            self._gone(key)
             raise
         except Exception:
             log.exception("session worker failed")
-            local.workers.pop(key, None)
-            local.handed.pop(key, None)
-            self._ran_to.pop(key, None)
+            self._gone(key)
+
+    def _gone(self, key: SessionKey) -> None:
+        """This process's worker of ``key`` has ended: forget what it knew of the session."""
+        self._local.workers.pop(key, None)
+        self._local.handed.pop(key, None)
+        self._ran_to.pop(key, None)
 
     async def _acquire(self, key: SessionKey) -> Lease | None:
         delay = 0.02

@@ -284,7 +284,13 @@ class FencedWrites(Protocol):
     async def start_turn(
         self, lease: Lease, turn_id: str, items: Sequence[NewItem], events: Sequence[NewEvent]
     ) -> list[Item]:
-        """Move a queued turn to running and write its first items and events."""
+        """Move a queued turn to running and write its first items and events.
+
+        Raises :class:`~tether.errors.TurnNotNext` when an earlier turn of the session is
+        still active (queued, running or parked): the store keeps the session's order, so a
+        caller may start a turn it was handed without reading the queue first. A turn that is
+        not a new queued one is refused for its status first (:class:`Conflict`).
+        """
         ...
 
     async def append(
