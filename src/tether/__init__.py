@@ -32,7 +32,6 @@ from tether.errors import (
     TooLarge,
     TurnFailed,
     TurnNotFound,
-    TurnNotNext,
 )
 from tether.handoff import Handoff, handoff
 from tether.records import Decision, Event, Item, Principal, SessionKey, Turn
@@ -114,7 +113,6 @@ __all__ = [
     "Turn",
     "TurnFailed",
     "TurnNotFound",
-    "TurnNotNext",
     "__version__",
     "handoff",
     "tool",
