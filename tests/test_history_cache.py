@@ -170,3 +170,32 @@ async def test_the_cache_keeps_the_newest_items_only() -> None:
     # Past the kept ones, the store answers (and what comes back is whole).
     cached = await history.recent(None, MAX_ITEMS + 10)
     assert cached == await store.recent_items(key, limit=MAX_ITEMS + 10)
+
+
+async def test_a_lingering_lease_measures_each_item_once(
+    make_store: StoreFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lease's turns share one window memo: over 30 turns each history item is sized once,
+    not once per turn that shows it (which grows with the square of the session's length)."""
+    from tether.loop import window
+
+    measured: Counter[int] = Counter()
+    real = window.item_tokens
+
+    def counting(item: Item) -> int:
+        measured[item.seq] += 1
+        return real(item)
+
+    monkeypatch.setattr(window, "item_tokens", counting)
+    model = ScriptedModel(default="fine")
+    agent = Agent(name="a", model=model)
+    async with Runtime(make_store(), agents=[agent]) as rt:
+        rt.scheduler.linger = 60.0
+        key = SessionKey("local", "local", "measured")
+        await rt.sessions.create(key, "a")
+        for n in range(30):
+            turn = await rt.scheduler.submit(key, f"question {n}")
+            await rt.scheduler.wait(key, turn.id)
+        assert len(measured) == 58  # every item before the last turn's own input
+        assert set(measured.values()) == {1}
+        assert _shown(model.requests[-1])[:2] == ["question 0", "fine"]

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from tether.agent import Agent
 from tether.events import EventType
 from tether.handoff import Handoff
+from tether.loop.window import ItemMemo
 from tether.models.base import Model, ToolSpec
 from tether.records import (
     CancelStatus,
@@ -137,6 +138,9 @@ class TurnContext:
     """``seq`` of the stored user item of this turn; history is what came before it."""
     history: HistoryReader
     sink: TurnSink
+    memo: ItemMemo = field(default_factory=ItemMemo)
+    """What the history's items cost and render to: the scheduler passes the one it keeps for
+    the session's lease, so the next turn's window reuses this one's."""
     resumed: Resumed | None = None
     """Set when the turn goes on after a decision rather than starting."""
     always: frozenset[str] = frozenset()

@@ -77,7 +77,7 @@ async def prepare(ctx: TurnContext, state: TurnState, *, resumed: bool = False) 
         # The conversation is kept, but this agent answers each message on its own.
         window = Window([], False)
     else:
-        window = await select_window(ctx.history, ctx.input_seq, budget)
+        window = await select_window(ctx.history, ctx.input_seq, budget, ctx.memo)
     summary = None
     if window.truncated:
         # Only a conversation that outgrew the window has a summary to place (or to make): the
@@ -85,7 +85,7 @@ async def prepare(ctx: TurnContext, state: TurnState, *, resumed: bool = False) 
         summary = await ctx.history.latest_summary()
         if summary is not None:
             window = await select_window(
-                ctx.history, ctx.input_seq, budget - summary_tokens(summary)
+                ctx.history, ctx.input_seq, budget - summary_tokens(summary), ctx.memo
             )
         if ctx.agent.memory.summarize and not resumed:
             first_kept = window.items[0].seq if window.items else ctx.input_seq
@@ -94,7 +94,7 @@ async def prepare(ctx: TurnContext, state: TurnState, *, resumed: bool = False) 
                 summary = fresh
                 # The new summary may be longer than the old one: re-fit the window under it.
                 window = await select_window(
-                    ctx.history, ctx.input_seq, budget - summary_tokens(summary)
+                    ctx.history, ctx.input_seq, budget - summary_tokens(summary), ctx.memo
                 )
     late = near_question and bool(window.items)
     state.recalled = recalled if recalled and not late else ""
@@ -103,7 +103,7 @@ async def prepare(ctx: TurnContext, state: TurnState, *, resumed: bool = False) 
     state.messages = [
         Message("system", system),
         *render([summary] if summary is not None else []),
-        *render(window.items),
+        *render(window.items, ctx.memo),
         *([Message("system", recalled)] if late else []),
         Message("user", ctx.input),
     ]

@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from tether.loop.window import ItemMemo
 from tether.records import Item, Lease, NewItem, SessionKey, TurnStatus
 from tether.store import rules
 from tether.store.protocol import HistoryStore
@@ -46,6 +47,7 @@ class Known:
 class HistoryCache:
     def __init__(self) -> None:
         self._known: dict[SessionKey, Known] = {}
+        self._memos: dict[SessionKey, tuple[int, ItemMemo]] = {}
 
     def __len__(self) -> int:
         return len(self._known)
@@ -54,8 +56,17 @@ class HistoryCache:
         known = self._known.get(lease.key)
         return known if known is not None and known.token == lease.token else None
 
+    def memo(self, lease: Lease) -> ItemMemo:
+        """What the lease's turns learnt of their items' sizes and renderings (one per lease:
+        a new lease starts afresh, like what is known of the history)."""
+        held = self._memos.get(lease.key)
+        if held is None or held[0] != lease.token:
+            held = self._memos[lease.key] = (lease.token, ItemMemo())
+        return held[1]
+
     def forget(self, key: SessionKey) -> None:
         self._known.pop(key, None)
+        self._memos.pop(key, None)
 
     def wrote(self, lease: Lease, written: Sequence[Item]) -> None:
         """Items a fenced write stored, in seq order (consecutive within the write)."""

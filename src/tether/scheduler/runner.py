@@ -289,6 +289,7 @@ class TurnRunner:
             input_seq=user_item.seq,
             history=CachedHistory(self._store, self._local.history, sink.lease),
             sink=sink,
+            memo=self._local.history.memo(sink.lease),
             workspace=workspace_dir(self.workspace_root, key) if self.workspace_root else None,
             workspace_quota=self.workspace_quota,
         )

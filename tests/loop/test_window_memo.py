@@ -1,0 +1,139 @@
+"""The window's memo (loop/window.py ItemMemo): a long session's turn does not measure and render
+its whole history again, and what the memo remembers is never shown in place of what the history
+holds."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from tether.loop import window
+from tether.loop.window import ItemMemo, render, select_window
+from tether.models.base import Message, ToolCall
+from tether.records import Item
+
+
+def _item(seq: int, kind: str, content: str = "", **kw: object) -> Item:
+    fields: dict[str, object] = {
+        "turn_id": f"t{seq // 10}",
+        "complete": True,
+        "call_id": None,
+        "tool_name": None,
+        "arguments": None,
+        "meta": {},
+        "created_at": 0.0,
+    }
+    fields.update(kw)
+    return Item(seq=seq, kind=kind, content=content, **fields)  # type: ignore[arg-type]
+
+
+def _call(seq: int, call_id: str, arguments: str) -> Item:
+    return _item(
+        seq, "tool_call", call_id=call_id, tool_name="find", arguments=arguments, meta={"step": 1}
+    )
+
+
+class _Reader:
+    """A history as the scheduler's cache gives it: the same item objects turn after turn."""
+
+    def __init__(self, items: Sequence[Item]) -> None:
+        self.items = list(items)
+
+    async def recent(self, before_seq: int | None, limit: int) -> list[Item]:
+        older = [i for i in self.items if before_seq is None or i.seq < before_seq]
+        return older[-limit:][::-1] if limit > 0 else []
+
+    async def latest_summary(self) -> Item | None:
+        return None
+
+
+def _mixed() -> list[Item]:
+    """Every kind a window renders: text, a step with text and two calls, their results, an
+    interrupted reply, a handoff (never shown) and a summary (kept out of the window)."""
+    return [
+        _item(0, "user", "hello"),
+        _item(1, "assistant", "let me look", meta={"step": 1}),
+        _call(2, "c1", '{"q": 1}'),
+        _call(3, "c2", '{"q": 2}'),
+        _item(4, "tool_result", "one", call_id="c1"),
+        _item(5, "tool_result", "two", call_id="c2"),
+        _item(6, "handoff", "other", meta={"agent": "a"}),
+        _item(7, "assistant", "half a rep", complete=False),
+        _item(8, "summary", "earlier things"),
+        _item(10, "user", "and then?"),
+        _call(11, "c3", "{}"),
+    ]
+
+
+async def test_a_window_through_the_memo_is_the_window_without_it() -> None:
+    items = _mixed()
+    reader = _Reader(items)
+    memo = ItemMemo()
+    for budget in (10_000, 40, 12):
+        plain = await select_window(reader, 12, budget)
+        # Twice through the same memo: the second time every item is remembered.
+        for _ in range(2):
+            memoised = await select_window(reader, 12, budget, memo)
+            assert memoised == plain
+            assert render(memoised.items, memo) == render(plain.items)
+    whole = render((await select_window(reader, 12, 10_000, memo)).items, memo)
+    assert whole == [
+        Message("user", "hello"),
+        Message(
+            "assistant",
+            "let me look",
+            (ToolCall("c1", "find", '{"q": 1}'), ToolCall("c2", "find", '{"q": 2}')),
+        ),
+        Message("tool", "one", tool_call_id="c1"),
+        Message("tool", "two", tool_call_id="c2"),
+        Message("assistant", f"half a rep\n{window.INTERRUPTED_MARK}"),
+        Message("user", "and then?"),
+        # c3 has no result yet: left out with it.
+    ]
+
+
+async def test_the_next_turns_window_measures_only_the_new_items(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    measured: list[int] = []
+    real = window.item_tokens
+
+    def counting(item: Item) -> int:
+        measured.append(item.seq)
+        return real(item)
+
+    monkeypatch.setattr(window, "item_tokens", counting)
+    items = [_item(n, "user" if n % 2 == 0 else "assistant", f"message {n}") for n in range(400)]
+    reader = _Reader(items[:300])
+    memo = ItemMemo()
+    await select_window(reader, 300, 1_000_000, memo)
+    assert sorted(measured) == list(range(300))
+    measured.clear()
+    reader.items = items  # a hundred more items since (the cache holds the same objects)
+    chosen = await select_window(reader, 400, 1_000_000, memo)
+    assert len(chosen.items) == 400
+    assert sorted(measured) == list(range(300, 400))
+
+
+async def test_an_item_read_again_is_measured_again_never_taken_for_the_old_one() -> None:
+    """Same seq, another item (the history was cleared and written again, or read afresh from
+    the store under a new lease): the memo's entry is for the old object, so it is not used."""
+    memo = ItemMemo()
+    old = _Reader([_item(0, "user", "short"), _item(1, "assistant", "x")])
+    await select_window(old, 2, 1_000, memo)
+    render(old.items, memo)
+    new = _Reader([_item(0, "user", "a much longer question " * 20), _item(1, "assistant", "y")])
+    fits = await select_window(new, 2, window.item_tokens(new.items[1]) + 1, memo)
+    assert [i.content for i in fits.items] == ["y"]  # the new user item's own size counted
+    assert render(new.items, memo) == render(new.items)
+
+
+async def test_the_memo_stays_the_size_of_a_window() -> None:
+    memo = ItemMemo()
+    items = [_item(n, "user", "m" * 70) for n in range(2_000)]
+    reader = _Reader(items)
+    for end in range(100, 2_001, 100):
+        chosen = await select_window(reader, end, 500, memo)
+        render(chosen.items, memo)
+        assert len(memo) <= 2 * len(chosen.items) + 64
