@@ -241,8 +241,16 @@ class OpenAIModel:
                 for choice in chunk.get("choices") or ():
                     if choice.get("index", 0) != 0:
                         continue  # only one choice (n=1) is ever requested
-                    for event in _deltas(choice):
-                        yield event
+                    delta = choice.get("delta")
+                    if delta:
+                        # Text first, inline: it is what nearly every chunk carries.
+                        content = delta.get("content")
+                        if content:
+                            yield TextDelta(content)
+                        calls = delta.get("tool_calls")
+                        if calls:
+                            for event in _call_deltas(calls):
+                                yield event
                     reason = choice.get("finish_reason")
                     if reason is not None:
                         finish = _FINISH_REASONS.get(reason, "other")
@@ -416,13 +424,9 @@ def _usage(chunk: dict[str, Any]) -> Usage | None:
     return Usage(int(raw.get("prompt_tokens") or 0), int(raw.get("completion_tokens") or 0))
 
 
-def _deltas(choice: dict[str, Any]) -> Iterator[ModelEvent]:
-    """The text and tool-call pieces of one streamed choice."""
-    delta = choice.get("delta") or {}
-    content = delta.get("content")
-    if content:
-        yield TextDelta(content)
-    for call in delta.get("tool_calls") or ():
+def _call_deltas(calls: list[dict[str, Any]]) -> Iterator[ToolCallDelta]:
+    """The tool-call pieces of one streamed choice's delta."""
+    for call in calls:
         fn = call.get("function") or {}
         yield ToolCallDelta(
             index=int(call.get("index", 0)),

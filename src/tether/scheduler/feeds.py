@@ -2,7 +2,11 @@
 
 A feed keeps every event of its turn in memory while the turn runs, so a subscriber that
 attaches late (or re-attaches with ``Last-Event-ID``) reads the events it missed from the feed
-and then follows it, with no gap or duplicate, before persistence has caught up.
+and then follows it, with no gap or duplicate, before persistence has caught up. It keeps them
+as the sink made them (:class:`~tether.records.NewEvent`, with the time each was made) and
+makes the :class:`~tether.records.Event` a follower reads only when one reads it: most turns
+(a caller waiting for the outcome) are followed by nobody, and a streamed reply is dozens of
+events.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 
 from tether.errors import TurnNotFound
 from tether.events import TURN_ENDED
-from tether.records import Event, SessionKey
+from tether.records import Event, NewEvent, SessionKey
 from tether.store.protocol import TurnReader
 
 PARKED_POLL = 0.25
@@ -58,14 +62,20 @@ class Feeds(dict[str, "TurnFeed"]):
 class TurnFeed:
     def __init__(self, turn_id: str) -> None:
         self.turn_id = turn_id
-        self.events: list[Event] = []
         self.closed = False
+        self._events: list[NewEvent] = []
+        self._at: list[float] = []
         self._changed = asyncio.Event()
         self._waiting = 0
 
-    def publish(self, event: Event) -> None:
-        self.events.append(event)
+    def publish(self, event: NewEvent, at: float) -> None:
+        """Add the turn's next event, made at ``at`` (epoch seconds)."""
+        self._events.append(event)
+        self._at.append(at)
         self._wake()
+
+    def __len__(self) -> int:
+        return len(self._events)
 
     def close(self) -> None:
         self.closed = True
@@ -81,17 +91,17 @@ class TurnFeed:
 
     @property
     def first_seq(self) -> int | None:
-        return self.events[0].seq if self.events else None
+        return self._events[0].seq if self._events else None
 
     async def follow(self, after_seq: int) -> AsyncIterator[Event]:
         """Events with ``seq > after_seq`` until the feed closes."""
         index = 0
         while True:
-            while index < len(self.events):
-                event = self.events[index]
+            while index < len(self._events):
+                new, at = self._events[index], self._at[index]
                 index += 1
-                if event.seq > after_seq:
-                    yield event
+                if new.seq > after_seq:
+                    yield Event(self.turn_id, new.seq, new.type, new.data, at)
             if self.closed:
                 return
             self._waiting += 1

@@ -25,7 +25,6 @@ from tether.events import (
 from tether.memory.prompt import written_event_data
 from tether.records import (
     Decision,
-    Event,
     Item,
     Lease,
     MemoryWrites,
@@ -88,16 +87,16 @@ class FencedSink:
         self._stale: StaleLease | None = None
 
     def emit(self, type: EventType, data: dict[str, Any]) -> None:
-        self._feed.publish(self._add(type, data))
+        self._feed.publish(self._add(type, data), time.time())
         if self._started and self._timer is None and self._flush_interval > 0:
             loop = asyncio.get_running_loop()
             self._timer = loop.call_later(self._flush_interval, self._flush_due)
 
-    def _add(self, type: EventType, data: dict[str, Any]) -> Event:
+    def _add(self, type: EventType, data: dict[str, Any]) -> NewEvent:
         event = NewEvent(self._next_seq, type, data)
         self._next_seq += 1
         self._buffer.append(event)
-        return Event(self._turn_id, event.seq, type, data, time.time())
+        return event
 
     def take_events(self) -> list[NewEvent]:
         events, self._buffer = self._buffer, []
@@ -131,13 +130,13 @@ class FencedSink:
         is no longer queued (another process ended it since the worker read the queue)."""
         # Published once written, not before: a start the store refuses never happened, and
         # a follower shown its seq would skip the ending that other process wrote there.
-        started = self._add(TURN_STARTED, {"turn_id": self._turn_id})
+        started, at = self._add(TURN_STARTED, {"turn_id": self._turn_id}), time.time()
         async with self._lock:
             items = await self._store.start_turn(
                 self.lease, self._turn_id, [NewItem("user", user_input)], self.take_events()
             )
             self._history.wrote(self.lease, items)
-        self._feed.publish(started)
+        self._feed.publish(started, at)
         self._started = True
         return items[0]
 
@@ -145,7 +144,8 @@ class FencedSink:
         """Take a decided turn up again: ``turn.resumed``, the turn back to running; returns
         its items so far (whose unanswered calls are then open) and the memory it held.
         Raises :class:`Conflict` when the turn is no longer parked (ended elsewhere)."""
-        resumed = self._add(TURN_RESUMED, {"turn_id": self._turn_id})  # published once written
+        # Published once written.
+        resumed, at = self._add(TURN_RESUMED, {"turn_id": self._turn_id}), time.time()
         async with self._lock:
             items, memory = await self._store.resume_turn(
                 self.lease, self._turn_id, self.take_events()
@@ -153,7 +153,7 @@ class FencedSink:
             # Parked, the session may have been written without the lease in ways no seq
             # shows (a decision is not an item, but whoever decided may have done more): read.
             self._history.forget(self.lease.key)
-        self._feed.publish(resumed)
+        self._feed.publish(resumed, at)
         self._started = True
         self._track(items)
         return items, memory

@@ -282,7 +282,9 @@ def _uses(dependant: Dependant, names: set[str]) -> set[str]:
 def _implied(route: APIRoute) -> set[int]:
     """The errors every route of this shape can answer, whatever its decorator says."""
     dependant = route.dependant
-    uses = _uses(dependant, {"principal", "state_of", "session_key", "own_session"})
+    uses = _uses(dependant, {"principal", "state_of", "session_key", "own_session", "owned"})
+    if "owned" in uses:  # the four in one (deps.owned)
+        uses |= {"principal", "state_of", "session_key", "own_session"}
     codes: set[int] = set()
     if "principal" in uses:
         codes |= {400, 401, 403}  # ambiguous credentials; local mode's Host and Origin

@@ -14,7 +14,7 @@ from tether.errors import Conflict, TurnNotFound
 from tether.events import TURN_ENDED
 from tether.records import Event, SessionKey, Turn
 from tether.server import sse
-from tether.server.deps import Caller, Key, OwnSession, State, check_message
+from tether.server.deps import Caller, Key, OwnedSession, OwnSession, State, check_message
 from tether.server.routes.outcomes import turn_response
 from tether.server.schemas import (
     IDEMPOTENCY_KEY,
@@ -130,15 +130,13 @@ IdempotencyHeader = Annotated[
 async def create_turn(
     body: TurnCreate,
     request: Request,
-    st: State,
-    caller: Caller,
-    key: Key,
-    record: OwnSession,
+    owned: OwnedSession,
     idempotency_key: IdempotencyHeader = None,
 ) -> Response:
     """Run a turn. ``wait`` (default) answers with the ended turn; ``stream`` with its SSE
     events; ``wait=false`` with 202 and the queued turn. A retry with the same idempotency key
     gets the turn the first request made, in the same form."""
+    st, caller, key, record = owned.st, owned.caller, owned.key, owned.record
     check_message(st, body.input)
     if idempotency_key and body.idempotency_key and idempotency_key != body.idempotency_key:
         # As with If-Match and a body revision that disagree: the request contradicts itself.
