@@ -241,7 +241,14 @@ def _draining_server(config: uvicorn.Config, scheduler: Scheduler, drain_timeout
         on_ready: Callable[[], object] | None = None
 
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            from tether.server import heap
+
             await super().startup(sockets)
+            # The app has started: what it made lives as long as the process. A server run in
+            # another thread shares its process with code of its own (a test, an application),
+            # whose collector is not ours to set.
+            if self.started and threading.current_thread() is threading.main_thread():
+                heap.settle()
             if self.started and self.on_ready is not None:
                 self.on_ready()
 

@@ -103,3 +103,43 @@ def test_serve_refuses_a_public_address_without_keys(tmp_path: Path) -> None:
         _stop(proc)
     assert returncode != 0
     assert "refusing to listen on 0.0.0.0" in (tmp_path / "out.log").read_text()
+
+
+HEAP_SCRIPT = """
+import gc, os, signal, sys
+from tether import Agent
+from tether.app import serve
+from tether.server.settings import Settings
+from tether.testing import ScriptedModel
+
+def ready(url):
+    print("frozen", gc.get_freeze_count(), "threshold", gc.get_threshold()[0], flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+print("before", gc.get_freeze_count(), gc.get_threshold()[0], flush=True)
+settings = Settings.from_env(host="127.0.0.1", port=0, data_dir=sys.argv[1], drain_timeout=1)
+serve(settings, [Agent(name="a", model=ScriptedModel(default="ok"))], log_level="warning",
+      on_ready=ready)
+"""
+
+
+@pytest.mark.slow
+def test_a_served_process_freezes_what_it_started_with(tmp_path: Path) -> None:
+    """Once it listens, a server's own process keeps what it was started with out of the
+    collector's walks and raises the young threshold (server/heap.py); an application that
+    embeds tether is left with its own settings until then."""
+    script = tmp_path / "heap.py"
+    script.write_text(HEAP_SCRIPT)
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "data")],
+        env={"PYTHONPATH": PYTHONPATH, "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines())
+    assert lines["before"] == "0 700"
+    frozen, threshold = lines["frozen"].split(" threshold ")
+    assert int(frozen) > 50_000  # the SDKs, FastAPI, the app: tens of thousands of objects
+    assert int(threshold) > 700
