@@ -61,6 +61,12 @@ async def _python(ctx: ToolContext, code: str, limits: Limits = LIMITS) -> str:
     return await _tools(limits)["run_python"].invoke(json.dumps({"code": code}), ctx)
 
 
+def _marker(number: str) -> str:
+    """A ``sleep`` argument no other run's processes have: ``number.<this pid>`` (sleep takes a
+    fraction), so a process another run left behind cannot fail this one, nor hide in it."""
+    return f"{number}.{os.getpid()}"
+
+
 def _live_pids_with(marker: str) -> set[int]:
     """Host pids of live processes whose command line holds ``marker`` (zombies have none)."""
     found: set[int] = set()
@@ -227,7 +233,7 @@ async def _all_gone_within_a_second(marker: str, pids: set[int]) -> None:
 
 @needs_bwrap
 async def test_cancelling_the_call_kills_the_whole_tree(tmp_path: Path) -> None:
-    marker = "987651"
+    marker = _marker("987651")
     # A background job, one that left the session, and the foreground one.
     command = f"sleep {marker} & setsid sleep {marker} & sleep {marker}"
     task = asyncio.create_task(_shell(_ctx(tmp_path, "s"), command))
@@ -236,7 +242,7 @@ async def test_cancelling_the_call_kills_the_whole_tree(tmp_path: Path) -> None:
 
 @needs_bwrap
 async def test_the_context_being_cancelled_kills_the_whole_tree(tmp_path: Path) -> None:
-    marker = "987652"
+    marker = _marker("987652")
     ctx = _ctx(tmp_path, "s")
     task = asyncio.create_task(_shell(ctx, f"sleep {marker} & sleep {marker}"))
     await _assert_tree_dies(task, marker, ctx.cancelled)
@@ -247,7 +253,7 @@ async def test_a_cancel_at_any_moment_of_the_start_leaves_nothing(tmp_path: Path
     """Cancelled while bwrap is still being started (its pipes connected, its sandbox's pid 1
     forked), the call must still kill the whole group: asyncio alone kills bwrap, not the pid 1
     it has already made, and that one lives on."""
-    marker = "987654"
+    marker = _marker("987654")
     workspace = ensure_workspace(tmp_path / "ws")
     for step in range(25):
         run = asyncio.create_task(
@@ -266,7 +272,7 @@ async def test_a_cancel_at_any_moment_of_the_start_leaves_nothing(tmp_path: Path
 
 @needs_bwrap
 async def test_cancelling_the_turn_kills_the_shells_tree(tmp_path: Path) -> None:
-    marker = "987653"
+    marker = _marker("987653")
     command = f"sleep {marker} & sleep {marker}"
     model = ScriptedModel(ToolCalls(Call("shell", {"command": command})))
     agent = Agent(name="a", model=model, tools=list(_tools().values()))
