@@ -1,7 +1,7 @@
 """Sandboxed code and shell: no network, only the workspace writable, rlimits, a killed tree.
 
 These run real bubblewrap; they skip (saying how to enable them) where it is missing or cannot
-make its namespaces.
+make its namespaces, and fail where it runs but refuses our command (tests/tools/conftest.py).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import wait_until
+from tests.tools.conftest import gate
 from tether import Agent
 from tether.errors import ToolError
 from tether.records import LOCAL_PRINCIPAL, SessionKey
@@ -28,11 +29,7 @@ from tether.tools.sandbox import Bubblewrap, Limits, sandbox_tools
 from tether.tools.workspace import ensure_workspace, workspace_dir
 
 _BWRAP = Bubblewrap()
-_WHY = _BWRAP.unavailable()
-needs_bwrap = pytest.mark.skipif(
-    _WHY is not None,
-    reason=f"bubblewrap unusable here ({_WHY}); enable with: apt-get install bubblewrap",
-)
+needs_bwrap = pytest.mark.usefixtures("bubblewrap")  # tests/tools/conftest.py: skip or fail
 LIMITS = Limits(wall_seconds=20, processes=32)
 
 
@@ -295,6 +292,51 @@ async def test_no_sandbox_means_a_clear_refusal(tmp_path: Path) -> None:
     with pytest.raises(ToolError, match=r"no sandbox is available.*apt-get install bubblewrap"):
         await shell.invoke(json.dumps({"command": "touch ran"}), _ctx(tmp_path, "s"))
     assert not list(tmp_path.rglob("ran"))  # noqa: ASYNC240 - a quick local look
+
+
+class _Broken(Bubblewrap):
+    """The sandbox's command with a flag gone (``--hostname`` stays, which bwrap then refuses),
+    as a careless change would leave it."""
+
+    def _namespaces(self) -> list[str]:
+        return [a for a in super()._namespaces() if a != "--unshare-uts"]
+
+
+@needs_bwrap
+def test_a_command_bwrap_refuses_fails_the_tests_instead_of_skipping_them(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="tether.sandbox"):
+        probe = _Broken().probe()
+    assert probe.fault == "tether"
+    assert probe.problem is not None
+    assert probe.problem.startswith("bubblewrap works here, but tether's sandbox command failed")
+    assert "--hostname" in probe.problem  # what bwrap said
+    assert "a bug in tether" in probe.problem
+    assert probe.problem in caplog.text  # the operator is told, not only the model
+    for ci in (False, True):
+        with pytest.raises(pytest.fail.Exception, match="the sandbox is broken"):
+            gate(probe, ci=ci)
+
+
+def test_a_host_without_namespaces_or_bwrap_skips_the_tests_except_on_ci(tmp_path: Path) -> None:
+    # A bwrap that fails whatever it is asked, as one does where user namespaces are disabled.
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    host = Bubblewrap(bwrap=str(fake)).probe()
+    assert host.fault == "host"
+    assert host.problem is not None
+    assert "cannot make its namespaces here" in host.problem
+    assert "No permissions to create new namespace" in host.problem
+    missing = Bubblewrap(bwrap=str(tmp_path / "no-bwrap")).probe()
+    assert missing.fault == "missing"
+    assert missing.problem is not None and "apt-get install bubblewrap" in missing.problem
+    for probe in (host, missing):
+        with pytest.raises(pytest.skip.Exception, match="sandbox tests skipped"):
+            gate(probe, ci=False)
+        with pytest.raises(pytest.fail.Exception, match="CI must run the sandbox tests"):
+            gate(probe, ci=True)
 
 
 async def test_sandbox_none_runs_unconfined_and_warns(

@@ -17,14 +17,16 @@ As any other user, bwrap makes a user namespace as usual and the limits count wi
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 import anyio.to_thread
 
@@ -48,6 +50,24 @@ _ETC = ("alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime"
 """``/etc`` pieces shared read-only: library lookup, Debian's ``/usr/bin/x -> /etc/alternatives``
 links (awk, which…), the time zone. No passwd, hosts, resolv.conf or certificates."""
 _PATH = "/usr/local/bin:/usr/bin:/bin"
+_PLAIN_PROBE = (
+    *("--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts"),
+    *("--ro-bind", "/", "/", "/bin/true"),
+)
+"""What the probe asks of bwrap when the sandbox's own command fails: the same namespaces and
+nothing else of ours (a user namespace too when not root)."""
+log = logging.getLogger("tether.sandbox")
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """What :meth:`Bubblewrap.probe` found."""
+
+    problem: str | None = None
+    """Why the sandbox cannot run here, a sentence for the operator; None when it can."""
+    fault: Literal["missing", "host", "tether"] | None = None
+    """``missing``: a program is not installed; ``host``: bwrap cannot make namespaces here at
+    all; ``tether``: bwrap works, but refuses the sandbox's command (a bug of ours)."""
 
 
 class Bubblewrap:
@@ -71,42 +91,56 @@ class Bubblewrap:
         """As root, the host uid every sandboxed command runs as; None (the default): each
         workspace's own (:meth:`uid_for`). Without root, our own uid, always."""
         self.gid = gid
-        self._probed: tuple[str | None] | None = None
+        self._probed: Probe | None = None
 
     def unavailable(self) -> str | None:
-        # Probed once per instance: what is installed does not change under a running server.
-        if self._probed is None:
-            self._probed = (self._probe(),)
-        return self._probed[0]
+        return self.probe().problem
 
-    def _probe(self) -> str | None:
+    def probe(self) -> Probe:
+        """Whether the sandbox can run here, and if not whose fault it is (:class:`Probe`).
+
+        Probed once per instance: what is installed does not change under a running server. A
+        failure is logged once as a warning, since the model, not the operator, reads the
+        tools' refusal.
+        """
+        if self._probed is None:
+            self._probed = self._probe()
+            if self._probed.problem is not None:
+                log.warning("the bubblewrap sandbox cannot run: %s", self._probed.problem)
+        return self._probed
+
+    def _probe(self) -> Probe:
         needed = [self.bwrap, self.prlimit] + ([self.setpriv] if self.privileged else [])
         for program in needed:
             if not os.access(program, os.X_OK):
-                return (
+                return Probe(
                     f"{program} is missing (install the bubblewrap and util-linux packages, "
-                    "e.g. apt-get install bubblewrap)"
+                    "e.g. apt-get install bubblewrap)",
+                    "missing",
                 )
         with tempfile.TemporaryDirectory(prefix="tether-sandbox-probe-") as tmp:
             probe = Path(tmp)
             if self.privileged:
                 self._hand_over(probe, *self.uid_for(probe))
-            try:
-                done = subprocess.run(
-                    self.command(["/bin/true"], workspace=probe, limits=Limits()),
-                    capture_output=True,
-                    timeout=30,
-                    check=False,
-                )
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                return f"bubblewrap could not start: {exc}"
-        if done.returncode != 0:
-            said = done.stderr.decode("utf-8", errors="replace").strip()
-            return (
-                f"bubblewrap failed a probe run (exit status {done.returncode}: {said}); "
-                "user namespaces may be disabled here"
+            failed = _failure(self.command(["/bin/true"], workspace=probe, limits=Limits()))
+        if failed is None:
+            return Probe()
+        # Whose fault: bwrap asked plainly for the same namespaces tells a host that cannot
+        # make them (user namespaces disabled, a container's seccomp) from a command of ours
+        # that bwrap refuses.
+        plain = [self.bwrap, *([] if self.privileged else ["--unshare-user"]), *_PLAIN_PROBE]
+        if _failure(plain) is not None:
+            return Probe(
+                f"bubblewrap cannot make its namespaces here ({failed}); user namespaces may be "
+                "disabled (sysctl user.max_user_namespaces, kernel.unprivileged_userns_clone) "
+                "or forbidden by a container",
+                "host",
             )
-        return None
+        return Probe(
+            f"bubblewrap works here, but tether's sandbox command failed ({failed}): "
+            "a bug in tether, please report it",
+            "tether",
+        )
 
     def command(
         self,
@@ -264,3 +298,15 @@ def _env() -> list[str]:
     for name, value in values.items():
         args += ["--setenv", name, value]
     return args
+
+
+def _failure(argv: list[str]) -> str | None:
+    """Run ``argv`` to its end; how it failed, in words, or None when it exited 0."""
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"it could not start: {exc}"
+    if done.returncode == 0:
+        return None
+    said = done.stderr.decode("utf-8", errors="replace").strip()
+    return f"exit status {done.returncode}: {said}"
