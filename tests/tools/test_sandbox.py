@@ -189,6 +189,24 @@ async def test_a_memory_hog_hits_the_address_space_limit(tmp_path: Path) -> None
 
 
 @needs_bwrap
+@pytest.mark.parametrize("tool", ["run_python", "shell"])
+async def test_a_cpu_hog_hits_the_cpu_limit_and_the_result_says_so(
+    tmp_path: Path, tool: str
+) -> None:
+    # Well inside the wall limit: the CPU limit, not the wall, must end it.
+    limits = Limits(wall_seconds=15, cpu_seconds=1)
+    ctx = _ctx(tmp_path, "s")
+    if tool == "run_python":
+        out = await _python(ctx, "print('spinning', flush=True)\nwhile True: pass\n", limits)
+    else:
+        out = await _shell(ctx, "echo spinning; while :; do :; done", limits)
+    # SIGXCPU at the soft limit (the hard one, a second later, would be an unexplained SIGKILL).
+    assert out.startswith("exit status: 152 (killed by SIGXCPU)\n"), out
+    assert "limit: the CPU time limit of 1 s per process was reached" in out
+    assert "spinning" in out
+
+
+@needs_bwrap
 async def test_an_infinite_loop_ends_at_the_wall_limit(tmp_path: Path) -> None:
     limits = Limits(wall_seconds=1)
     started = time.monotonic()
