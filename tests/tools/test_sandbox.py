@@ -207,6 +207,44 @@ async def test_a_cpu_hog_hits_the_cpu_limit_and_the_result_says_so(
 
 
 @needs_bwrap
+@pytest.mark.parametrize("tool", ["run_python", "shell"])
+async def test_a_file_past_the_file_size_limit_is_cut_and_the_result_says_so(
+    tmp_path: Path, tool: str
+) -> None:
+    limits = Limits(wall_seconds=15, file_bytes=100_000)
+    ctx = _ctx(tmp_path, "s")
+    if tool == "run_python":
+        # Python ignores SIGXFSZ: its write fails with EFBIG instead.
+        out = await _python(ctx, "open('big', 'wb').write(b'x' * 2_000_000)\n", limits)
+        assert out.startswith("exit status: 1\n") and "File too large" in out
+    else:
+        out = await _shell(ctx, "head -c 2000000 /dev/zero > big", limits)
+        assert out.startswith("exit status: 153 (killed by SIGXFSZ)\n"), out
+    assert "limit: the file size limit of 100,000 bytes was reached" in out
+    assert ctx.workspace is not None
+    assert (ctx.workspace / "big").stat().st_size == 100_000
+
+
+@needs_bwrap
+async def test_opening_too_many_files_hits_the_open_files_limit_and_the_result_says_so(
+    tmp_path: Path,
+) -> None:
+    code = (
+        "kept = []\n"
+        "try:\n"
+        "    while len(kept) < 5000:\n"
+        "        kept.append(open('/dev/null'))\n"
+        "finally:\n"
+        "    print('opened', len(kept), flush=True)\n"
+    )
+    out = await _python(_ctx(tmp_path, "s"), code, Limits(wall_seconds=15, open_files=50))
+    assert out.startswith("exit status: 1\n") and "Too many open files" in out
+    # stdin, stdout, stderr and whatever Python holds open count too.
+    assert int(out.split("opened ")[1].split()[0]) < 50
+    assert "limit: the open files limit (50) was reached" in out
+
+
+@needs_bwrap
 async def test_an_infinite_loop_ends_at_the_wall_limit(tmp_path: Path) -> None:
     limits = Limits(wall_seconds=1)
     started = time.monotonic()
