@@ -7,11 +7,13 @@ make its namespaces, and fail where it runs but refuses our command (tests/tools
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
+import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,7 @@ from tether.store import InMemoryStore
 from tether.testing import Call, ScriptedModel, ToolCalls
 from tether.tools import Tool, ToolContext
 from tether.tools.sandbox import Bubblewrap, Limits, sandbox_tools
+from tether.tools.sandbox.process import run_process
 from tether.tools.workspace import ensure_workspace, workspace_dir
 
 _BWRAP = Bubblewrap()
@@ -93,19 +96,77 @@ async def listener() -> AsyncIterator[int]:
 
 
 @needs_bwrap
-async def test_no_dns_and_no_connection_to_the_hosts_own_listener(
+async def test_no_interface_but_its_own_loopback_and_no_connection_to_the_hosts_listener(
     tmp_path: Path, listener: int
 ) -> None:
     ctx = _ctx(tmp_path, "s")
     # The listener is reachable from outside, so a failure inside is the sandbox's doing.
     _, writer = await asyncio.open_connection("127.0.0.1", listener)
     writer.close()
-    out = await _shell(ctx, "getent hosts example.com; echo getent=$?")
-    assert "getent=0" not in out and "getent=" in out
     code = f"import socket\nsocket.create_connection(('127.0.0.1', {listener}), timeout=5)\n"
     out = await _python(ctx, code)
     assert out.startswith("exit status: 1\n")
     assert "ConnectionRefusedError" in out or "OSError" in out
+    out = await _shell(ctx, "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")
+    assert out == "exit status: 0\nstdout:\nlo\n"
+
+
+_RESOLVER = "127.53.0.1"
+"""A loopback address nothing else on the host uses: the DNS test's resolver listens there."""
+
+
+@pytest.fixture
+def resolver() -> Iterator[socket.socket]:
+    """A UDP socket on port 53 of :data:`_RESOLVER` that answers nothing: the test only looks
+    at what arrives (resolv.conf has no port, so it must be 53)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sock.bind((_RESOLVER, 53))
+    except PermissionError:
+        sock.close()
+        pytest.skip("the DNS test listens on port 53, which needs root (or CAP_NET_BIND_SERVICE)")
+    sock.setblocking(False)
+    try:
+        yield sock
+    finally:
+        sock.close()
+
+
+def _queries(sock: socket.socket) -> list[bytes]:
+    """The datagrams that reached ``sock`` so far."""
+    got = []
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            got.append(sock.recv(4096))
+    return got
+
+
+@needs_bwrap
+async def test_dns_fails_and_no_query_leaves_the_sandbox(
+    tmp_path: Path, resolver: socket.socket
+) -> None:
+    """The sandbox has no resolv.conf, which alone would fail a lookup; here it gets one naming
+    a resolver on the host's loopback, so only the network namespace stands in the way. The
+    same run without ``--unshare-net`` shows the query would arrive."""
+    conf = tmp_path / "resolv.conf"
+    conf.write_text(f"nameserver {_RESOLVER}\noptions timeout:1 attempts:1\n")
+    workspace = ensure_workspace(tmp_path / "ws")
+
+    def getent(*, network_namespace: bool) -> list[str]:
+        argv = _BWRAP.command(
+            ["getent", "hosts", "example.com"], workspace=workspace, limits=LIMITS
+        )
+        at = argv.index("--clearenv")
+        argv[at:at] = ["--ro-bind", str(conf), "/etc/resolv.conf"]
+        return argv if network_namespace else [a for a in argv if a != "--unshare-net"]
+
+    outcome = await run_process(getent(network_namespace=True), limits=LIMITS)
+    assert outcome.exit_status == 2, outcome.render()  # getent: not found
+    assert _queries(resolver) == []
+
+    outcome = await run_process(getent(network_namespace=False), limits=LIMITS)
+    assert outcome.exit_status == 2, outcome.render()  # no answer came
+    assert any(b"\x07example\x03com\x00" in q for q in _queries(resolver))
 
 
 @needs_bwrap

@@ -4,8 +4,8 @@ Inside: ``/usr`` (and the ``/bin``, ``/lib``… links to it) read-only, the few 
 programs need to find their libraries and Debian's alternatives, a fresh ``/proc`` of its own
 pid namespace, a minimal ``/dev``, a private tmpfs ``/tmp``, and the session's workspace
 read-write at ``/workspace`` (also the working directory and ``$HOME``). Nothing else of the
-host: no data dir, no other workspace, no network interface but a downed loopback, so no
-egress and no DNS. rlimits are set by ``prlimit`` just before the command.
+host: no data dir, no other workspace, no network interface but a loopback of its own (bwrap
+brings it up; nothing listens there), so no egress and no DNS. rlimits are set by ``prlimit`` just before the command.
 
 Running as root needs care: the kernel never applies RLIMIT_NPROC to uid 0, and a user
 namespace does not help (its uid still maps to host uid 0), so a fork bomb would be unbounded.
