@@ -156,7 +156,7 @@ async def test_dns_fails_and_no_query_leaves_the_sandbox(
         argv = _BWRAP.command(
             ["getent", "hosts", "example.com"], workspace=workspace, limits=LIMITS
         )
-        at = argv.index("--clearenv")
+        at = argv.index("--remount-ro")  # before / is made read-only
         argv[at:at] = ["--ro-bind", str(conf), "/etc/resolv.conf"]
         return argv if network_namespace else [a for a in argv if a != "--unshare-net"]
 
@@ -184,6 +184,29 @@ async def test_only_the_workspace_is_writable(tmp_path: Path) -> None:
     assert not [t for t in targets if os.path.exists(t)]  # noqa: ASYNC240 - a quick local look
     out = await _shell(ctx, f"ls {data_dir}; echo ls=$?; touch /tmp/scratch && echo tmp-ok")
     assert "ls=0" not in out and "tmp-ok" in out
+
+
+_MOUNTS = "for line in open('/proc/self/mountinfo'):\n    f = line.split()\n    print(f[4], f[5])\n"
+"""Each mount inside: its place and its own options (``ro``/``rw`` first)."""
+
+
+@needs_bwrap
+async def test_only_the_workspace_tmp_and_devices_are_mounted_writable(tmp_path: Path) -> None:
+    """Read from the mount table, not by trying to write: the dropped uid may not write to
+    root-owned ``/usr`` whatever the mount says, so a writable bind would pass a write test."""
+    out = await _python(_ctx(tmp_path, "s"), _MOUNTS)
+    assert out.startswith("exit status: 0\nstdout:\n"), out
+    mounts = dict(line.split() for line in out.split("stdout:\n")[1].splitlines())
+    writable = {place for place, options in mounts.items() if options.split(",")[0] == "rw"}
+    # /proc is the kernel's (its own sysctls refuse a dropped uid), /dev/* are device nodes.
+    assert {"/workspace", "/tmp"} <= writable
+    assert not {
+        p
+        for p in writable
+        if p not in ("/workspace", "/tmp", "/proc") and not p.startswith("/dev/")
+    }
+    for place in ("/", "/usr", "/dev", "/etc/ld.so.cache"):
+        assert mounts[place].startswith("ro,"), (place, mounts[place])
 
 
 @needs_bwrap

@@ -3,9 +3,10 @@
 Inside: ``/usr`` (and the ``/bin``, ``/lib``… links to it) read-only, the few ``/etc`` files
 programs need to find their libraries and Debian's alternatives, a fresh ``/proc`` of its own
 pid namespace, a minimal ``/dev``, a private tmpfs ``/tmp``, and the session's workspace
-read-write at ``/workspace`` (also the working directory and ``$HOME``). Nothing else of the
-host: no data dir, no other workspace, no network interface but a loopback of its own (bwrap
-brings it up; nothing listens there), so no egress and no DNS. rlimits are set by ``prlimit`` just before the command.
+read-write at ``/workspace`` (also the working directory and ``$HOME``); the root, ``/etc`` and
+``/dev`` themselves are read-only. Nothing else of the host: no data dir, no other workspace,
+no network interface but a loopback of its own (bwrap brings it up; nothing listens there), so
+no egress and no DNS. rlimits are set by ``prlimit`` just before the command.
 
 Running as root needs care: the kernel never applies RLIMIT_NPROC to uid 0, and a user
 namespace does not help (its uid still maps to host uid 0), so a fork bomb would be unbounded.
@@ -181,6 +182,12 @@ class Bubblewrap:
             # tests caught).
             *self._filesystem(workspace, limits),
             *binds,
+            # Last, once everything below is made: bwrap's own tmpfs root (with /etc in it) and
+            # /dev read-only. As a non-root user they are the caller's, so the command could
+            # otherwise write there, into memory without a bound; as root they are root's,
+            # and this is a second lock. /tmp, the workspace and the device nodes are mounts of
+            # their own and stay writable.
+            *("--remount-ro", "/", "--remount-ro", "/dev"),
             "--clearenv",
             *_env(),
             *variables,
