@@ -210,6 +210,18 @@ async def test_only_the_workspace_tmp_and_devices_are_mounted_writable(tmp_path:
 
 
 @needs_bwrap
+async def test_the_sandbox_has_namespaces_of_its_own(tmp_path: Path) -> None:
+    kinds = ["ipc", "uts", "pid", "net", "mnt"] + ([] if os.geteuid() == 0 else ["user"])
+    code = f"import os\nfor k in {kinds!r}:\n    print(k, os.readlink(f'/proc/self/ns/{{k}}'))\n"
+    out = await _python(_ctx(tmp_path, "s"), code)
+    assert out.startswith("exit status: 0\nstdout:\n"), out
+    inside = dict(line.split() for line in out.split("stdout:\n")[1].splitlines())
+    assert set(inside) == set(kinds)
+    same = [k for k in kinds if inside[k] == os.readlink(f"/proc/self/ns/{k}")]
+    assert same == []
+
+
+@needs_bwrap
 async def test_proc_shows_only_the_sandboxs_processes(tmp_path: Path) -> None:
     code = (
         "import os\n"
