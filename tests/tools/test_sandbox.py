@@ -372,9 +372,17 @@ async def _assert_tree_dies(start: asyncio.Task[str], marker: str, stop: object)
         await start
 
 
-async def _all_gone_within_a_second(marker: str, pids: set[int]) -> None:
+async def _all_gone_within_a_second(
+    marker: str, pids: set[int], since: float | None = None
+) -> None:
+    """No process with ``marker`` alive a second after ``since`` (a ``time.monotonic()`` of
+    when the stop was asked for; now, by default)."""
+    deadline = (time.monotonic() if since is None else since) + 1.0
     try:
-        await wait_until(lambda: not _live_pids_with(marker), within=1.0)
+        # Looked at once even when the second is already over.
+        await wait_until(
+            lambda: not _live_pids_with(marker), within=max(deadline - time.monotonic(), 0.001)
+        )
     except TimeoutError:
         left = _live_pids_with(marker)
         raise AssertionError(f"still alive a second later: {left} of {pids}") from None
@@ -431,9 +439,13 @@ async def test_cancelling_the_turn_kills_the_shells_tree(tmp_path: Path) -> None
         turn = await rt.submit(agent, "go", session_id="s")
         await wait_until(lambda: len(_live_pids_with(marker)) >= 2, within=20)
         pids = _live_pids_with(marker)
-        done = await rt.scheduler.cancel(turn.key, turn.id)
+        # The second runs from the request, watched while cancel() is still under way (it
+        # returns once the turn has ended, when the tree is long gone).
+        asked = time.monotonic()
+        cancelling = asyncio.create_task(rt.scheduler.cancel(turn.key, turn.id))
+        await _all_gone_within_a_second(marker, pids, since=asked)
+        done = await cancelling
         assert done.status == "cancelled"
-        await _all_gone_within_a_second(marker, pids)
     finally:
         await rt.close(drain_timeout=5)
 
