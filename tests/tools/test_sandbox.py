@@ -82,6 +82,22 @@ def _live_pids_with(marker: str) -> set[int]:
     return found
 
 
+def _sleeps(marker: str) -> set[int]:
+    """The live ``sleep <marker>`` processes themselves (not the shell or bwrap naming them)."""
+    return {
+        pid
+        for pid in _live_pids_with(marker)
+        if _cmdline(pid).startswith(f"sleep\0{marker}".encode())
+    }
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path("/proc", str(pid), "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 @pytest.fixture
 async def listener() -> AsyncIterator[int]:
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -348,6 +364,23 @@ async def test_an_infinite_loop_ends_at_the_wall_limit(tmp_path: Path) -> None:
     assert time.monotonic() - started < 10
     assert out.startswith("exit status: 137 (killed by SIGKILL)\n")
     assert "wall-clock limit of 1 s" in out and "before" in out
+
+
+@needs_bwrap
+async def test_the_wall_limit_kills_the_shells_background_jobs_too(tmp_path: Path) -> None:
+    marker = _marker("987655")
+    # A background job, one that left the session, and a foreground loop the limit ends. The
+    # jobs let go of the output pipes, so one that survived is seen here by its pid (holding
+    # them, it would keep the call from returning at all).
+    quiet = ">/dev/null 2>&1"
+    command = f"sleep {marker} {quiet} & setsid sleep {marker} {quiet} & while :; do :; done"
+    call = asyncio.create_task(_shell(_ctx(tmp_path, "s"), command, Limits(wall_seconds=2)))
+    await wait_until(lambda: len(_sleeps(marker)) == 2, within=20)  # both jobs run
+    pids = _live_pids_with(marker)
+    out = await call
+    assert out.startswith("exit status: 137 (killed by SIGKILL)\n")
+    assert "wall-clock limit of 2 s" in out
+    await _all_gone_within_a_second(marker, pids)
 
 
 @needs_bwrap
