@@ -585,3 +585,35 @@ async def test_as_root_each_session_runs_as_a_uid_of_its_own(tmp_path: Path) -> 
     # The same session gets the same uid again (its files stay its own).
     again = await _shell(_ctx(tmp_path, "one"), "id -u")
     assert int(again.split("stdout:\n")[1].split()[0]) == uids["one"]
+
+
+@needs_bwrap
+@pytest.mark.skipif(os.geteuid() != 0, reason="without root there is nothing to hand over")
+async def test_what_tether_writes_between_calls_is_the_sandboxs_to_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As root, files tether writes (its file tools, any tool given the workspace) are root's
+    until the next call hands them to the session's uid; later calls look only into the
+    directories that changed since (the stamp: no margin here, so no waiting a second)."""
+    monkeypatch.setattr("tether.tools.sandbox.bubblewrap._STAMP_MARGIN_NS", 0)
+    shell = _tools(sandbox=Bubblewrap())["shell"]  # a sandbox of its own: no stamps yet
+    ctx = _ctx(tmp_path, "s")
+    assert ctx.workspace is not None
+    ws = ctx.workspace
+
+    async def run(command: str) -> str:
+        return await shell.invoke(json.dumps({"command": command}), ctx)
+
+    assert "exit status: 0" in await run("mkdir -p notes/deep quiet && echo x > quiet/q.txt")
+    assert "exit status: 0" in await run("true")  # a stamp newer than those directories
+    await asyncio.sleep(0.05)  # the filesystem's clock ticks coarsely: past that stamp
+    (ws / "notes" / "todo.txt").write_text("tether's\n")
+    (ws / "notes" / "deep" / "new").mkdir()
+    (ws / "notes" / "deep" / "new" / "x.txt").write_text("tether's\n")
+    assert (ws / "notes" / "todo.txt").stat().st_uid == 0
+    out = await run(
+        "echo more >> notes/todo.txt && echo more >> notes/deep/new/x.txt && "
+        "touch notes/deep/new/y && echo more >> quiet/q.txt && echo ok"
+    )
+    assert out == "exit status: 0\nstdout:\nok\n", out
+    assert (ws / "notes" / "deep" / "new" / "x.txt").read_text() == "tether's\nmore\n"

@@ -100,7 +100,8 @@ def _signal_name(number: int) -> str:
 
 @runtime_checkable
 class Sandbox(Protocol):
-    """Runs commands confined to one workspace. Implementations hold no per-session state."""
+    """Runs commands confined to one workspace. Implementations hold no per-session state
+    beyond caches (bubblewrap remembers when it last handed each workspace over)."""
 
     name: str
 
