@@ -18,9 +18,10 @@ import pytest
 POSTGRES = "PostgreSQL"
 EMBEDDED = "embedded model"
 BROWSER = "browser (Chromium)"
+SANDBOX = "sandbox (bubblewrap)"
 SLOW = "other slow tests"
 REST = "the rest"
-GROUPS = (POSTGRES, EMBEDDED, BROWSER, SLOW, REST)
+GROUPS = (POSTGRES, EMBEDDED, BROWSER, SANDBOX, SLOW, REST)
 _POSTGRES_FIXTURES = {"postgres_url", "postgres_database"}
 
 
@@ -35,6 +36,8 @@ def group_of(item: pytest.Item) -> str:
         return EMBEDDED
     if item.get_closest_marker("browser") is not None:
         return BROWSER
+    if "bubblewrap" in fixtures:  # tests/tools/conftest.py: the sandbox tests' gate
+        return SANDBOX
     if item.get_closest_marker("slow") is not None:
         return SLOW
     return REST

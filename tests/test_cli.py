@@ -18,6 +18,7 @@ from tether.runtime import Runtime
 from tether.server.settings import Settings
 from tether.store import SQLiteStore
 from tether.testing import EchoModel
+from tether.tools.workspace import ROOT_ENV, ensure_workspace, root_for, workspace_dir
 
 runner = CliRunner()
 
@@ -71,6 +72,56 @@ def test_sessions_of_another_user_on_the_local_store(tmp_path: Path) -> None:
     deleted = runner.invoke(app, ["sessions", "delete", "hers", "--user", "ada", *base])
     assert deleted.exit_code == 0, deleted.output
     assert "hers" not in runner.invoke(app, ["sessions", "list", "--user", "ada", *base]).output
+
+
+def _workspaces_with_a_file(data_dir: Path, *keys: SessionKey) -> list[Path]:
+    """The sessions' workspaces, each holding a file, as a file or sandbox tool leaves them."""
+    found = []
+    for k in keys:
+        workspace = ensure_workspace(workspace_dir(root_for(data_dir), k))
+        (workspace / "notes.txt").write_text("kept here")
+        found.append(workspace)
+    return found
+
+
+def test_sessions_delete_removes_the_sessions_workspace_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(ROOT_ENV, raising=False)
+    _seed(tmp_path)
+    doomed, kept = _workspaces_with_a_file(
+        tmp_path, SessionKey("local", "local", "doomed"), SessionKey("local", "local", "kept")
+    )
+    deleted = runner.invoke(app, ["sessions", "delete", "doomed", "--data-dir", str(tmp_path)])
+    assert deleted.exit_code == 0, deleted.output
+    assert not doomed.exists()
+    assert (kept / "notes.txt").read_text() == "kept here"
+
+
+def test_forget_removes_the_users_workspaces_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(ROOT_ENV, raising=False)
+    agent = Agent(name="echo", model=EchoModel())
+    ada, other = Principal("local", "ada"), Principal("local", "local")
+
+    async def go() -> None:
+        async with Runtime(
+            SQLiteStore(tmp_path / "tether.db"), data_dir=tmp_path, agents=[agent]
+        ) as rt:
+            for who in (ada, other):
+                await rt.chat(agent, "hi", session_id="s", principal=who)
+
+    asyncio.run(go())
+    hers, theirs = _workspaces_with_a_file(
+        tmp_path, SessionKey.of(ada, "s"), SessionKey.of(other, "s")
+    )
+    # No --tenant: both tenants a user has data in without saying so, "local" among them.
+    forgot = runner.invoke(app, ["forget", "--user", "ada", "-y", "--data-dir", str(tmp_path)])
+    assert forgot.exit_code == 0, forgot.output
+    assert "local/ada: forgot 1 sessions" in forgot.output
+    assert not hers.exists() and not hers.parent.exists()
+    assert (theirs / "notes.txt").read_text() == "kept here"
 
 
 def test_db_upgrade_creates_the_schema(tmp_path: Path) -> None:

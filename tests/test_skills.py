@@ -2,11 +2,14 @@
 
 The active set is session state written under the turn's lease, so the skill a model activated
 is in the prompt of the next step, of later turns, and of the session resumed by another
-runtime on the same store (SQLite file or PostgreSQL).
+runtime on the same store (SQLite file or PostgreSQL), in another OS process too.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -250,9 +253,10 @@ def shared_store(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[],
     return sqlite_at(tmp_path)
 
 
-async def test_a_skill_activated_in_one_process_is_active_after_resuming_in_another(
+async def test_a_skill_activated_in_one_runtime_is_active_after_resuming_in_another(
     skills_dir: Path, tmp_path: Path, shared_store: Callable[[], Store]
 ) -> None:
+    """Two runtimes of one process, on each backend (the two-process test is below)."""
     first_model = scripted(ToolCalls(Call("activate_skill", {"name": "sql"})), "activated")
     first = agent_with(first_model, skills_dir)
     async with Runtime(shared_store(), data_dir=tmp_path / "node-a", agents=[first]) as rt:
@@ -267,3 +271,58 @@ async def test_a_skill_activated_in_one_process_is_active_after_resuming_in_anot
         assert await rt.chat(second, "go on", session_id="shared") == "SELECT 1"
     (request,) = second_model.requests
     assert SQL_RULES in system_of(request) and PDF_RULES not in system_of(request)
+
+
+_ONE_PROCESS = """
+import asyncio, json, sys
+from pathlib import Path
+from tether import Agent
+from tether.runtime import Runtime
+from tether.store import SQLiteStore
+from tether.testing import Call, ScriptedModel, ToolCalls
+
+data, skills, step = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+if step == "activate":
+    model = ScriptedModel(ToolCalls(Call("activate_skill", {"name": "sql"})), "activated")
+else:
+    model = ScriptedModel("SELECT 1")
+agent = Agent(name="helper", model=model, skills=skills, memory=False)
+
+
+async def main() -> None:
+    async with Runtime(SQLiteStore(data / "tether.db"), data_dir=data, agents=[agent]) as rt:
+        reply = await rt.chat(agent, "use sql" if step == "activate" else "go on", session_id="s")
+    print(json.dumps({"reply": reply, "system": model.requests[-1].messages[0].content}))
+
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.slow
+def test_a_skill_activated_in_one_process_is_active_after_resuming_in_another(
+    skills_dir: Path, tmp_path: Path
+) -> None:
+    """Two OS processes, one after the other, on one SQLite data dir: nothing of the first
+    (a module-level cache, an object) can reach the second but what the store keeps."""
+    script = tmp_path / "one_process.py"
+    script.write_text(_ONE_PROCESS)
+    data = tmp_path / "data"
+
+    def run(step: str) -> dict[str, str]:
+        done = subprocess.run(
+            [sys.executable, str(script), str(data), str(skills_dir), step],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        said: dict[str, str] = json.loads(done.stdout.splitlines()[-1])
+        return said
+
+    first = run("activate")
+    assert first["reply"] == "activated" and SQL_RULES in first["system"]
+    second = run("resume")
+    assert second["reply"] == "SELECT 1"
+    assert SQL_RULES in second["system"] and PDF_RULES not in second["system"]

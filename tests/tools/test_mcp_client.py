@@ -414,11 +414,7 @@ async def test_a_schema_tool_passes_the_models_object_through() -> None:
 
 
 # -- in the sandbox (the default) -------------------------------------------------------------
-_BWRAP = Bubblewrap()
-needs_bwrap = pytest.mark.skipif(
-    _BWRAP.unavailable() is not None,
-    reason=f"bubblewrap cannot run here ({_BWRAP.unavailable()}); apt-get install bubblewrap",
-)
+needs_bwrap = pytest.mark.usefixtures("bubblewrap")  # tests/tools/conftest.py: skip or fail
 # What a Python server of this checkout needs to run: its virtualenv, the Python under it, its
 # script's folder.
 SANDBOXED = McpStdio(

@@ -15,7 +15,7 @@ import errno
 import itertools
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -49,7 +49,16 @@ def _open_root(root: Path) -> int | None:
         return _open_dir(root)
 
 
-def _listed(name: str, dir_fd: int) -> tuple[int, list[str]] | None:
+def _names(fd: int, dirs_only: bool) -> list[str]:
+    """The names in the directory ``fd``; ``dirs_only``: only those of directories (by the
+    type the listing gives, so nothing else is looked at)."""
+    if not dirs_only:
+        return os.listdir(fd)
+    with os.scandir(fd) as entries:
+        return [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+
+
+def _listed(name: str, dir_fd: int, dirs_only: bool = False) -> tuple[int, list[str]] | None:
     """The directory ``name`` opened and listed (None when it is gone or no longer a
     directory); one the sandbox made unreadable is let in first."""
     for attempt in range(2):
@@ -64,7 +73,7 @@ def _listed(name: str, dir_fd: int) -> tuple[int, list[str]] | None:
         if fd is None:
             return None
         try:
-            return fd, os.listdir(fd)
+            return fd, _names(fd, dirs_only)
         except PermissionError:
             os.close(fd)
             if attempt == 1:
@@ -73,10 +82,13 @@ def _listed(name: str, dir_fd: int) -> tuple[int, list[str]] | None:
     return None
 
 
-def walk(root: Path) -> Iterator[tuple[int, str, os.stat_result]]:
+def walk(
+    root: Path, *, only_dirs_in: Callable[[os.stat_result], bool] | None = None
+) -> Iterator[tuple[int, str, os.stat_result]]:
     """Every entry below ``root`` as ``(its directory's descriptor, its name, its lstat)``, a
     directory before what it holds. TooDeep past :data:`MAX_DEPTH`. The descriptor is valid
-    until the next step."""
+    until the next step. ``only_dirs_in``: in a directory below the root for whose lstat it
+    holds, only the directories are walked (and their own insides as this says)."""
     top = _open_root(root)
     if top is None:
         return
@@ -97,7 +109,8 @@ def walk(root: Path) -> Iterator[tuple[int, str, os.stat_result]]:
             if stat.S_ISDIR(info.st_mode):
                 if len(stack) >= MAX_DEPTH:
                     raise TooDeep(f"nested deeper than {MAX_DEPTH} directories")
-                child = _listed(name, fd)
+                dirs_only = only_dirs_in is not None and only_dirs_in(info)
+                child = _listed(name, fd, dirs_only)
                 if child is not None:
                     stack.append((child[0], iter(child[1])))
     finally:
@@ -111,19 +124,38 @@ def size(root: Path) -> int:
     return sum(info.st_size for _, _, info in walk(root))
 
 
-def chown_all(root: Path, uid: int, gid: int) -> None:
+def chown_all(root: Path, uid: int, gid: int, *, unchanged_before: int | None = None) -> int | None:
     """Give ``root`` and everything below it to ``uid``/``gid``, never through a link (a link
     is changed itself); a file with more than one name is left alone (another name may be
-    outside). Deeper than :data:`MAX_DEPTH` is left as it is: what is there was made inside."""
+    outside). Deeper than :data:`MAX_DEPTH` is left as it is: what is there was made inside.
+
+    Returns a stamp for the next hand-over of the same tree: the root's ctime, which its chown
+    here sets before the walk, by the filesystem's own clock. Given back as
+    ``unchanged_before`` (less a margin for the clock), a directory whose ctime is older has
+    had no entry made, renamed or removed in it since that walk looked (any of those sets its
+    ctime, and no program can set a ctime back), so what it holds is still handed over and
+    only its subdirectories are looked at. An entry of someone else's can only have come in as
+    a new one. What a wrong stamp can cost is a file the sandbox cannot write, never more.
+    None instead when the walk stopped too deep: it did not see everything, so the next one
+    must look everywhere again.
+    """
     os.chown(root, uid, gid, follow_symlinks=False)
-    with contextlib.suppress(TooDeep):
-        for fd, name, info in walk(root):
+    stamp = os.stat(root, follow_symlinks=False).st_ctime_ns
+
+    def unchanged(info: os.stat_result) -> bool:
+        return unchanged_before is not None and info.st_ctime_ns < unchanged_before
+
+    try:
+        for fd, name, info in walk(root, only_dirs_in=unchanged):
             if (info.st_uid, info.st_gid) == (uid, gid):
                 continue
             if not stat.S_ISDIR(info.st_mode) and info.st_nlink > 1:
                 continue
             with contextlib.suppress(FileNotFoundError):
                 os.chown(name, uid, gid, dir_fd=fd, follow_symlinks=False)
+    except TooDeep:
+        return None
+    return stamp
 
 
 def _let_in(name: str, dir_fd: int) -> None:

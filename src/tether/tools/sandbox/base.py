@@ -22,7 +22,7 @@ class Limits:
     """What one sandboxed call may use. The rlimits hold per process, the rest per call."""
 
     cpu_seconds: int = 30
-    """RLIMIT_CPU: CPU seconds of each process (SIGXCPU, then SIGKILL)."""
+    """RLIMIT_CPU: CPU seconds of each process (SIGXCPU then, SIGKILL a second later)."""
     memory_bytes: int = 1024 * MIB
     """RLIMIT_AS: address space of each process (allocations fail past it)."""
     processes: int = 64
@@ -100,7 +100,8 @@ def _signal_name(number: int) -> str:
 
 @runtime_checkable
 class Sandbox(Protocol):
-    """Runs commands confined to one workspace. Implementations hold no per-session state."""
+    """Runs commands confined to one workspace. Implementations hold no per-session state
+    beyond caches (bubblewrap remembers when it last handed each workspace over)."""
 
     name: str
 
@@ -143,7 +144,10 @@ def rlimits(prlimit: str, limits: Limits, *, processes: bool = True) -> list[str
     command runs as tether's own user: it would starve tether itself)."""
     return [
         prlimit,
-        f"--cpu={limits.cpu_seconds}",
+        # Soft below hard: the kernel sends SIGXCPU at the soft limit, which names the cause;
+        # at soft = hard it would SIGKILL outright, which any killer could have sent. A program
+        # that ignores SIGXCPU still dies at the hard limit, a second later.
+        f"--cpu={limits.cpu_seconds}:{limits.cpu_seconds + 1}",
         f"--as={limits.memory_bytes}",
         *([f"--nproc={limits.processes}"] if processes else []),
         f"--fsize={limits.file_bytes}",
