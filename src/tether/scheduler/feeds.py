@@ -74,8 +74,6 @@ class TurnFeed:
         self._at.append(at)
         self._wake()
 
-    def __len__(self) -> int:
-        return len(self._events)
 
     def close(self) -> None:
         self.closed = True
