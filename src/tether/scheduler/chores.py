@@ -46,11 +46,17 @@ async def heartbeat(
             continue
         kept_keys = {lease.key for lease in kept}
         for lease in held:
-            if lease.key not in kept_keys:
-                log.warning("lost the lease of a session; stopping its turn")
-                for run in list(running.values()):
-                    if run.turn.key == lease.key:
-                        run.ctx.request_cancel("failed", "lease_lost")
+            if lease.key in kept_keys:
+                continue
+            now = leases.get(lease.key)
+            if now is None or now.token != lease.token:
+                # Given up, or given up and taken again, while the renewal was on its way: the
+                # turn running now runs under the new lease, which this renewal never asked about.
+                continue
+            log.warning("lost the lease of a session; stopping its turn")
+            for run in list(running.values()):
+                if run.turn.key == lease.key:
+                    run.ctx.request_cancel("failed", "lease_lost")
 
 
 async def watch_cancels(
