@@ -17,6 +17,11 @@ from typing import Any
 import httpx
 import pytest
 import schemathesis
+
+# Imported here, at collection, rather than by from_url deep inside a test: schemathesis is a
+# pytest plugin, so its modules go through the assertion rewriter, and CPython 3.11.7 can fail
+# a compile run deep in a call stack ("AST constructor recursion depth mismatch", seen in CI).
+import schemathesis.specs.openapi.schemas
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from schemathesis import Case, GenerationMode
