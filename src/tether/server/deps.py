@@ -63,10 +63,10 @@ async def owned(request: Request, sid: SessionIdPath) -> Owned:
     """The same checks in the same order as the four dependencies, for the routes every turn
     goes through: FastAPI solves each dependency with a walk of its own (sub-dependencies,
     caches, parameters), and the four cost more than the checks themselves."""
-    st: ServerState = request.app.state.tether
-    caller = await st.auth.resolve(request)
-    key = SessionKey.of(caller, sid)
-    return Owned(st, caller, key, await st.runtime.sessions.own(key))
+    st = await state_of(request)
+    caller = await principal(request, st)
+    key = await session_key(caller, sid)
+    return Owned(st, caller, key, await own_session(st, key))
 
 
 OwnedSession = Annotated[Owned, Depends(owned)]
