@@ -321,6 +321,46 @@ async def test_racing_admissions_of_one_owner_never_pass_its_bound(postgres_url:
         assert again.seq == 2
 
 
+async def test_an_upgraded_database_counts_the_turns_it_already_had(postgres_url: str) -> None:
+    # Migration 13 moves the owner's count to busy_sessions: on a database that has queued and
+    # running turns already, the backfill must count them, or the first admissions after an
+    # upgrade would pass the owner's bound.
+    store = PostgresStore(postgres_url)
+    keys = [SessionKey("acme", "alice", f"u{n}") for n in range(3)]
+    async with opened(store):
+        for n, k in enumerate(keys):
+            await store.create_session(k, "assistant")
+            for m in range(n + 1):
+                await store.enqueue_turn(k, turn_id=f"u{n}-{m}", input="x", policy="enqueue")
+        lease = await store.acquire_lease(keys[2], "node-a", 30)
+        assert lease is not None
+        await store.start_turn(lease, "u2-0", [], [])
+        before = await query(postgres_url, "SELECT session_pk, live FROM busy_sessions ORDER BY 1")
+    # The schema as release 12 left it: no table, no trigger; the functions are re-made by 13.
+    for sql in (
+        "DROP TRIGGER turns_count_busy ON turns",
+        "DROP FUNCTION tether_count_busy()",
+        "DROP TABLE busy_sessions",
+        "DELETE FROM schema_version WHERE version = 13",
+    ):
+        await query(postgres_url, sql)
+    store = PostgresStore(postgres_url)
+    async with opened(store):
+        after = await query(postgres_url, "SELECT session_pk, live FROM busy_sessions ORDER BY 1")
+        assert [live for _, live in after] == [1, 2, 3] and after == before
+        limits = PrincipalLimits(running_turns=3, queued_turns=4)
+        idle = SessionKey("acme", "alice", "idle")
+        await store.create_session(idle, "assistant")
+        with pytest.raises(LimitExceeded):  # three busy sessions: no room for a fourth
+            await store.enqueue_turn(idle, turn_id="i1", input="x", policy="enqueue", limits=limits)
+        with pytest.raises(LimitExceeded):  # 6 under way, 3 of them first: 3 queued, one more
+            for m in range(2):
+                await store.enqueue_turn(
+                    keys[0], turn_id=f"q{m}", input="x", policy="enqueue", limits=limits
+                )
+        assert [t.id for t in await store.list_turns(keys[0])] == ["u0-0", "q0"]
+
+
 async def test_ping_and_open_raise_store_error_when_unreachable() -> None:
     store = PostgresStore(f"postgresql://nobody@127.0.0.1:{closed_port()}/db", connect_timeout=2)
     with pytest.raises(StoreError):

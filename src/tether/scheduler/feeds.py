@@ -74,7 +74,6 @@ class TurnFeed:
         self._at.append(at)
         self._wake()
 
-
     def close(self) -> None:
         self.closed = True
         self._wake()

@@ -346,4 +346,128 @@ FUNCTIONS: list[tuple[int, str]] = [
         $$;
         """,
     ),
+    (
+        13,
+        """
+        -- The owner's turns under way without walking the owner's sessions: a row per
+        -- session with queued or running turns (live: how many), kept by a trigger on every
+        -- change of a turn's status, so no writer can forget it. Every such change is made
+        -- under the session's row lock (connection.py: fencing is the row lock), so the
+        -- trigger's writes to its session's row here are serialized with them and add no
+        -- lock order of their own. Admission counts the owner's rows (tens, not the 100,000
+        -- sessions an owner may keep).
+        CREATE TABLE busy_sessions (
+            session_pk  bigint PRIMARY KEY,
+            tenant      text NOT NULL,
+            owner       text NOT NULL,
+            live        integer NOT NULL CHECK (live > 0)
+        );
+        CREATE INDEX busy_sessions_by_owner ON busy_sessions (tenant, owner);
+        INSERT INTO busy_sessions (session_pk, tenant, owner, live)
+        SELECT s.pk, s.tenant, s.owner, count(*)
+          FROM turns t JOIN sessions s ON s.pk = t.session_pk
+         WHERE t.status IN ('queued', 'running')
+         GROUP BY s.pk, s.tenant, s.owner;
+        CREATE FUNCTION tether_count_busy() RETURNS trigger
+        LANGUAGE plpgsql AS $$
+        DECLARE
+            v_delta integer := 0;
+        BEGIN
+            IF TG_OP <> 'DELETE' AND NEW.status IN ('queued', 'running') THEN
+                v_delta := 1;
+            END IF;
+            IF TG_OP <> 'INSERT' AND OLD.status IN ('queued', 'running') THEN
+                v_delta := v_delta - 1;
+            END IF;
+            IF v_delta > 0 THEN
+                INSERT INTO busy_sessions (session_pk, tenant, owner, live)
+                SELECT s.pk, s.tenant, s.owner, 1 FROM sessions s WHERE s.pk = NEW.session_pk
+                    ON CONFLICT (session_pk) DO UPDATE SET live = busy_sessions.live + 1;
+            ELSIF v_delta < 0 THEN
+                DELETE FROM busy_sessions WHERE session_pk = OLD.session_pk AND live <= 1;
+                IF NOT FOUND THEN
+                    UPDATE busy_sessions SET live = live - 1 WHERE session_pk = OLD.session_pk;
+                END IF;
+            END IF;
+            RETURN NULL;
+        END
+        $$;
+        CREATE TRIGGER turns_count_busy AFTER INSERT OR DELETE OR UPDATE OF status ON turns
+            FOR EACH ROW EXECUTE FUNCTION tether_count_busy();
+        -- tether_owner_active and tether_enqueue as migration 9's, counting busy_sessions.
+        CREATE OR REPLACE FUNCTION tether_owner_active(p_tenant text, p_owner text,
+                                                       OUT busy bigint, OUT active bigint)
+        LANGUAGE plpgsql VOLATILE AS $$
+        BEGIN
+            PERFORM pg_advisory_xact_lock(hashtextextended(p_tenant || chr(31) || p_owner, 7));
+            SELECT count(*), coalesce(sum(b.live), 0) INTO busy, active
+              FROM busy_sessions b WHERE b.tenant = p_tenant AND b.owner = p_owner;
+        END
+        $$;
+        CREATE OR REPLACE FUNCTION tether_enqueue(
+            p_tenant text, p_owner text, p_session text, p_turn text, p_input text,
+            p_policy text, p_now double precision, p_agent text, p_fingerprint text,
+            p_idem text, p_digest text, p_max_queue bigint, p_limits boolean,
+            p_running bigint, p_queued bigint, p_event_seq bigint, p_event_type text,
+            OUT outcome text, OUT turn_seq bigint, OUT expires_at double precision,
+            OUT active_ids text[], OUT active_statuses text[], OUT busy bigint,
+            OUT total bigint)
+        LANGUAGE plpgsql VOLATILE AS $$
+        DECLARE
+            v_pk bigint;
+            v_active boolean;
+        BEGIN
+            SELECT s.pk, s.expires_at INTO v_pk, expires_at FROM sessions s
+             WHERE s.tenant = p_tenant AND s.owner = p_owner AND s.session_id = p_session
+               FOR UPDATE;
+            IF NOT FOUND THEN
+                outcome := 'missing';
+                RETURN;
+            END IF;
+            IF p_idem IS NOT NULL AND EXISTS (
+                SELECT 1 FROM turns t WHERE t.session_pk = v_pk AND t.idempotency_key = p_idem
+            ) THEN
+                outcome := 'known';
+                RETURN;
+            END IF;
+            SELECT coalesce(array_agg(t.id ORDER BY t.seq), '{}'),
+                   coalesce(array_agg(t.status ORDER BY t.seq), '{}')
+              INTO active_ids, active_statuses
+              FROM turns t
+             WHERE t.session_pk = v_pk AND t.status IN ('queued', 'running', 'awaiting_input');
+            v_active := cardinality(active_ids) > 0;
+            IF (expires_at IS NOT NULL AND expires_at <= p_now)
+               OR (p_policy = 'reject' AND v_active)
+               OR (SELECT count(*) FROM unnest(active_statuses) st WHERE st = 'queued')
+                  >= p_max_queue THEN
+                outcome := 'refused';
+                RETURN;
+            END IF;
+            IF p_limits THEN
+                -- After the lock, a new statement, so a new snapshot: the count sees what
+                -- the lock's previous holder committed.
+                PERFORM pg_advisory_xact_lock(
+                    hashtextextended(p_tenant || chr(31) || p_owner, 7));
+                SELECT count(*), coalesce(sum(b.live), 0) INTO busy, total
+                  FROM busy_sessions b WHERE b.tenant = p_tenant AND b.owner = p_owner;
+                IF (v_active AND p_queued IS NOT NULL AND total - busy >= p_queued)
+                   OR (NOT v_active AND p_running IS NOT NULL AND busy >= p_running) THEN
+                    outcome := 'refused';
+                    RETURN;
+                END IF;
+            END IF;
+            UPDATE sessions SET next_turn_seq = next_turn_seq + 1 WHERE pk = v_pk
+             RETURNING next_turn_seq - 1 INTO turn_seq;
+            INSERT INTO turns (id, session_pk, seq, input, policy, status, created_at, agent,
+                               agent_fingerprint, idempotency_key, request_digest)
+            VALUES (p_turn, v_pk, turn_seq, p_input, p_policy, 'queued', p_now, p_agent,
+                    p_fingerprint, p_idem, p_digest);
+            -- The data is rules.queued_event's, as json.dumps writes it.
+            INSERT INTO events (turn_id, seq, type, data, created_at)
+            VALUES (p_turn, p_event_seq, p_event_type, '{"seq": ' || turn_seq || '}', p_now);
+            outcome := 'queued';
+        END
+        $$;
+        """,
+    ),
 ]

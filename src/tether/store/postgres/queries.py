@@ -123,8 +123,8 @@ ORPHAN_CALLS = (
 
 FIRST_ACTIVE_TURN = f"SELECT id FROM turns WHERE session_pk = $1 AND {ACTIVE} ORDER BY seq LIMIT 1"
 # The owner's turns under way, counted under the owner's lock (LOCK_OWNER), in one round trip
-# (the function is migration 9's). A parked turn holds no worker, so it is not counted
-# (rules.admit_for_principal).
+# (the function is migration 13's, over busy_sessions). A parked turn holds no worker, so it is
+# not counted (rules.admit_for_principal).
 LOCK_OWNER_ACTIVE = "SELECT busy, active FROM tether_owner_active($1, $2)"
 # A running turn's fenced write in one round trip, committed as it returns (migration 10).
 WRITE = (

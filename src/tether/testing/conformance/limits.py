@@ -8,12 +8,16 @@ the same user id in another tenant, has room of its own.
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+
 import pytest
 
 from tether.errors import LimitExceeded
-from tether.records import PrincipalLimits
+from tether.records import PrincipalLimits, TurnEnding
 from tether.store.protocol import Store
-from tether.testing.conformance._support import key, new_session
+from tether.testing.conformance._support import acquire, ev, key, new_session, running_turn
+from tether.testing.conformance.decisions import parked
 
 LIMITS = PrincipalLimits(running_turns=2, queued_turns=1)
 
@@ -77,3 +81,58 @@ class LimitsConformance:
         # Deleting one makes room again.
         assert await store.delete_session(key("s2")) is True
         await store.create_session(key("s3"), "assistant", max_sessions=2)
+
+    async def test_the_owner_count_follows_every_change_of_a_turn(self, store: Store) -> None:
+        # Whichever way a turn is queued, starts, parks, goes back to the queue, ends or goes
+        # with its session, the owner's next admission sees what the owner holds now (the SQL
+        # stores keep the count apart from the turns, so a path that forgot it would show).
+        one = PrincipalLimits(running_turns=1)
+        probe, probes = await new_session(store, key("probe")), itertools.count()
+
+        async def room() -> bool:
+            """Whether alice has no busy session: a probe turn admitted, then cancelled."""
+            turn_id = f"probe-{next(probes)}"
+            try:
+                await store.enqueue_turn(
+                    probe, turn_id=turn_id, input="x", policy="enqueue", limits=one
+                )
+            except LimitExceeded:
+                return False
+            assert await store.end_waiting_turn(probe, turn_id, "cancelled") is not None
+            return True
+
+        k = await new_session(store, key("w"))
+        assert await room()
+        lease = await running_turn(store, k, "w1")
+        assert not await room()
+        # Two turns of one session are one busy session until the last of them ends.
+        await store.enqueue_turn(k, turn_id="w2", input="x", policy="enqueue")
+        await store.end_turn(lease, "w1", TurnEnding("rolled_back", "rollback"), [], [ev(3)])
+        assert not await room()
+        assert await store.end_waiting_turn(k, "w2", "interrupt", status="interrupted")
+        assert await room()
+        await store.release_lease(lease)
+        # Parked, it holds no slot; decided, it is queued again and holds one.
+        await parked(store, k, "w3")
+        assert await room()
+        await store.decide(k, "w3", "c2", "approve", by="alice")
+        assert not await room()
+        # Resumed by an owner that dies: running until the next owner recovers it.
+        doomed = await acquire(store, k, "node-b", ttl=0.05)
+        await store.resume_turn(doomed, "w3", [ev(5)])
+        assert not await room()
+        await asyncio.sleep(0.15)
+        [lost] = await store.recover(await acquire(store, k, "node-c"))
+        assert (lost.status, lost.reason) == ("failed", "owner_lost")
+        assert await room()
+        # A session forgotten with its turns queued leaves no busy session behind.
+        other = await new_session(store, key("gone", owner="carol"))
+        await store.enqueue_turn(other, turn_id="g1", input="x", policy="enqueue")
+        await store.enqueue_turn(other, turn_id="g2", input="x", policy="enqueue")
+        carol = key("c2", owner="carol")
+        await new_session(store, carol)
+        with pytest.raises(LimitExceeded):
+            await store.enqueue_turn(carol, turn_id="c1", input="x", policy="enqueue", limits=one)
+        await store.forget_user("acme", "carol")
+        await new_session(store, carol)
+        await store.enqueue_turn(carol, turn_id="c1", input="x", policy="enqueue", limits=one)
