@@ -582,19 +582,26 @@ def py_spy() -> str | None:
 
 
 async def profile(
-    path: LoadPath, sessions: int, seconds: float, out: Path, *, stock_fake: bool
+    path: LoadPath,
+    sessions: int,
+    seconds: float,
+    out: Path,
+    *,
+    stock_fake: bool,
+    latency_ms: float = 0.0,
 ) -> bool:
-    """py-spy the server (0 ms model) while ``sessions`` sessions drive ``path``; True if the
-    raw stacks were written to ``out``."""
+    """py-spy the server (model latency ``latency_ms``) while ``sessions`` sessions drive
+    ``path``; True if the raw stacks were written to ``out``."""
     exe = py_spy()
     if exe is None:
         console.print("[red]py-spy not found: .venv/bin/pip install py-spy[/]")
         return False
     console.print(
         f"\n[bold]Profile: tether serve under {sessions} sessions on {PATH_LABELS[path]}, "
-        f"0 ms model, py-spy for {seconds:g} s (--nonblocking, idle threads left out)[/]"
+        f"{latency_ms:g} ms model, py-spy for {seconds:g} s (--nonblocking, idle threads left"
+        " out)[/]"
     )
-    with servers(0, stock_fake=stock_fake) as srv:
+    with servers(latency_ms, stock_fake=stock_fake) as srv:
         async with clients(sessions) as pool:
             load = Load(srv)
             stop = asyncio.Event()
@@ -951,6 +958,7 @@ def main() -> None:
     parser.add_argument("--only-profile", action="store_true", help="skip the tables")
     parser.add_argument("--profile-seconds", type=float, default=15.0)
     parser.add_argument("--profile-sessions", type=int, default=64)
+    parser.add_argument("--profile-latency", type=float, default=0.0, help="model latency, ms")
     parser.add_argument("--profile-path", choices=("turns", "chat"), default="turns")
     parser.add_argument("--profile-out", default="/tmp/tether-http-load.pyspy.txt")
     parser.add_argument(
@@ -981,6 +989,7 @@ def main() -> None:
                 args.profile_seconds,
                 out,
                 stock_fake=args.stock_fake,
+                latency_ms=args.profile_latency,
             )
         )
         if sampled and out.exists():

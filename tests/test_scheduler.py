@@ -461,6 +461,119 @@ async def test_a_lingering_worker_takes_a_turn_another_process_accepted(
         assert again is not None and again.token == lease.token  # A ran it, under its lease
 
 
+async def test_on_postgresql_a_lingering_worker_hears_of_turns_queued_elsewhere(
+    postgres_url: str,
+) -> None:
+    """On PostgreSQL a turn queued on a session another process holds is announced to it
+    (LISTEN/NOTIFY): the lingering worker reads nothing while nothing comes, runs the turn
+    at once when it does, and looks for itself while its listener is down."""
+    import asyncpg
+
+    from tether.store.postgres import PostgresStore
+
+    agent = Agent(name="a", model=ScriptedModel(default="ok"))
+    a = Runtime(PostgresStore(postgres_url), agents=[agent])
+    b = Runtime(PostgresStore(postgres_url), agents=[agent])
+    async with a, b:
+        a.scheduler.linger = 60.0
+        key = SessionKey("local", "local", "announced")
+        await a.sessions.create(key, "a")
+        listeners = await _listeners(postgres_url, 2)
+        first = await a.scheduler.submit(key, "one")
+        await a.scheduler.wait(key, first.id)
+        lease = a.scheduler.lease_of(key)
+        assert lease is not None  # lingering
+        calls: Counter[str] = Counter()
+        store = a.scheduler.store
+        store.active_turns = _counted(calls, "active_turns", store.active_turns)  # type: ignore[method-assign,assignment]
+        await asyncio.sleep(0.5)  # ten polls' worth of quiet
+        assert calls["active_turns"] == 0
+        # A turn A queues itself is no news to anyone: no NOTIFY (which would serialize every
+        # commit of the database on PostgreSQL's notify lock).
+        heard: list[str] = []
+        watcher = await asyncpg.connect(postgres_url)
+        await watcher.add_listener("tether_queued", lambda *args: heard.append(args[-1]))
+        own = await a.scheduler.submit(key, "from a")
+        await a.scheduler.wait(key, own.id)
+        for n in range(2):
+            turn = await b.scheduler.submit(key, f"from b {n}")
+            async with asyncio.timeout(10):
+                done = await b.scheduler.wait(key, turn.id)
+            assert done.status == "completed"
+            again = a.scheduler.lease_of(key)
+            assert again is not None and again.token == lease.token  # A ran it, under its lease
+            assert heard == ["local\x1flocal\x1fannounced"] * (n + 1)
+            if n == 1:
+                break
+            # The listener's connection dies: A looks at the queue itself until it is back
+            # (and once more then), and a turn B queues meanwhile is still A's to run.
+            conn = await asyncpg.connect(postgres_url)
+            try:
+                for pid in listeners:
+                    await conn.execute("SELECT pg_terminate_backend($1)", pid)
+            finally:
+                await conn.close()
+            await wait_until(lambda: calls["active_turns"] >= 3)  # polling
+        await _listeners(postgres_url, 2)
+        await asyncio.sleep(0.2)  # the feed is up again, and A has looked once
+        quiet = calls["active_turns"]
+        await asyncio.sleep(0.5)
+        assert calls["active_turns"] == quiet
+        await watcher.close()
+
+
+async def test_on_postgresql_turns_in_a_row_under_one_lease_read_no_queue(
+    postgres_url: str,
+) -> None:
+    """With the feed up, a worker that has read its session's queue once under its lease does
+    not read it again after each turn: a turn queued here is handed to it, one queued
+    elsewhere is announced, even while a turn runs."""
+    from tether.store.postgres import PostgresStore
+
+    agent = Agent(name="a", model=ScriptedModel(default="ok", delay=0.3))
+    a = Runtime(PostgresStore(postgres_url), agents=[agent])
+    b = Runtime(PostgresStore(postgres_url), agents=[agent])
+    async with a, b:
+        a.scheduler.linger = 60.0
+        key = SessionKey("local", "local", "in-a-row")
+        await a.sessions.create(key, "a")
+        await _listeners(postgres_url, 2)
+        for n in range(2):  # the lease's first read of the queue
+            await a.scheduler.wait(key, (await a.scheduler.submit(key, f"warm {n}")).id)
+        calls: Counter[str] = Counter()
+        store = a.scheduler.store
+        store.active_turns = _counted(calls, "active_turns", store.active_turns)  # type: ignore[method-assign,assignment]
+        for n in range(4):
+            await a.scheduler.wait(key, (await a.scheduler.submit(key, f"turn {n}")).id)
+        assert calls["active_turns"] == 0
+        # B queues a turn while A's runs: announced, so A reads its queue after the turn, runs
+        # B's next under the same lease, and reads once more to find it empty.
+        lease = a.scheduler.lease_of(key)
+        mine = await a.scheduler.submit(key, "slow")
+        await first_started(a, key, mine.id)
+        theirs = await b.scheduler.submit(key, "queued elsewhere")
+        async with asyncio.timeout(10):
+            done = await b.scheduler.wait(key, theirs.id)
+        assert done.status == "completed"
+        again = a.scheduler.lease_of(key)
+        assert lease is not None and again is not None and again.token == lease.token
+        assert calls["active_turns"] == 2
+        # Three turns queued here behind a running one: one is handed to the worker, and the
+        # others make it read the queue again, so none is left behind.
+        running = await a.scheduler.submit(key, "slow again")
+        await first_started(a, key, running.id)
+        behind = [await a.scheduler.submit(key, f"behind {n}") for n in range(3)]
+        async with asyncio.timeout(10):
+            for turn in behind:
+                assert (await a.scheduler.wait(key, turn.id)).status == "completed"
+
+
+async def first_started(rt: Runtime, key: SessionKey, turn_id: str) -> None:
+    async with asyncio.timeout(10):
+        while (t := await rt.store.get_turn(key, turn_id)) is None or t.status != "running":  # noqa: ASYNC110 - a store poll
+            await asyncio.sleep(0.01)
+
+
 async def test_a_session_made_again_under_a_lingering_lease_runs_its_turns(
     store: Store,
 ) -> None:

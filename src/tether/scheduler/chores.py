@@ -65,6 +65,8 @@ async def watch_cancels(
     interval: float,
     *,
     fallback_interval: float = 1.0,
+    queued: Callable[[SessionKey], None] | None = None,
+    feed: Callable[[bool], None] | None = None,
 ) -> None:
     """Apply cancel/interrupt requests other processes left in the store for our turns.
 
@@ -75,6 +77,10 @@ async def watch_cancels(
     Otherwise it looks every ``interval``, and with a :class:`ChangeCounter` reads the requests
     only when another process wrote (or ``fallback_interval`` has passed): a turn waiting on
     its model costs no query meanwhile.
+
+    The same feed announces turns other processes queue on sessions this one holds the lease
+    of: ``queued(key)`` for each, and ``feed(True)`` / ``feed(False)`` as the feed comes up or
+    goes down (while it is down, lingering workers look at the queue themselves).
     """
     wake = asyncio.Event()
     listening = asyncio.Event()
@@ -82,7 +88,7 @@ async def watch_cancels(
     counter: ChangeCounter | None = None
     if isinstance(store, CancelFeed):
         listener = asyncio.create_task(
-            _listen(store, running, wake, listening), name="tether-listen"
+            _listen(store, running, wake, listening, queued, feed), name="tether-listen"
         )
     elif isinstance(store, ChangeCounter):
         counter = store
@@ -131,6 +137,8 @@ async def _listen(
     running: Mapping[str, RunningTurn],
     wake: asyncio.Event,
     listening: asyncio.Event,
+    queued: Callable[[SessionKey], None] | None = None,
+    feed: Callable[[bool], None] | None = None,
 ) -> None:
     """Keep a cancel listener up, reconnecting after the store goes away and comes back."""
 
@@ -151,13 +159,19 @@ async def _listen(
     def ready() -> None:
         listening.set()
         wake.set()  # a request made while we were not listening: look now
+        if feed is not None:
+            feed(True)
 
     while True:
         try:
-            await store.listen_cancels(heard, ready)
+            await store.listen_cancels(heard, ready, queued)
             log.warning("the cancel listener's connection closed; listening again")
         except Exception as exc:
             log.warning("cannot listen for cancel requests (%s); polling until it can", exc)
+        finally:
+            # Cancelled too (the scheduler closing): whoever lingers polls again.
+            if listening.is_set() and feed is not None:
+                feed(False)
         listening.clear()
         await asyncio.sleep(1.0)
 

@@ -150,7 +150,12 @@ class Scheduler:
             ),
             asyncio.create_task(
                 chores.watch_cancels(
-                    store, local.running, CANCEL_POLL, fallback_interval=CANCEL_FALLBACK
+                    store,
+                    local.running,
+                    CANCEL_POLL,
+                    fallback_interval=CANCEL_FALLBACK,
+                    queued=self.workers.heard_queued,
+                    feed=self.workers.feed_changed,
                 ),
                 name="tether-cancels",
             ),
@@ -280,6 +285,7 @@ class Scheduler:
                         agent=agent,
                         limits=self.limits,
                         idempotency=idempotency,
+                        by=self.owner,
                     )
                 except QueueFull:
                     remaining = deadline - time.monotonic()

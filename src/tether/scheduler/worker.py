@@ -69,6 +69,32 @@ class Workers:
         self._ran_to: dict[SessionKey, int] = {}
         """The seq of the last turn this process's worker of the session took up: a handed turn
         at or before it was found in the queue before it was handed (and is stale)."""
+        self._looked: dict[SessionKey, int] = {}
+        """The feed (``_feed``) under which each leased session's queue was last read and held
+        nothing to run: while it stays up, every turn queued since is announced (or handed),
+        so the queue needs no new look."""
+        self._feed: int | None = None
+        """While the store's feed announces turns queued elsewhere (:meth:`feed_changed`): how
+        many times it has come up, so a linger can tell it stayed up; None while it is down."""
+        self._feeds = 0
+
+    def feed_changed(self, up: bool) -> None:
+        """The store's feed came up (or went down). Up, every session held here looks at its
+        queue once: a turn queued elsewhere while the feed was down was announced to nobody."""
+        if not up:
+            self._feed = None
+            for kicked in list(self._local.kicked.values()):
+                kicked.set()  # lingering workers that trusted the feed look for themselves now
+            return
+        self._feeds += 1
+        self._feed = self._feeds
+        for key in list(self._local.leases):
+            self.kick(key)
+
+    def heard_queued(self, key: SessionKey) -> None:
+        """Another process queued a turn on ``key``: wake its worker if this process holds it."""
+        if key in self._local.leases:
+            self.kick(key)
 
     def kick(self, key: SessionKey, turn: Turn | None = None) -> None:
         """Make sure a worker will look at ``key``'s queue (start one, or wake the one there);
@@ -76,6 +102,10 @@ class Workers:
         local = self._local
         if turn is not None:
             local.handed.setdefault(key, turn)  # the earliest is the likelier to be next
+        if turn is None or local.handed.get(key) is not turn:
+            # News the handed turn does not cover (a second turn queued here, one announced
+            # from elsewhere, a decision): the worker reads the queue before it gives up.
+            self._looked.pop(key, None)
         worker = local.workers.get(key)
         if worker is not None and not worker.done():
             local.dirty.add(key)  # the worker re-reads the queue before it gives up the session
@@ -107,6 +137,7 @@ class Workers:
                 finally:
                     local.leases.pop(key, None)
                     self._agent_of.pop(key, None)
+                    self._looked.pop(key, None)  # a new lease reads its queue afresh
                     local.history.forget(key)
                     await self._release(lease)
                 # No await between this check and leaving workers: a submit that lands after
@@ -173,13 +204,23 @@ class Workers:
     async def _drain(self, key: SessionKey, lease: Lease) -> None:
         local = self._local
         while True:
+            dirty = key in local.dirty
             local.dirty.discard(key)
             # A turn submitted here is most often the next one: start it without reading the
             # queue. The store refuses the start if an earlier turn (accepted by another
             # process, or parked) is still active, and then the queue says what comes first.
             turn = local.handed.pop(key, None)
+            looked = self._feed is not None and self._looked.get(key) == self._feed
+            if turn is None and not dirty and looked:
+                # Read under this lease and this feed, and nothing queued here or announced
+                # since: the queue holds nothing new (the read after each turn that PostgreSQL
+                # would otherwise answer).
+                return
             if turn is None or turn.seq <= self._ran_to.get(key, 0):
+                feed = self._feed
                 turn = runnable(await self._store.active_turns(key))
+                if turn is None and feed is not None and feed == self._feed:
+                    self._looked[key] = feed  # nothing to run: from now on, news comes to us
             if turn is None or local.closing:
                 return
             self._ran_to[key] = max(turn.seq, self._ran_to.get(key, 0))
@@ -188,8 +229,10 @@ class Workers:
                 record = await self._store.get_session(key)
                 self._agent_of[key] = record.agent if record is not None else ""
             agent = turn.agent.name if turn.agent else self._agent_of[key]
-            with contextlib.suppress(TurnNotNext):
+            try:
                 await self._runner.run(lease, turn, agent)
+            except TurnNotNext:
+                self._looked.pop(key, None)  # an earlier turn is active: the queue says which
 
     def _closing(self) -> bool:
         # A call, not the attribute: close() flips it while _linger awaits, and a type checker
@@ -202,9 +245,10 @@ class Workers:
         A conversation's next turn often follows within moments: holding on saves taking and
         giving up the lease (two write transactions) per turn. Turns submitted in this process
         wake the worker at once; turns accepted by another process (a load balancer spreading
-        one session over several nodes) are seen by a look at the store every LINGER_POLL, so
-        they do not wait for the linger to run out (with a :class:`ChangeCounter`, a look at
-        the queue only when another process wrote).
+        one session over several nodes) are announced by a store with a feed (PostgreSQL), or
+        else seen by a look at the store every LINGER_POLL, so they do not wait for the linger
+        to run out (with a :class:`ChangeCounter`, a look at the queue only when another
+        process wrote).
         """
         local = self._local
         if local.closing or self.linger <= 0:
@@ -218,19 +262,30 @@ class Workers:
         # turn accepted elsewhere before the first version read is seen by that read).
         counter = self._store if isinstance(self._store, ChangeCounter) else None
         seen: int | None = None
+        # With a feed that announces turns queued elsewhere (PostgreSQL), no look at all while
+        # it stays up: such a turn kicks this (heard_queued), and one queued before the feed
+        # came up was looked for when it did (feed_changed).
+        feed = self._feed
         try:
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
+                trusted = feed is not None and self._feed == feed
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(min(remaining, LINGER_POLL)):
+                    async with asyncio.timeout(
+                        remaining if trusted else min(remaining, LINGER_POLL)
+                    ):
                         await kicked.wait()
+                kicked.clear()
                 closing = self._closing()  # re-read: close() may have run while we waited
                 if key in local.dirty:
                     return not closing
                 if closing:
                     return False  # close() set the event to end lingering
+                if feed is not None and self._feed == feed:
+                    continue
+                feed = None  # it went down meanwhile: look, and from now on
                 if counter is not None:
                     version = await counter.data_version()
                     if version == seen:

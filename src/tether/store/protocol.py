@@ -193,6 +193,7 @@ class TurnLog(TurnReader, Protocol):
         agent: AgentRef | None = None,
         limits: PrincipalLimits | None = None,
         idempotency: Idempotency | None = None,
+        by: str | None = None,
     ) -> Turn:
         """Queue a turn at the next ``seq`` and write its ``turn.queued`` event, atomically.
 
@@ -206,6 +207,10 @@ class TurnLog(TurnReader, Protocol):
         (before any admission check: it is the answer to this very request), unless
         :func:`tether.store.rules.replays` says the request differs (IdempotencyKeyReused) or
         the key is older than a day (it then names the new turn).
+
+        ``by`` is the lease owner of the submitting process. A store that announces changes
+        (:class:`CancelFeed`) tells the process holding the session's lease of the new turn,
+        unless that is ``by`` (which wakes its own worker); the others ignore it.
         """
         ...
 
@@ -615,7 +620,17 @@ class CancelFeed(Protocol):
     it (PostgreSQL ``LISTEN/NOTIFY``), a request reaches the owning process in one round trip.
     """
 
-    async def listen_cancels(self, heard: Callable[[str], None], ready: Callable[[], None]) -> None:
+    async def listen_cancels(
+        self,
+        heard: Callable[[str], None],
+        ready: Callable[[], None],
+        queued: Callable[[SessionKey], None] | None = None,
+    ) -> None:
         """Call ``ready()`` once listening, then ``heard(turn_id)`` for every request, until the
-        link drops; then return or raise."""
+        link drops; then return or raise.
+
+        With ``queued``, also ``queued(key)`` for every turn queued on a session whose lease is
+        held by another process than the one that submitted it (``enqueue_turn``'s ``by``):
+        the holder's worker, lingering on the lease, then need not poll the queue.
+        """
         ...

@@ -54,6 +54,7 @@ class Turns(State):
         agent: AgentRef | None = None,
         limits: PrincipalLimits | None = None,
         idempotency: Idempotency | None = None,
+        by: str | None = None,
     ) -> Turn:
         s = self._get(key)
         now = time.time()

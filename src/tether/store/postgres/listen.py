@@ -1,8 +1,10 @@
-"""Cancel requests announced by ``LISTEN/NOTIFY``: the PostgreSQL store's cancel feed.
+"""Cancel requests and turns queued elsewhere, announced by ``LISTEN/NOTIFY``: the PostgreSQL
+store's feed.
 
 A request is written and ``pg_notify`` is called in one transaction (see ``request_cancel``),
 so the notification is delivered on commit and the owner never reads a request that is not
-yet visible. The owning process keeps one listener connection of its own.
+yet visible; so is a turn queued on a session another process holds the lease of
+(``tether_enqueue``, migration 14). The owning process keeps one listener connection of its own.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Callable
 
 import asyncpg  # type: ignore[import-untyped]
 
+from tether.records import SessionKey
 from tether.store.postgres import queries as q
 from tether.store.postgres.connection import DRIVER_ERRORS, Connection, translate
 
@@ -22,8 +25,15 @@ PROBE_INTERVAL = 5.0
 
 
 class CancelListener(Connection):
-    async def listen_cancels(self, heard: Callable[[str], None], ready: Callable[[], None]) -> None:
-        """Call ``heard(turn_id)`` for each cancel request any process makes, until the link drops.
+    async def listen_cancels(
+        self,
+        heard: Callable[[str], None],
+        ready: Callable[[], None],
+        queued: Callable[[SessionKey], None] | None = None,
+    ) -> None:
+        """Call ``heard(turn_id)`` for each cancel request any process makes, and ``queued(key)``
+        for each turn queued on a session whose lease another process than the submitter's
+        holds, until the link drops.
 
         A connection of its own, outside the pool: a pooled connection is reset (``UNLISTEN *``)
         whenever it goes back. Returns when PostgreSQL closes the connection (a restart) and
@@ -42,9 +52,16 @@ class CancelListener(Connection):
         def on_notify(_c: object, _pid: int, _channel: str, payload: str) -> None:
             heard(payload)
 
+        def on_queued(_c: object, _pid: int, _channel: str, payload: str) -> None:
+            parts = payload.split("\x1f")
+            if queued is not None and len(parts) == 3:
+                queued(SessionKey(*parts))
+
         try:
             conn.add_termination_listener(lambda _c: lost.set())
             await conn.add_listener(q.CANCEL_CHANNEL, on_notify)
+            if queued is not None:
+                await conn.add_listener(q.QUEUED_CHANNEL, on_queued)
             ready()
             while not lost.is_set() and not conn.is_closed():
                 try:

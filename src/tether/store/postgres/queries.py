@@ -138,11 +138,25 @@ END = (
     " $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22,"
     " $23, $24, $25)"
 )
-# A whole admission in one round trip, committed as it returns (migration 9).
+# A whole admission in one round trip, committed as it returns (migration 14's overload).
 ENQUEUE = (
     "SELECT outcome, turn_seq, expires_at, active_ids, active_statuses, busy, total"
     " FROM tether_enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,"
-    " $16, $17)"
+    " $16, $17, $18)"
+)
+# A turn queued on a session another process holds: announced to it on commit (migration 14).
+QUEUED_CHANNEL = "tether_queued"
+NOTIFY_QUEUED = (
+    "SELECT pg_notify($1, tenant || chr(31) || owner || chr(31) || session_id) FROM sessions"
+    " WHERE pk = $2 AND lease_owner IS NOT NULL AND lease_expires_at > $3"
+    " AND lease_owner IS DISTINCT FROM $4"
+)
+# A decided turn queued again, announced to whoever holds its session (the decider may be the
+# holder: a kick it gives itself twice does no harm, and decisions are few).
+NOTIFY_REQUEUED = (
+    "SELECT pg_notify($1, s.tenant || chr(31) || s.owner || chr(31) || s.session_id)"
+    " FROM sessions s JOIN turns t ON t.session_pk = s.pk WHERE t.id = $2"
+    " AND s.lease_owner IS NOT NULL AND s.lease_expires_at > $3"
 )
 OWNER_SESSIONS = "SELECT count(*) FROM sessions WHERE tenant = $1 AND owner = $2"
 # Admissions of one owner take turns (across processes), so two cannot both see room for one.

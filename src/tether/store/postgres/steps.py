@@ -152,6 +152,7 @@ async def close_decision(conn: Conn, done: Decision, now: float, *, requeue: boo
     await decision_made(conn, done, now)
     if requeue:
         await conn.execute(q.REQUEUE_TURN, done.turn_id)
+        await conn.execute(q.NOTIFY_REQUEUED, q.QUEUED_CHANNEL, done.turn_id, now)
     return True
 
 

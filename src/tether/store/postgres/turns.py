@@ -72,6 +72,7 @@ class Turns(Connection):
         agent: AgentRef | None = None,
         limits: PrincipalLimits | None = None,
         idempotency: Idempotency | None = None,
+        by: str | None = None,
     ) -> Turn:
         # One statement that commits as it returns (see migration 9's tether_enqueue): the
         # session's row lock and the owner's are never held across a round trip to this
@@ -91,6 +92,7 @@ class Turns(Connection):
             limits.queued_turns if limits is not None else None,
             rules.QUEUED_EVENT_SEQ,
             events.TURN_QUEUED,
+            by,
         )
         async with self._conn() as conn:
             try:
@@ -126,6 +128,7 @@ class Turns(Connection):
             agent=agent,
             limits=limits,
             idempotency=idempotency,
+            by=by,
         )
 
     async def _enqueue_known(
@@ -139,6 +142,7 @@ class Turns(Connection):
         agent: AgentRef | None,
         limits: PrincipalLimits | None,
         idempotency: Idempotency | None,
+        by: str | None,
     ) -> Turn:
         async with self._tx() as conn:
             # The session row lock makes the busy and queue-bound checks hold until commit.
@@ -168,6 +172,8 @@ class Turns(Connection):
             if inserted is None:
                 raise rules.duplicate_turn(turn_id)  # rolls the seq back too
             await steps.write_event(conn, turn_id, rules.queued_event(turn), now)
+            # As tether_enqueue does: delivered on commit, so never for a refused admission.
+            await conn.execute(q.NOTIFY_QUEUED, q.QUEUED_CHANNEL, pk, now, by)
             if limits is not None:
                 # Last, so the owner's lock (held to commit, and every admission of the owner
                 # in any process waits for it) is held for one round trip and the commit. The

@@ -66,6 +66,7 @@ class Turns(Connection):
         agent: AgentRef | None = None,
         limits: PrincipalLimits | None = None,
         idempotency: Idempotency | None = None,
+        by: str | None = None,
     ) -> Turn:
         def do(c: sqlite3.Connection) -> Turn:
             row = c.execute(q.SESSION_FOR_ENQUEUE, key_args(key)).fetchone()
