@@ -69,6 +69,9 @@ class Counted(NoRequests):
     async def data_version(self) -> int:
         return self.version
 
+    def seen_version(self) -> int:
+        return self.version
+
     async def cancel_requests(self, turn_ids: list[str]) -> dict[str, Any]:
         self.reads += 1
         return {"t_1": ("cancelled", "cancelled")} if self.requested else {}

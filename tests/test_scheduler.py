@@ -522,22 +522,21 @@ async def test_on_postgresql_a_lingering_worker_hears_of_turns_queued_elsewhere(
         await watcher.close()
 
 
-async def test_on_postgresql_turns_in_a_row_under_one_lease_read_no_queue(
-    postgres_url: str,
-) -> None:
-    """With the feed up, a worker that has read its session's queue once under its lease does
-    not read it again after each turn: a turn queued here is handed to it, one queued
-    elsewhere is announced, even while a turn runs."""
-    from tether.store.postgres import PostgresStore
-
+async def test_turns_in_a_row_under_one_lease_read_no_queue(make_store: StoreFactory) -> None:
+    """A worker that has found its session's queue empty under its lease does not read it
+    again after each turn while nothing can have changed it: a turn queued here is handed to
+    it, one queued elsewhere is announced (PostgreSQL's feed) or moves the data version
+    (SQLite), even while a turn runs."""
+    if make_store is InMemoryStore:
+        pytest.skip("the in-memory store says nothing of other processes: it reads every time")
     agent = Agent(name="a", model=ScriptedModel(default="ok", delay=0.3))
-    a = Runtime(PostgresStore(postgres_url), agents=[agent])
-    b = Runtime(PostgresStore(postgres_url), agents=[agent])
+    a, b = Runtime(make_store(), agents=[agent]), Runtime(make_store(), agents=[agent])
     async with a, b:
         a.scheduler.linger = 60.0
         key = SessionKey("local", "local", "in-a-row")
         await a.sessions.create(key, "a")
-        await _listeners(postgres_url, 2)
+        if not isinstance(a.store, ChangeCounter):  # PostgreSQL: both feeds up first
+            await _listeners(a.store.url, 2)  # type: ignore[attr-defined]
         for n in range(2):  # the lease's first read of the queue
             await a.scheduler.wait(key, (await a.scheduler.submit(key, f"warm {n}")).id)
         calls: Counter[str] = Counter()
@@ -546,8 +545,9 @@ async def test_on_postgresql_turns_in_a_row_under_one_lease_read_no_queue(
         for n in range(4):
             await a.scheduler.wait(key, (await a.scheduler.submit(key, f"turn {n}")).id)
         assert calls["active_turns"] == 0
-        # B queues a turn while A's runs: announced, so A reads its queue after the turn, runs
-        # B's next under the same lease, and reads once more to find it empty.
+        # B queues a turn while A's runs: A reads its queue after the turn, runs B's next
+        # under the same lease, and reads once more to find it empty (on SQLite B's own
+        # looks at the lease may move the version, and A read a few times more).
         lease = a.scheduler.lease_of(key)
         mine = await a.scheduler.submit(key, "slow")
         await first_started(a, key, mine.id)
@@ -557,7 +557,10 @@ async def test_on_postgresql_turns_in_a_row_under_one_lease_read_no_queue(
         assert done.status == "completed"
         again = a.scheduler.lease_of(key)
         assert lease is not None and again is not None and again.token == lease.token
-        assert calls["active_turns"] == 2
+        if isinstance(a.store, ChangeCounter):
+            assert calls["active_turns"] >= 2
+        else:
+            assert calls["active_turns"] == 2
         # Three turns queued here behind a running one: one is handed to the worker, and the
         # others make it read the queue again, so none is left behind.
         running = await a.scheduler.submit(key, "slow again")

@@ -3,6 +3,7 @@ on a public address with no keys. Every connection goes to 127.0.0.1."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import subprocess
 import time
@@ -14,6 +15,7 @@ import pytest
 
 from tests.server.cli_keys import assert_problem, create_key, tether
 from tests.server.conftest import Server, ServerFactory, start_server
+from tether.errors import StoreError
 
 
 def eventually(check: Callable[[], bool], within: float = 2.5) -> None:
@@ -190,3 +192,46 @@ def test_a_public_bind_with_a_key_starts_and_requires_it(tmp_path: Path) -> None
         assert agents(srv, {"X-API-Key": key.secret}).status_code == 200
     finally:
         srv.stop()
+
+
+class _SlowKeys:
+    """ApiKeys' one question, answered after a moment, counted."""
+
+    def __init__(self) -> None:
+        self.looks = 0
+        self.fail = False
+
+    async def any_exist(self) -> bool:
+        self.looks += 1
+        await asyncio.sleep(0.05)
+        if self.fail:
+            raise StoreError("the store is away")
+        return False
+
+
+async def test_requests_that_find_the_key_cache_stale_share_one_look(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Under load every request of the second the cache expired in asked the store itself
+    # (two reads each while no key exists): a few per turn at 64 sessions.
+    from tether.server import auth
+
+    keys = _SlowKeys()
+    authenticator = auth.Authenticator(keys, None)  # type: ignore[arg-type]
+    assert not any(await asyncio.gather(*(authenticator.keys_exist() for _ in range(50))))
+    assert keys.looks == 1
+    assert not await authenticator.keys_exist()  # fresh: from the cache
+    assert keys.looks == 1
+    monkeypatch.setattr(auth, "_CACHE_SECONDS", 0.0)
+    keys.fail = True
+    with pytest.raises(StoreError):  # a failed look fails its waiters, and is not kept
+        await asyncio.gather(*(authenticator.keys_exist() for _ in range(5)))
+    assert keys.looks == 2
+    keys.fail = False
+    # A caller cancelled while it waits ends nobody else's look.
+    first = asyncio.create_task(authenticator.keys_exist())
+    second = asyncio.create_task(authenticator.keys_exist())
+    await asyncio.sleep(0.01)
+    first.cancel()
+    assert await second is False
+    assert keys.looks == 3

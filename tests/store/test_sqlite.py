@@ -235,6 +235,17 @@ async def test_the_data_version_moves_for_other_processes_writes_only(tmp_path: 
         moved = await mine.data_version()
         assert moved != before
         assert await mine.data_version() == moved  # and stays until they write again
+        # The version as the thread saw it before its last batch, for no I/O: it follows
+        # their writes once a call of ours has run since, never ours.
+        assert mine.seen_version() == moved
+        await mine.create_session(SessionKey("acme", "alice", "s3"), "a")
+        await mine.get_session(KEY)
+        assert mine.seen_version() == moved
+        await theirs.create_session(SessionKey("acme", "bob", "s4"), "a")
+        assert mine.seen_version() == moved  # nothing of ours has run since: not seen yet
+        await mine.get_session(KEY)
+        assert mine.seen_version() != moved
+        assert mine.seen_version() == await mine.data_version()
     finally:
         await mine.close()
         await theirs.close()

@@ -69,14 +69,24 @@ class Workers:
         self._ran_to: dict[SessionKey, int] = {}
         """The seq of the last turn this process's worker of the session took up: a handed turn
         at or before it was found in the queue before it was handed (and is stale)."""
-        self._looked: dict[SessionKey, int] = {}
-        """The feed (``_feed``) under which each leased session's queue was last read and held
-        nothing to run: while it stays up, every turn queued since is announced (or handed),
-        so the queue needs no new look."""
+        self._looked: dict[SessionKey, tuple[str, int]] = {}
+        """When each leased session's queue was last read and held nothing to run (the store's
+        :meth:`_news` then): while that holds, every turn queued since was handed to the worker
+        or announced (a feed that stayed up), or nobody else has committed (a data version that
+        has not moved), so the queue needs no new look."""
         self._feed: int | None = None
         """While the store's feed announces turns queued elsewhere (:meth:`feed_changed`): how
         many times it has come up, so a linger can tell it stayed up; None while it is down."""
         self._feeds = 0
+
+    def _news(self) -> tuple[str, int] | None:
+        """What says whether turns were queued elsewhere since: the feed while it is up, or
+        the store's data version; None when the store says nothing (read every time)."""
+        if self._feed is not None:
+            return ("feed", self._feed)
+        if isinstance(self._store, ChangeCounter):
+            return ("version", self._store.seen_version())
+        return None
 
     def feed_changed(self, up: bool) -> None:
         """The store's feed came up (or went down). Up, every session held here looks at its
@@ -210,17 +220,15 @@ class Workers:
             # queue. The store refuses the start if an earlier turn (accepted by another
             # process, or parked) is still active, and then the queue says what comes first.
             turn = local.handed.pop(key, None)
-            looked = self._feed is not None and self._looked.get(key) == self._feed
-            if turn is None and not dirty and looked:
-                # Read under this lease and this feed, and nothing queued here or announced
-                # since: the queue holds nothing new (the read after each turn that PostgreSQL
-                # would otherwise answer).
+            news = self._news()
+            if turn is None and not dirty and news is not None and self._looked.get(key) == news:
+                # Read under this lease, and nothing handed, announced or committed elsewhere
+                # since: the queue holds nothing new (the read after each turn, saved).
                 return
             if turn is None or turn.seq <= self._ran_to.get(key, 0):
-                feed = self._feed
                 turn = runnable(await self._store.active_turns(key))
-                if turn is None and feed is not None and feed == self._feed:
-                    self._looked[key] = feed  # nothing to run: from now on, news comes to us
+                if turn is None and news is not None:
+                    self._looked[key] = news  # noted before the read: nothing it missed
             if turn is None or local.closing:
                 return
             self._ran_to[key] = max(turn.seq, self._ran_to.get(key, 0))
@@ -258,10 +266,13 @@ class Workers:
         kicked = local.kicked[key] = asyncio.Event()
         deadline = time.monotonic() + self.linger
         # With a store that says when another process wrote (SQLite), look at the queue only
-        # then: a turn accepted here kicks this directly. The first look always reads it (a
-        # turn accepted elsewhere before the first version read is seen by that read).
+        # then: a turn accepted here kicks this directly. The first look reads it unless the
+        # version is still the one noted before the queue was last found empty.
         counter = self._store if isinstance(self._store, ChangeCounter) else None
         seen: int | None = None
+        looked = self._looked.get(key)
+        if looked is not None and looked[0] == "version":
+            seen = looked[1]  # the queue was empty then: only a commit since is news
         # With a feed that announces turns queued elsewhere (PostgreSQL), no look at all while
         # it stays up: such a turn kicks this (heard_queued), and one queued before the feed
         # came up was looked for when it did (feed_changed).

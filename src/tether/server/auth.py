@@ -9,12 +9,14 @@
   own names, state changes from its own origin only).
 
 Whether any key exists is cached for a second, so keys created by ``tether keys create`` in
-another process take effect without a restart. A revoked key still counts as existing: revoking
+another process take effect without a restart; the requests that find it stale together share
+one look at the store. A revoked key still counts as existing: revoking
 the last key must not quietly reopen the server to callers with no credentials (fail closed).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from fastapi import Request
@@ -33,14 +35,28 @@ class Authenticator:
         self._keys = keys
         self._local = local
         self._keys_exist: tuple[float, bool] = (0.0, False)
+        self._looking: asyncio.Future[bool] | None = None
 
     async def keys_exist(self) -> bool:
         checked, exist = self._keys_exist
-        now = time.monotonic()
-        if now - checked > _CACHE_SECONDS:
+        if time.monotonic() - checked <= _CACHE_SECONDS:
+            return exist
+        # One look for everyone who finds the answer stale meanwhile: under load, each
+        # request of the second that expired it would read the store otherwise (two reads
+        # each while no key exists). Shielded: a caller that goes away ends no one's look.
+        looking = self._looking
+        if looking is None:
+            looking = self._looking = asyncio.ensure_future(self._look())
+        return await asyncio.shield(looking)
+
+    async def _look(self) -> bool:
+        try:
+            now = time.monotonic()
             exist = await self._keys.any_exist()
             self._keys_exist = (now, exist)
-        return exist
+            return exist
+        finally:
+            self._looking = None
 
     async def resolve(self, request: Request, *, placeholder_keys: bool = False) -> Principal:
         """The caller. ``placeholder_keys`` (the protocol faces): while no API key exists, an

@@ -611,6 +611,12 @@ class ChangeCounter(Protocol):
         """A number that changes when another process has committed since the last call."""
         ...
 
+    def seen_version(self) -> int:
+        """What :meth:`data_version` said when the store last looked (it looks before each
+        batch of calls it runs), without I/O: noted before a read and unchanged later, no other
+        process had committed by the time the store last looked."""
+        ...
+
 
 @runtime_checkable
 class CancelFeed(Protocol):

@@ -127,7 +127,17 @@ class Connection:
     async def data_version(self) -> int:
         """SQLite's ``PRAGMA data_version``: it moves when another connection (another
         process on this file) commits, never for this connection's own commits."""
-        return await self._run(_data_version)
+        worker = self._worker
+        if worker is None:
+            raise StoreError("the store is not open")
+        return await self._run(worker.data_version)
+
+    def seen_version(self) -> int:
+        """:meth:`data_version` as the store's thread last read it, before its latest batch of
+        calls: no I/O. Unchanged since a value noted before a read, no other process had
+        committed by the time the store last looked."""
+        worker = self._worker
+        return worker.version if worker is not None else 0
 
     async def ping(self) -> None:
         """Readiness: within :data:`PING_WITHIN`, the store can take a write — its thread
@@ -191,11 +201,6 @@ def _checkpoint(c: sqlite3.Connection) -> bool:
     finally:
         c.execute(f"PRAGMA busy_timeout={BUSY_MS}")
     return int(busy) == 0
-
-
-def _data_version(c: sqlite3.Connection) -> int:
-    (version,) = c.execute("PRAGMA data_version").fetchone()
-    return int(version)
 
 
 def _use_wal(conn: sqlite3.Connection) -> None:

@@ -66,6 +66,12 @@ class SQLiteWorker:
         self._ready = threading.Event()
         self._start_error: BaseException | None = None
         self._failing = False  # the last write transaction failed (logged once, not per batch)
+        self._connections = 0
+        self.version = 0
+        """``PRAGMA data_version`` as the thread read it before its latest batch ran (with how
+        many connections it had had: a new connection counts afresh), for
+        :meth:`~tether.store.sqlite.connection.Connection.seen_version`. Written by the thread
+        only; an int, so the event loop reads it whole."""
 
     async def start(self) -> None:
         self._thread.start()
@@ -136,7 +142,13 @@ class SQLiteWorker:
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:  # dropped after a failure it could not roll back
             self._conn = self._connect()
+            self._connections += 1
         return self._conn
+
+    def data_version(self, conn: sqlite3.Connection) -> int:
+        """``PRAGMA data_version`` of ``conn`` (the thread's), told apart from its predecessors'."""
+        (version,) = conn.execute("PRAGMA data_version").fetchone()
+        return (self._connections << 48) + int(version)
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
@@ -146,6 +158,9 @@ class SQLiteWorker:
 
     def _execute(self, batch: list[_Op[Any]]) -> None:
         conn = self._connection()
+        # Before the batch: a read in it sees every commit this number counts (a few µs).
+        with contextlib.suppress(sqlite3.Error):
+            self.version = self.data_version(conn)
         if batch[0].alone or not any(op.write for op in batch):
             for op in batch:
                 self._run_one(conn, op)
