@@ -522,6 +522,55 @@ async def test_on_postgresql_a_lingering_worker_hears_of_turns_queued_elsewhere(
         await watcher.close()
 
 
+async def test_on_postgresql_ending_a_parked_turn_elsewhere_frees_the_one_behind_it_at_once(
+    postgres_url: str,
+) -> None:
+    """A turn parked at the head of its session's queue, ended by another process (a cancel,
+    an interrupt), lets the turn behind it run: the lingering holder hears of it, rather than
+    trusting its feed for the rest of its linger."""
+    from tether import tool
+    from tether.store.postgres import PostgresStore
+    from tether.testing import Call, ToolCalls
+
+    @tool(requires_approval=True)
+    def launch(target: str) -> str:
+        """Launch."""
+        return f"launched {target}"
+
+    def reply(request: ModelRequest) -> str | ToolCalls:
+        last = request.messages[-1]
+        if last.role == "user" and last.content.startswith("rocket"):
+            return ToolCalls(Call("launch", {"target": "rocket"}))
+        return "ok"
+
+    def runtime() -> Runtime:
+        agent = Agent(name="a", model=ScriptedModel(default=reply), tools=[launch])
+        return Runtime(PostgresStore(postgres_url), agents=[agent])
+
+    a, b = runtime(), runtime()
+    async with a, b:
+        a.scheduler.linger = 60.0
+        key = SessionKey("local", "local", "parked-ahead")
+        await a.sessions.create(key, "a")
+        await _listeners(postgres_url, 2)
+        for policy in ("enqueue", "interrupt"):
+            parked = await a.scheduler.submit(key, f"rocket {policy}")
+            assert (await a.scheduler.wait(key, parked.id, until_input=True)).status == (
+                "awaiting_input"
+            )
+            lease = a.scheduler.lease_of(key)
+            assert lease is not None  # A lingers on it
+            behind = await b.scheduler.submit(key, "next", policy=policy)
+            if policy == "enqueue":
+                await asyncio.sleep(0.2)  # A has looked: nothing it may run yet
+                await b.scheduler.cancel(key, parked.id)
+            async with asyncio.timeout(5):
+                done = await b.scheduler.wait(key, behind.id)
+            assert done.status == "completed"
+            again = a.scheduler.lease_of(key)
+            assert again is not None and again.token == lease.token  # A ran it
+
+
 async def test_turns_in_a_row_under_one_lease_read_no_queue(make_store: StoreFactory) -> None:
     """A worker that has found its session's queue empty under its lease does not read it
     again after each turn while nothing can have changed it: a turn queued here is handed to

@@ -6,6 +6,7 @@ leak. These tests skip without ``TETHER_TEST_POSTGRES_URL`` (see tests/conforman
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import socket
 from collections.abc import AsyncIterator
@@ -360,6 +361,85 @@ async def test_an_upgraded_database_counts_the_turns_it_already_had(postgres_url
                     keys[0], turn_id=f"q{m}", input="x", policy="enqueue", limits=limits
                 )
         assert [t.id for t in await store.list_turns(keys[0])] == ["u0-0", "q0"]
+
+
+async def test_a_turn_ended_by_the_previous_release_during_the_upgrade_is_not_counted(
+    postgres_url: str,
+) -> None:
+    # A process of the previous release ends a turn in a transaction still open when a new
+    # process migrates: the migration waits for it, so the count never holds a turn that was
+    # ended (which would refuse the owner's admissions for good).
+    store = PostgresStore(postgres_url)
+    async with opened(store):
+        await store.create_session(KEY, "assistant")
+        await store.enqueue_turn(KEY, turn_id="t1", input="x", policy="enqueue")
+    for sql in (
+        "DROP TRIGGER turns_count_busy ON turns",
+        "DROP FUNCTION tether_count_busy()",
+        "DROP TABLE busy_sessions",
+        "DELETE FROM schema_version WHERE version >= 13",
+    ):
+        await query(postgres_url, sql)
+    old = await asyncpg.connect(postgres_url)
+    try:
+        ending = old.transaction()
+        await ending.start()
+        await old.execute("UPDATE turns SET status = 'cancelled', ended_at = 1 WHERE id = 't1'")
+        store = PostgresStore(postgres_url)
+        upgrading = asyncio.create_task(store.open())
+        await asyncio.sleep(0.5)  # the migration is under way, waiting for the old writer
+        await ending.commit()
+    finally:
+        await old.close()
+    await upgrading
+    try:
+        assert await query(postgres_url, "SELECT * FROM busy_sessions") == []
+        other = SessionKey("acme", "alice", "s2")
+        await store.create_session(other, "assistant")
+        await store.enqueue_turn(
+            other,
+            turn_id="n1",
+            input="x",
+            policy="enqueue",
+            limits=PrincipalLimits(running_turns=1),
+        )
+    finally:
+        await store.close()
+
+
+async def test_a_turn_queued_on_a_session_held_elsewhere_is_announced_to_the_holder(
+    postgres_url: str,
+) -> None:
+    # The notice names the session; one whose key could not be told apart in a notice (or
+    # would not fit one) is announced without it, and the holder looks at all it holds.
+    store = PostgresStore(postgres_url)
+    heard: list[SessionKey | None] = []
+    listening = asyncio.Event()
+    async with opened(store):
+        odd = SessionKey("acme", "a\x1fb", "s1")  # no principal is named so; the store takes it
+        for key in (KEY, odd):
+            await store.create_session(key, "assistant")
+            assert await store.acquire_lease(key, "node-a", 30) is not None
+        listener = asyncio.create_task(
+            store.listen_cancels(lambda _: None, listening.set, heard.append)
+        )
+        try:
+            await asyncio.wait_for(listening.wait(), 10)
+            await store.enqueue_turn(KEY, turn_id="t1", input="x", policy="enqueue", by="node-a")
+            await store.enqueue_turn(KEY, turn_id="t2", input="x", policy="enqueue", by="node-b")
+            await store.enqueue_turn(odd, turn_id="t3", input="x", policy="enqueue", by="node-b")
+            await wait_for_count(heard, 2)
+            assert heard == [KEY, None]  # none for the holder's own turn
+        finally:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
+
+
+async def wait_for_count(items: list[SessionKey | None], n: int) -> None:
+    async with asyncio.timeout(10):
+        while len(items) < n:  # noqa: ASYNC110 - notifications come on the listener's own time
+            await asyncio.sleep(0.01)
 
 
 async def test_ping_and_open_raise_store_error_when_unreachable() -> None:

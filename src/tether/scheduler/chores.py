@@ -65,7 +65,7 @@ async def watch_cancels(
     interval: float,
     *,
     fallback_interval: float = 1.0,
-    queued: Callable[[SessionKey], None] | None = None,
+    queued: Callable[[SessionKey | None], None] | None = None,
     feed: Callable[[bool], None] | None = None,
 ) -> None:
     """Apply cancel/interrupt requests other processes left in the store for our turns.
@@ -137,7 +137,7 @@ async def _listen(
     running: Mapping[str, RunningTurn],
     wake: asyncio.Event,
     listening: asyncio.Event,
-    queued: Callable[[SessionKey], None] | None = None,
+    queued: Callable[[SessionKey | None], None] | None = None,
     feed: Callable[[bool], None] | None = None,
 ) -> None:
     """Keep a cancel listener up, reconnecting after the store goes away and comes back."""

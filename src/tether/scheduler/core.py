@@ -255,9 +255,13 @@ class Scheduler:
         if turn.id != turn_id:
             return turn  # a retry of a submission: the turn its key made, as it stands
         self.local.waiters.setdefault(turn.id, (key, []))
-        if policy == "interrupt" or policy == "rollback":
-            await self._preempt(key, policy)
-        self.workers.kick(key, turn)
+        try:
+            if policy == "interrupt" or policy == "rollback":
+                await self._preempt(key, policy)
+        finally:
+            # Queued is queued: a caller that goes away while the turns ahead are ended (a
+            # client disconnecting) leaves a turn that must still run.
+            self.workers.kick(key, turn)
         return turn
 
     async def _enqueue(

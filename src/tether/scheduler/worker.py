@@ -101,10 +101,12 @@ class Workers:
         for key in list(self._local.leases):
             self.kick(key)
 
-    def heard_queued(self, key: SessionKey) -> None:
-        """Another process queued a turn on ``key``: wake its worker if this process holds it."""
-        if key in self._local.leases:
-            self.kick(key)
+    def heard_queued(self, key: SessionKey | None) -> None:
+        """Another process queued a turn on ``key`` (or freed one to run): wake its worker if
+        this process holds it. None: a session the notice could not name, so every one."""
+        for held in [key] if key is not None else list(self._local.leases):
+            if held in self._local.leases:
+                self.kick(held)
 
     def kick(self, key: SessionKey, turn: Turn | None = None) -> None:
         """Make sure a worker will look at ``key``'s queue (start one, or wake the one there);

@@ -45,18 +45,22 @@ class Authenticator:
         # request of the second that expired it would read the store otherwise (two reads
         # each while no key exists). Shielded: a caller that goes away ends no one's look.
         looking = self._looking
-        if looking is None:
+        if looking is None or looking.get_loop() is not asyncio.get_running_loop():
             looking = self._looking = asyncio.ensure_future(self._look())
+            looking.add_done_callback(self._looked)
         return await asyncio.shield(looking)
 
     async def _look(self) -> bool:
-        try:
-            now = time.monotonic()
-            exist = await self._keys.any_exist()
-            self._keys_exist = (now, exist)
-            return exist
-        finally:
+        now = time.monotonic()
+        exist = await self._keys.any_exist()
+        self._keys_exist = (now, exist)
+        return exist
+
+    def _looked(self, looking: asyncio.Future[bool]) -> None:
+        if self._looking is looking:
             self._looking = None
+        if not looking.cancelled():
+            looking.exception()  # retrieved: its waiters may all have gone
 
     async def resolve(self, request: Request, *, placeholder_keys: bool = False) -> Principal:
         """The caller. ``placeholder_keys`` (the protocol faces): while no API key exists, an

@@ -630,13 +630,15 @@ class CancelFeed(Protocol):
         self,
         heard: Callable[[str], None],
         ready: Callable[[], None],
-        queued: Callable[[SessionKey], None] | None = None,
+        queued: Callable[[SessionKey | None], None] | None = None,
     ) -> None:
         """Call ``ready()`` once listening, then ``heard(turn_id)`` for every request, until the
         link drops; then return or raise.
 
         With ``queued``, also ``queued(key)`` for every turn queued on a session whose lease is
-        held by another process than the one that submitted it (``enqueue_turn``'s ``by``):
-        the holder's worker, lingering on the lease, then need not poll the queue.
+        held by another process than the one that submitted it (``enqueue_turn``'s ``by``), and
+        whenever a turn that kept queued ones waiting ends or is decided: the holder's worker,
+        lingering on the lease, then need not poll the queue. ``queued(None)`` stands for a
+        session whose key could not be sent: the holder looks at every session it holds.
         """
         ...

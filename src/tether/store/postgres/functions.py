@@ -356,8 +356,12 @@ FUNCTIONS: list[tuple[int, str]] = [
         -- trigger's writes to its session's row here are serialized with them and add no
         -- lock order of their own. Admission counts the owner's rows (tens, not the 100,000
         -- sessions an owner may keep).
+        -- No turn changes status from here to commit (a process of the previous release
+        -- included): a change committed between the count below and the trigger would be
+        -- missed by both, and counted wrong for good.
+        LOCK TABLE turns IN SHARE ROW EXCLUSIVE MODE;
         CREATE TABLE busy_sessions (
-            session_pk  bigint PRIMARY KEY,
+            session_pk  bigint PRIMARY KEY REFERENCES sessions (pk) ON DELETE CASCADE,
             tenant      text NOT NULL,
             owner       text NOT NULL,
             live        integer NOT NULL CHECK (live > 0)
@@ -546,8 +550,13 @@ FUNCTIONS: list[tuple[int, str]] = [
             VALUES (p_turn, p_event_seq, p_event_type, '{"seq": ' || turn_seq || '}', p_now);
             IF v_holder IS NOT NULL AND v_held_until > p_now
                AND v_holder IS DISTINCT FROM p_by THEN
+                -- As queries.NOTIFY_QUEUED: empty ("look at all you hold") for a key that
+                -- cannot be told apart or would not fit a payload.
                 PERFORM pg_notify('tether_queued',
-                                  p_tenant || chr(31) || p_owner || chr(31) || p_session);
+                    CASE WHEN position(chr(31) IN p_tenant || p_owner || p_session) = 0
+                          AND octet_length(p_tenant || p_owner || p_session) < 7900
+                         THEN p_tenant || chr(31) || p_owner || chr(31) || p_session
+                         ELSE '' END);
             END IF;
             outcome := 'queued';
         END

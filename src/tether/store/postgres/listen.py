@@ -29,11 +29,12 @@ class CancelListener(Connection):
         self,
         heard: Callable[[str], None],
         ready: Callable[[], None],
-        queued: Callable[[SessionKey], None] | None = None,
+        queued: Callable[[SessionKey | None], None] | None = None,
     ) -> None:
         """Call ``heard(turn_id)`` for each cancel request any process makes, and ``queued(key)``
-        for each turn queued on a session whose lease another process than the submitter's
-        holds, until the link drops.
+        for each turn queued (or freed to run) on a session whose lease another process than
+        the submitter's holds (``queued(None)``: a session whose key the notification could not
+        carry), until the link drops.
 
         A connection of its own, outside the pool: a pooled connection is reset (``UNLISTEN *``)
         whenever it goes back. Returns when PostgreSQL closes the connection (a restart) and
@@ -54,8 +55,9 @@ class CancelListener(Connection):
 
         def on_queued(_c: object, _pid: int, _channel: str, payload: str) -> None:
             parts = payload.split("\x1f")
-            if queued is not None and len(parts) == 3:
-                queued(SessionKey(*parts))
+            if queued is not None:
+                # Empty: a key too long or too odd for a payload; None asks for every one.
+                queued(SessionKey(*parts) if len(parts) == 3 else None)
 
         try:
             conn.add_termination_listener(lambda _c: lost.set())

@@ -145,18 +145,26 @@ ENQUEUE = (
     " $16, $17, $18)"
 )
 # A turn queued on a session another process holds: announced to it on commit (migration 14).
+# The payload is the key joined by chr(31); one that cannot be told apart (a part holding
+# chr(31)) or would pass NOTIFY's 8,000 bytes is sent empty: "look at every session you hold".
 QUEUED_CHANNEL = "tether_queued"
-NOTIFY_QUEUED = (
-    "SELECT pg_notify($1, tenant || chr(31) || owner || chr(31) || session_id) FROM sessions"
-    " WHERE pk = $2 AND lease_owner IS NOT NULL AND lease_expires_at > $3"
-    " AND lease_owner IS DISTINCT FROM $4"
+_QUEUED_PAYLOAD = (
+    "CASE WHEN position(chr(31) IN s.tenant || s.owner || s.session_id) = 0"
+    " AND octet_length(s.tenant || s.owner || s.session_id) < 7900"
+    " THEN s.tenant || chr(31) || s.owner || chr(31) || s.session_id ELSE '' END"
 )
-# A decided turn queued again, announced to whoever holds its session (the decider may be the
-# holder: a kick it gives itself twice does no harm, and decisions are few).
-NOTIFY_REQUEUED = (
-    "SELECT pg_notify($1, s.tenant || chr(31) || s.owner || chr(31) || s.session_id)"
-    " FROM sessions s JOIN turns t ON t.session_pk = s.pk WHERE t.id = $2"
-    " AND s.lease_owner IS NOT NULL AND s.lease_expires_at > $3"
+NOTIFY_QUEUED = (
+    f"SELECT pg_notify($1, {_QUEUED_PAYLOAD}) FROM sessions s"
+    " WHERE s.pk = $2 AND s.lease_owner IS NOT NULL AND s.lease_expires_at > $3"
+    " AND s.lease_owner IS DISTINCT FROM $4"
+)
+# A decided turn queued again, or a waiting turn ended (the turn behind it may run now):
+# announced to whoever holds the session (the caller does not know whether that is its own
+# process; a kick given twice does no harm, and these are few).
+NOTIFY_HOLDER = (
+    f"SELECT pg_notify($1, {_QUEUED_PAYLOAD}) FROM sessions s"
+    " WHERE s.tenant = $2 AND s.owner = $3 AND s.session_id = $4"
+    " AND s.lease_owner IS NOT NULL AND s.lease_expires_at > $5"
 )
 OWNER_SESSIONS = "SELECT count(*) FROM sessions WHERE tenant = $1 AND owner = $2"
 # Admissions of one owner take turns (across processes), so two cannot both see room for one.

@@ -152,8 +152,13 @@ async def close_decision(conn: Conn, done: Decision, now: float, *, requeue: boo
     await decision_made(conn, done, now)
     if requeue:
         await conn.execute(q.REQUEUE_TURN, done.turn_id)
-        await conn.execute(q.NOTIFY_REQUEUED, q.QUEUED_CHANNEL, done.turn_id, now)
+        await notify_holder(conn, done.key, now)
     return True
+
+
+async def notify_holder(conn: Conn, key: SessionKey, now: float) -> None:
+    """Tell the process holding ``key``'s lease, if any, to look at its queue (on commit)."""
+    await conn.execute(q.NOTIFY_HOLDER, q.QUEUED_CHANNEL, *key_args(key), now)
 
 
 async def decision_made(conn: Conn, done: Decision, now: float) -> None:

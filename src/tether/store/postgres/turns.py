@@ -233,6 +233,9 @@ class Turns(Connection):
             held = rules.held_memory(row[-1])
             if held and rules.keeps_memory(status):
                 await apply_writes(conn, held)
+            # A turn behind this one may be free to run now: its session's holder hears of it
+            # (it trusts the feed while it lingers; the caller may be a CLI that kicks nobody).
+            await steps.notify_holder(conn, key, now)
             return done
 
     # -- leases --------------------------------------------------------------------------------
