@@ -322,6 +322,18 @@ async def test_racing_admissions_of_one_owner_never_pass_its_bound(postgres_url:
         assert again.seq == 2
 
 
+async def back_to_release_12(url: str) -> None:
+    """The schema as release 12 left it: no busy_sessions, no trigger. Opening a store then
+    runs migrations 13 and 14 again (their functions are made whole again by them)."""
+    for sql in (
+        "DROP TRIGGER turns_count_busy ON turns",
+        "DROP FUNCTION tether_count_busy()",
+        "DROP TABLE busy_sessions",
+        "DELETE FROM schema_version WHERE version >= 13",
+    ):
+        await query(url, sql)
+
+
 async def test_an_upgraded_database_counts_the_turns_it_already_had(postgres_url: str) -> None:
     # Migration 13 moves the owner's count to busy_sessions: on a database that has queued and
     # running turns already, the backfill must count them, or the first admissions after an
@@ -337,15 +349,7 @@ async def test_an_upgraded_database_counts_the_turns_it_already_had(postgres_url
         assert lease is not None
         await store.start_turn(lease, "u2-0", [], [])
         before = await query(postgres_url, "SELECT session_pk, live FROM busy_sessions ORDER BY 1")
-    # The schema as release 12 left it: no table, no trigger; the functions are re-made by 13
-    # (and 14, which comes after it).
-    for sql in (
-        "DROP TRIGGER turns_count_busy ON turns",
-        "DROP FUNCTION tether_count_busy()",
-        "DROP TABLE busy_sessions",
-        "DELETE FROM schema_version WHERE version >= 13",
-    ):
-        await query(postgres_url, sql)
+    await back_to_release_12(postgres_url)
     store = PostgresStore(postgres_url)
     async with opened(store):
         after = await query(postgres_url, "SELECT session_pk, live FROM busy_sessions ORDER BY 1")
@@ -373,13 +377,7 @@ async def test_a_turn_ended_by_the_previous_release_during_the_upgrade_is_not_co
     async with opened(store):
         await store.create_session(KEY, "assistant")
         await store.enqueue_turn(KEY, turn_id="t1", input="x", policy="enqueue")
-    for sql in (
-        "DROP TRIGGER turns_count_busy ON turns",
-        "DROP FUNCTION tether_count_busy()",
-        "DROP TABLE busy_sessions",
-        "DELETE FROM schema_version WHERE version >= 13",
-    ):
-        await query(postgres_url, sql)
+    await back_to_release_12(postgres_url)
     old = await asyncpg.connect(postgres_url)
     try:
         ending = old.transaction()

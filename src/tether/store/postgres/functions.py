@@ -550,7 +550,7 @@ FUNCTIONS: list[tuple[int, str]] = [
             VALUES (p_turn, p_event_seq, p_event_type, '{"seq": ' || turn_seq || '}', p_now);
             IF v_holder IS NOT NULL AND v_held_until > p_now
                AND v_holder IS DISTINCT FROM p_by THEN
-                -- As queries.NOTIFY_QUEUED: empty ("look at all you hold") for a key that
+                -- As queries.NOTIFY_HOLDER: empty ("look at all you hold") for a key that
                 -- cannot be told apart or would not fit a payload.
                 PERFORM pg_notify('tether_queued',
                     CASE WHEN position(chr(31) IN p_tenant || p_owner || p_session) = 0

@@ -4,7 +4,9 @@ store's feed.
 A request is written and ``pg_notify`` is called in one transaction (see ``request_cancel``),
 so the notification is delivered on commit and the owner never reads a request that is not
 yet visible; so is a turn queued on a session another process holds the lease of
-(``tether_enqueue``, migration 14). The owning process keeps one listener connection of its own.
+(``tether_enqueue``, migration 14), or freed to run there (a waiting turn ended, a decided
+one queued again: ``steps.notify_holder``). The owning process keeps one listener connection
+of its own.
 """
 
 from __future__ import annotations

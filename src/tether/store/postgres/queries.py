@@ -153,18 +153,14 @@ _QUEUED_PAYLOAD = (
     " AND octet_length(s.tenant || s.owner || s.session_id) < 7900"
     " THEN s.tenant || chr(31) || s.owner || chr(31) || s.session_id ELSE '' END"
 )
-NOTIFY_QUEUED = (
-    f"SELECT pg_notify($1, {_QUEUED_PAYLOAD}) FROM sessions s"
-    " WHERE s.pk = $2 AND s.lease_owner IS NOT NULL AND s.lease_expires_at > $3"
-    " AND s.lease_owner IS DISTINCT FROM $4"
-)
-# A decided turn queued again, or a waiting turn ended (the turn behind it may run now):
-# announced to whoever holds the session (the caller does not know whether that is its own
-# process; a kick given twice does no harm, and these are few).
+# Sent to whoever holds the session but $6 (the submitter's own lease owner; NULL when the
+# caller cannot tell, as for a decided turn queued again or a waiting turn ended, after which
+# the turn behind it may run: a kick given twice does no harm, and these are few).
 NOTIFY_HOLDER = (
     f"SELECT pg_notify($1, {_QUEUED_PAYLOAD}) FROM sessions s"
     " WHERE s.tenant = $2 AND s.owner = $3 AND s.session_id = $4"
     " AND s.lease_owner IS NOT NULL AND s.lease_expires_at > $5"
+    " AND s.lease_owner IS DISTINCT FROM $6"
 )
 OWNER_SESSIONS = "SELECT count(*) FROM sessions WHERE tenant = $1 AND owner = $2"
 # Admissions of one owner take turns (across processes), so two cannot both see room for one.

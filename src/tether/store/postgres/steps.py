@@ -156,9 +156,12 @@ async def close_decision(conn: Conn, done: Decision, now: float, *, requeue: boo
     return True
 
 
-async def notify_holder(conn: Conn, key: SessionKey, now: float) -> None:
-    """Tell the process holding ``key``'s lease, if any, to look at its queue (on commit)."""
-    await conn.execute(q.NOTIFY_HOLDER, q.QUEUED_CHANNEL, *key_args(key), now)
+async def notify_holder(
+    conn: Conn, key: SessionKey, now: float, *, unless: str | None = None
+) -> None:
+    """Tell the process holding ``key``'s lease, if any and if not ``unless`` (a lease owner
+    that wakes its own worker), to look at its queue; delivered on commit."""
+    await conn.execute(q.NOTIFY_HOLDER, q.QUEUED_CHANNEL, *key_args(key), now, unless)
 
 
 async def decision_made(conn: Conn, done: Decision, now: float) -> None:

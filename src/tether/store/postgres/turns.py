@@ -173,7 +173,7 @@ class Turns(Connection):
                 raise rules.duplicate_turn(turn_id)  # rolls the seq back too
             await steps.write_event(conn, turn_id, rules.queued_event(turn), now)
             # As tether_enqueue does: delivered on commit, so never for a refused admission.
-            await conn.execute(q.NOTIFY_QUEUED, q.QUEUED_CHANNEL, pk, now, by)
+            await steps.notify_holder(conn, key, now, unless=by)
             if limits is not None:
                 # Last, so the owner's lock (held to commit, and every admission of the owner
                 # in any process waits for it) is held for one round trip and the commit. The
