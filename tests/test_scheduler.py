@@ -461,6 +461,59 @@ async def test_a_lingering_worker_takes_a_turn_another_process_accepted(
         assert again is not None and again.token == lease.token  # A ran it, under its lease
 
 
+async def test_sessions_lingering_on_sqlite_share_one_look_at_the_data_version(
+    make_store: StoreFactory,
+) -> None:
+    """Twenty sessions lingering on their leases cost one look at PRAGMA data_version every
+    LINGER_POLL between them (it was one each: twenty round trips to the store's thread per
+    poll), and no read of any queue while no other process writes."""
+    store = make_store()
+    if not isinstance(store, ChangeCounter):
+        pytest.skip("only a store with a data version (SQLite) is watched this way")
+    agent = Agent(name="a", model=ScriptedModel(default="ok"))
+    async with Runtime(store, agents=[agent]) as rt:
+        rt.scheduler.linger = 60.0
+        keys = [SessionKey("local", "local", f"lingers-{n}") for n in range(20)]
+        for key in keys:
+            await rt.sessions.create(key, "a")
+            turn = await rt.scheduler.submit(key, "hi")
+            await rt.scheduler.wait(key, turn.id)
+        await asyncio.sleep(0.2)  # the last one's look after its turn
+        assert all(rt.scheduler.lease_of(key) is not None for key in keys)
+        calls: Counter[str] = Counter()
+        for name in ("data_version", "active_turns"):
+            setattr(store, name, _counted(calls, name, getattr(store, name)))
+        await asyncio.sleep(1.0)
+        assert 5 <= calls["data_version"] <= 40  # ~20 looks of 50 ms; it was ~400
+        assert calls["active_turns"] == 0
+        # Still awake to this process's own turns, at once.
+        turn = await rt.scheduler.submit(keys[3], "again")
+        async with asyncio.timeout(5):
+            assert (await rt.scheduler.wait(keys[3], turn.id)).status == "completed"
+
+
+async def test_waiting_on_a_turn_this_process_runs_reads_nothing_from_the_store(
+    make_store: StoreFactory,
+) -> None:
+    """A turn submitted here and run here: its end reaches the waiter as a signal, even when
+    the worker had not taken the session's lease yet as the wait began (each turn of a
+    session whose lease was given up: it was a look at the store and a read of the turn)."""
+    store = make_store()
+    agent = Agent(name="a", model=ScriptedModel(default="ok", delay=0.2))
+    async with Runtime(store, agents=[agent]) as rt:
+        rt.scheduler.linger = 0.0  # every turn takes the lease anew
+        key = SessionKey("local", "local", "waits-here")
+        await rt.sessions.create(key, "a")
+        calls: Counter[str] = Counter()
+        store.get_turn = _counted(calls, "get_turn", store.get_turn)  # type: ignore[method-assign,assignment]
+        for n in range(3):
+            turn = await rt.scheduler.submit(key, f"turn {n}")
+            assert rt.scheduler.lease_of(key) is None  # not yet: its worker has just started
+            done = await rt.scheduler.wait(key, turn.id)
+            assert done.status == "completed"
+        assert calls["get_turn"] == 0
+
+
 async def test_on_postgresql_a_lingering_worker_hears_of_turns_queued_elsewhere(
     postgres_url: str,
 ) -> None:

@@ -52,6 +52,40 @@ async def test_a_failing_call_rolls_back_alone(tmp_path: Path) -> None:
     other.close()
 
 
+async def test_a_failing_call_alone_in_its_batch_leaves_nothing(tmp_path: Path) -> None:
+    # Calls one at a time: each is a batch of its own, written without a savepoint.
+    statements: list[str] = []
+
+    def connect() -> sqlite3.Connection:
+        conn = _connect(tmp_path / "a.db")
+        conn.set_trace_callback(statements.append)
+        return conn
+
+    worker = SQLiteWorker(connect)
+    await worker.start()
+
+    def insert(n: int, fail: bool) -> Callable[[sqlite3.Connection], int]:
+        def do(c: sqlite3.Connection) -> int:
+            c.execute("INSERT INTO t (n) VALUES (?)", (n,))
+            if fail:
+                raise ValueError(f"call {n} fails after writing")
+            return n
+
+        return do
+
+    assert await worker.call(insert(1, False), write=True) == 1
+    with pytest.raises(ValueError):
+        await worker.call(insert(2, True), write=True)
+    assert await worker.call(insert(3, False), write=True) == 3
+    rows = await worker.call(
+        lambda c: [r[0] for r in c.execute("SELECT n FROM t ORDER BY n")], write=False
+    )
+    assert rows == [1, 3]
+    await worker.stop()
+    assert not [s for s in statements if s.startswith("SAVEPOINT")]
+    assert statements.count("ROLLBACK") == 1
+
+
 async def test_reads_see_writes_queued_before_them(tmp_path: Path) -> None:
     worker = SQLiteWorker(lambda: _connect(tmp_path / "r.db"))
     await worker.start()

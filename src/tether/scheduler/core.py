@@ -212,6 +212,7 @@ class Scheduler:
             chore.cancel()
             await asyncio.gather(chore, return_exceptions=True)
         self._chores = []
+        await self.workers.stop()
 
     # -- submitting ------------------------------------------------------------------------------
     async def submit(
@@ -389,6 +390,12 @@ class Scheduler:
                 continue  # parked: wait on through the decision
             with contextlib.suppress(ValueError):
                 local[1].remove(fut)
+            if not here and key in self.local.leases:
+                # This process's worker took the lease meanwhile (it had not yet when the
+                # turn was submitted): the turn's end comes here now, no read needed. A turn
+                # ended elsewhere before the worker took it up is resolved by the worker.
+                read_store = False
+                continue
             if counter is not None and not here:
                 version = await counter.data_version()
                 if version == seen:

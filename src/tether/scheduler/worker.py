@@ -74,6 +74,13 @@ class Workers:
         :meth:`_news` then): while that holds, every turn queued since was handed to the worker
         or announced (a feed that stayed up), or nobody else has committed (a data version that
         has not moved), so the queue needs no new look."""
+        self._polling: dict[SessionKey, int | None] = {}
+        """The sessions lingering on a store's data version (SQLite), each with the version it
+        last looked at its queue under: one task (:meth:`_watch_version`) reads the version for
+        all of them and wakes those it has news for."""
+        self._version: int | None = None
+        """The data version :meth:`_watch_version` read last (None: unknown, or it failed)."""
+        self._poller: asyncio.Task[None] | None = None
         self._feed: int | None = None
         """While the store's feed announces turns queued elsewhere (:meth:`feed_changed`): how
         many times it has come up, so a linger can tell it stayed up; None while it is down."""
@@ -87,6 +94,39 @@ class Workers:
         if isinstance(self._store, ChangeCounter):
             return ("version", self._store.seen_version())
         return None
+
+    def _watch(self, key: SessionKey, seen: int | None) -> None:
+        """``key`` lingers, having looked at its queue under data version ``seen``: make sure
+        the version is watched for it."""
+        self._polling[key] = seen
+        if self._poller is None or self._poller.done():
+            self._poller = asyncio.create_task(self._watch_version(), name="tether-linger-watch")
+
+    async def _watch_version(self) -> None:
+        """One look at the store's data version every LINGER_POLL for all lingering sessions
+        (it was one each): those whose queue may have changed since they looked are woken."""
+        store = self._store
+        assert isinstance(store, ChangeCounter)
+        while True:
+            await asyncio.sleep(LINGER_POLL)
+            if not self._polling or self._local.closing:
+                return  # no await between this and the task's end: _watch starts a new one
+            try:
+                version: int | None = await store.data_version()
+            except Exception:
+                version = None  # the lingering workers look at the store themselves
+            self._version = version
+            for key, seen in list(self._polling.items()):
+                kicked = self._local.kicked.get(key)
+                if kicked is not None and (version is None or version != seen):
+                    kicked.set()
+
+    async def stop(self) -> None:
+        """Stop the version watch (the scheduler closes; no session lingers any more)."""
+        poller, self._poller = self._poller, None
+        if poller is not None:
+            poller.cancel()
+            await asyncio.gather(poller, return_exceptions=True)
 
     def feed_changed(self, up: bool) -> None:
         """The store's feed came up (or went down). Up, every session held here looks at its
@@ -257,8 +297,8 @@ class Workers:
         wake the worker at once; turns accepted by another process (a load balancer spreading
         one session over several nodes) are announced by a store with a feed (PostgreSQL), or
         else seen by a look at the store every LINGER_POLL, so they do not wait for the linger
-        to run out (with a :class:`ChangeCounter`, a look at the queue only when another
-        process wrote).
+        to run out (with a :class:`ChangeCounter`, one look at its version for all lingering
+        sessions, and a look at a queue only when another process wrote).
         """
         local = self._local
         if local.closing or self.linger <= 0:
@@ -285,9 +325,11 @@ class Workers:
                 if remaining <= 0:
                     return False
                 trusted = feed is not None and self._feed == feed
+                if counter is not None and not trusted:
+                    self._watch(key, seen)  # woken when the version moves past seen
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(
-                        remaining if trusted else min(remaining, LINGER_POLL)
+                        remaining if trusted or counter is not None else min(remaining, LINGER_POLL)
                     ):
                         await kicked.wait()
                 kicked.clear()
@@ -300,8 +342,10 @@ class Workers:
                     continue
                 feed = None  # it went down meanwhile: look, and from now on
                 if counter is not None:
-                    version = await counter.data_version()
-                    if version == seen:
+                    # The watch's reading, taken before the queue is read below: a commit
+                    # after it moves the version again. None: unknown, so look.
+                    version = self._version
+                    if version is not None and version == seen:
                         continue
                     seen = version
                 try:
@@ -312,3 +356,4 @@ class Workers:
                     return True  # accepted (or decided) elsewhere: run it while we hold it
         finally:
             local.kicked.pop(key, None)
+            self._polling.pop(key, None)
