@@ -323,9 +323,11 @@ async def test_racing_admissions_of_one_owner_never_pass_its_bound(postgres_url:
 
 
 async def back_to_release_12(url: str) -> None:
-    """The schema as release 12 left it: no busy_sessions, no trigger. Opening a store then
-    runs migrations 13 and 14 again (their functions are made whole again by them)."""
+    """The schema as release 12 left it: no busy_sessions, no trigger, no session function.
+    Opening a store then runs migrations 13 on again (their functions are made whole again by
+    them)."""
     for sql in (
+        "DROP FUNCTION tether_create_session",
         "DROP TRIGGER turns_count_busy ON turns",
         "DROP FUNCTION tether_count_busy()",
         "DROP TABLE busy_sessions",
@@ -539,3 +541,51 @@ async def test_a_cancel_request_of_an_older_release_still_cancels_and_blocks_no_
             "t1": ("interrupted", "interrupt"),
             "t2": ("cancelled", "cancelled"),
         }
+
+
+async def test_making_a_session_holds_the_owner_lock_over_no_round_trip(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every admission of the owner's turns takes the owner's lock: a creation that held it
+    # from one round trip to the next (three of them, before migration 15) held them all up
+    # for as long as this process's event loop took to come back between them.
+    held: list[int] = []
+    looking = False
+    Connection = asyncpg.connection.Connection
+    originals = {name: getattr(Connection, name) for name in ("execute", "fetchrow", "fetchval")}
+
+    async def advisory_locks() -> int:
+        rows = await query(
+            postgres_url,
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted",
+        )
+        return int(str(rows[0][0]))
+
+    def between_round_trips(name: str) -> object:
+        async def call(self: object, *args: object, **kwargs: object) -> object:
+            nonlocal looking
+            result = await originals[name](self, *args, **kwargs)
+            if not looking:  # each statement of the store's, not the look's own
+                looking = True
+                try:
+                    held.append(await advisory_locks())
+                finally:
+                    looking = False
+            return result
+
+        return call
+
+    store = PostgresStore(postgres_url)
+    async with opened(store):
+        with monkeypatch.context() as patched:
+            for name in originals:
+                patched.setattr(Connection, name, between_round_trips(name))
+            record, created = await store.create_session(
+                SessionKey("acme", "alice", "locks"), "assistant", max_sessions=10
+            )
+        assert created and record.agent == "assistant"
+        with pytest.raises(LimitExceeded):
+            await store.create_session(
+                SessionKey("acme", "alice", "one-too-many"), "assistant", max_sessions=1
+            )
+    assert held and held == [0] * len(held)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 
 from tether.store.postgres.functions import FUNCTIONS
+from tether.store.postgres.session_functions import SESSION_FUNCTIONS
 from tether.store.postgres.steps import Conn
 
 MIGRATION_LOCK = 0x7465_7468_6572_0001
@@ -244,6 +245,7 @@ MIGRATIONS: list[tuple[int, str]] = [
         """,
     ),
     *FUNCTIONS,  # 9 on: the stored functions (functions.py)
+    *SESSION_FUNCTIONS,  # 15 on: those for sessions (session_functions.py)
 ]
 
 

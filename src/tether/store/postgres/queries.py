@@ -122,7 +122,7 @@ ORPHAN_CALLS = (
 )
 
 FIRST_ACTIVE_TURN = f"SELECT id FROM turns WHERE session_pk = $1 AND {ACTIVE} ORDER BY seq LIMIT 1"
-# The owner's turns under way, counted under the owner's lock (LOCK_OWNER), in one round trip
+# The owner's turns under way, counted under the owner's advisory lock, in one round trip
 # (the function is migration 13's, over busy_sessions). A parked turn holds no worker, so it is
 # not counted (rules.admit_for_principal).
 LOCK_OWNER_ACTIVE = "SELECT busy, active FROM tether_owner_active($1, $2)"
@@ -162,9 +162,12 @@ NOTIFY_HOLDER = (
     " AND s.lease_owner IS NOT NULL AND s.lease_expires_at > $5"
     " AND s.lease_owner IS DISTINCT FROM $6"
 )
-OWNER_SESSIONS = "SELECT count(*) FROM sessions WHERE tenant = $1 AND owner = $2"
-# Admissions of one owner take turns (across processes), so two cannot both see room for one.
-LOCK_OWNER = "SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 7))"
+# A session made under its owner's bound, in one round trip (migration 15).
+CREATE_SESSION = (
+    "SELECT outcome, sessions_held, r_tenant, r_owner, r_session, r_agent, r_metadata,"
+    " r_state, r_created, r_updated, r_expires, r_revision"
+    " FROM tether_create_session($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+)
 ACTIVE_TURN_IDS = f"SELECT id, status FROM turns WHERE session_pk = $1 AND {ACTIVE} ORDER BY seq"
 NEXT_TURN_SEQ = (
     "UPDATE sessions SET next_turn_seq = next_turn_seq + 1 WHERE pk = $1"

@@ -8,7 +8,7 @@ from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
 
-from tether.errors import Conflict, SessionNotFound
+from tether.errors import Conflict, SessionNotFound, StoreError
 from tether.records import ApiKey, Item, SessionKey, SessionOrder, SessionRecord, SessionStats
 from tether.store import rules
 from tether.store.postgres import queries as q
@@ -30,18 +30,31 @@ class Sessions(Connection):
         exist_ok: bool = False,
         max_sessions: int | None = None,
     ) -> tuple[SessionRecord, bool]:
-        if max_sessions is not None:
-            async with self._tx() as conn:
-                await conn.execute(q.LOCK_OWNER, key.tenant, key.owner)
-                existing = await conn.fetchrow(q.GET_SESSION, *key_args(key))
-                if existing is not None:
+        async with self._conn() as conn:
+            if max_sessions is not None:
+                now = time.time()
+                row = await conn.fetchrow(
+                    q.CREATE_SESSION,
+                    *key_args(key),
+                    agent,
+                    json.dumps(metadata or {}),
+                    now,
+                    now + ttl_seconds if ttl_seconds is not None else None,
+                    rules.initial_token(),
+                    max_sessions,
+                )
+                assert row is not None  # a function with OUT parameters answers one row
+                outcome, held, *made = row
+                if outcome == "created":
+                    return session_row(made), True
+                if outcome == "exists":
                     if not exist_ok:
                         raise Conflict("a session with this id already exists")
-                    return session_row(existing), False
-                rules.admit_session(
-                    max_sessions, int(await conn.fetchval(q.OWNER_SESSIONS, key.tenant, key.owner))
-                )
-        async with self._conn() as conn:
+                    return session_row(made), False
+                if outcome == "full":
+                    rules.admit_session(max_sessions, int(held))
+                    raise StoreError("tether_create_session refused a session there is room for")
+                # 'raced': one made without a bound took the id meanwhile; as below.
             while True:
                 now = time.time()
                 row = await conn.fetchrow(

@@ -82,6 +82,20 @@ class LimitsConformance:
         assert await store.delete_session(key("s2")) is True
         await store.create_session(key("s3"), "assistant", max_sessions=2)
 
+    async def test_sessions_made_at_once_never_pass_the_owner_bound(self, store: Store) -> None:
+        # Creations at once, for one owner: exactly the bound is made, the rest refused (on
+        # PostgreSQL the count and the insert were two transactions, and both could see room).
+        async def make(n: int) -> bool:
+            try:
+                await store.create_session(key(f"at-once-{n}"), "assistant", max_sessions=3)
+            except LimitExceeded:
+                return False
+            return True
+
+        made = await asyncio.gather(*(make(n) for n in range(16)))
+        assert sum(made) == 3
+        assert len(await store.list_sessions("acme", "alice", limit=50)) == 3
+
     async def test_the_owner_count_follows_every_change_of_a_turn(self, store: Store) -> None:
         # Whichever way a turn is queued, starts, parks, goes back to the queue, ends or goes
         # with its session, the owner's next admission sees what the owner holds now (the SQL
