@@ -589,3 +589,42 @@ async def test_making_a_session_holds_the_owner_lock_over_no_round_trip(
                 SessionKey("acme", "alice", "one-too-many"), "assistant", max_sessions=1
             )
     assert held and held == [0] * len(held)
+
+
+async def test_recovering_under_a_new_lease_with_nothing_running_is_one_read(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every session a worker takes up is recovered first: most often nothing was left running,
+    # and that is one read (it was a transaction locking the session's row: four round trips
+    # and a WAL flush per lease).
+    store = PostgresStore(postgres_url)
+    statements: list[str] = []
+    Connection = asyncpg.connection.Connection
+    originals = {name: getattr(Connection, name) for name in ("execute", "fetch", "fetchrow")}
+
+    def counted(name: str) -> object:
+        async def call(self: object, sql: str, *args: object, **kwargs: object) -> object:
+            statements.append(sql)
+            return await originals[name](self, sql, *args, **kwargs)
+
+        return call
+
+    key = SessionKey("acme", "alice", "recovers")
+    async with opened(store):
+        await store.create_session(key, "assistant")
+        lease = await store.acquire_lease(key, "node-a", 30)
+        assert lease is not None
+        with monkeypatch.context() as patched:
+            for name in originals:
+                patched.setattr(Connection, name, counted(name))
+            assert await store.recover(lease) == []
+        assert len(statements) == 1 and "FOR UPDATE" not in statements[0]
+        # A turn left running is still ended, under the next lease.
+        await store.enqueue_turn(key, turn_id="left", input="x", policy="enqueue")
+        await store.start_turn(lease, "left", [], [])
+        await store.release_lease(lease)
+        again = await store.acquire_lease(key, "node-b", 30)
+        assert again is not None
+        with pytest.raises(StaleLease):
+            await store.recover(lease)
+        assert [t.id for t in await store.recover(again)] == ["left"]

@@ -208,6 +208,11 @@ WAITING_TURN = (
     f"SELECT {TURN_COLS}, t.held_memory {TURNS_FROM}"
     " WHERE t.id = $2 AND t.session_pk = $1 AND t.status IN ('queued', 'awaiting_input')"
 )
+# Recovery's common case in one read: the lease's token, and whether any turn is running.
+RUNNING_UNDER_LEASE = (
+    "SELECT s.lease_token, EXISTS (SELECT 1 FROM turns t WHERE t.session_pk = s.pk"
+    f" AND t.status = 'running') FROM sessions s WHERE {KEY_WHERE}"
+)
 RUNNING_TURNS = (
     f"SELECT {TURN_COLS} {TURNS_FROM} WHERE t.session_pk = $1 AND t.status = 'running'"
     " ORDER BY t.seq"

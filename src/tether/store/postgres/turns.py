@@ -448,6 +448,18 @@ class Turns(Connection):
             await conn.execute(q.SET_SESSION_STATE, pk, json.dumps(changed), time.time())
 
     async def recover(self, lease: Lease) -> list[Turn]:
+        # Most often nothing is running: one read says so (it was a transaction that locked
+        # the session's row, four round trips and a flush of the WAL, on every new lease).
+        # Only a lease holder starts turns, so while this lease is held none can start
+        # running behind the read.
+        row = await self._fetchrow(q.RUNNING_UNDER_LEASE, *key_args(lease.key))
+        if row is None:
+            raise SessionNotFound("session not found")
+        token, running = row
+        if token != lease.token:
+            raise StaleLease(rules.stale_message(lease.token, token))
+        if not running:
+            return []
         async with self._tx() as conn:
             return await steps.recover(conn, await steps.fenced_pk(conn, lease))
 
