@@ -9,13 +9,20 @@ import asyncio
 import contextlib
 import secrets
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 
-from tether.errors import ConfigError, InvalidInput, LimitExceeded, StaleLease, StoreError
+from tether.errors import (
+    ConfigError,
+    InvalidInput,
+    LimitExceeded,
+    SessionNotFound,
+    StaleLease,
+    StoreError,
+)
 from tether.records import Lease, NewEvent, NewItem, PrincipalLimits, SessionKey, TurnEnding
 from tether.store import PostgresStore, open_store_url
 from tether.store.postgres.migrations import MIGRATIONS
@@ -598,25 +605,12 @@ async def test_recovering_under_a_new_lease_with_nothing_running_is_one_read(
     # and that is one read (it was a transaction locking the session's row: four round trips
     # and a WAL flush per lease).
     store = PostgresStore(postgres_url)
-    statements: list[str] = []
-    Connection = asyncpg.connection.Connection
-    originals = {name: getattr(Connection, name) for name in ("execute", "fetch", "fetchrow")}
-
-    def counted(name: str) -> object:
-        async def call(self: object, sql: str, *args: object, **kwargs: object) -> object:
-            statements.append(sql)
-            return await originals[name](self, sql, *args, **kwargs)
-
-        return call
-
     key = SessionKey("acme", "alice", "recovers")
     async with opened(store):
         await store.create_session(key, "assistant")
         lease = await store.acquire_lease(key, "node-a", 30)
         assert lease is not None
-        with monkeypatch.context() as patched:
-            for name in originals:
-                patched.setattr(Connection, name, counted(name))
+        with statements_sent(monkeypatch) as statements:
             assert await store.recover(lease) == []
         assert len(statements) == 1 and "FOR UPDATE" not in statements[0]
         # A turn left running is still ended, under the next lease.
@@ -628,3 +622,47 @@ async def test_recovering_under_a_new_lease_with_nothing_running_is_one_read(
         with pytest.raises(StaleLease):
             await store.recover(lease)
         assert [t.id for t in await store.recover(again)] == ["left"]
+
+
+async def test_a_new_lease_reads_its_history_in_one_statement(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A worker reads the session's recent history once per lease: one statement that finds
+    # the session by its key (it was a look-up of the session's pk first, then the items).
+    store = PostgresStore(postgres_url)
+    key = SessionKey("acme", "alice", "history")
+    async with opened(store):
+        await store.create_session(key, "assistant")
+        await store.enqueue_turn(key, turn_id="h1", input="hello", policy="enqueue")
+        lease = await store.acquire_lease(key, "node-a", 30)
+        assert lease is not None
+        await store.start_turn(lease, "h1", [NewItem("user", "hello")], [])
+        with statements_sent(monkeypatch) as statements:
+            assert [i.content for i in await store.recent_items(key)] == ["hello"]
+        assert len(statements) == 1
+        # An empty answer is told apart: no items yet, or no session at all.
+        assert await store.recent_items(key, before_seq=1) == []
+        with pytest.raises(SessionNotFound):
+            await store.recent_items(SessionKey("acme", "alice", "nobody"))
+
+
+@contextlib.contextmanager
+def statements_sent(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The SQL of every statement the store sends to PostgreSQL meanwhile."""
+    statements: list[str] = []
+    Connection = asyncpg.connection.Connection
+    originals = {
+        name: getattr(Connection, name) for name in ("execute", "fetch", "fetchrow", "fetchval")
+    }
+
+    def counted(name: str) -> object:
+        async def call(self: object, sql: str, *args: object, **kwargs: object) -> object:
+            statements.append(sql)
+            return await originals[name](self, sql, *args, **kwargs)
+
+        return call
+
+    with monkeypatch.context() as patched:
+        for name in originals:
+            patched.setattr(Connection, name, counted(name))
+        yield statements

@@ -91,9 +91,11 @@ LATEST_HANDOFF = (
     f"SELECT {ITEM_COLS} FROM items WHERE session_pk = $1 AND kind = 'handoff' AND NOT excluded"
     " ORDER BY seq DESC LIMIT 1"
 )
+# The session found by its key in the same statement: no round trip for its pk first (none
+# found, an empty answer; the caller tells a missing session apart then).
 RECENT_ITEMS = (
-    f"SELECT {ITEM_COLS} FROM items WHERE session_pk = $1 AND seq < $2 AND NOT excluded"
-    " ORDER BY seq DESC LIMIT $3"
+    f"SELECT {ITEM_COLS} FROM items WHERE session_pk = (SELECT pk FROM sessions WHERE"
+    f" {KEY_WHERE}) AND seq < $4 AND NOT excluded ORDER BY seq DESC LIMIT $5"
 )
 CLEAR_ITEMS = "DELETE FROM items WHERE session_pk = $1"
 # Clearing is refused while a turn is active, so these are all of its turns (their events and

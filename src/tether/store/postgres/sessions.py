@@ -155,7 +155,10 @@ class Sessions(Connection):
         self, key: SessionKey, *, before_seq: int | None = None, limit: int = 64
     ) -> list[Item]:
         before = before_seq if before_seq is not None else 1 << 62
-        rows = await self._rows_of(key, q.RECENT_ITEMS, before, max(limit, 0))
+        async with self._conn() as conn:
+            rows = await conn.fetch(q.RECENT_ITEMS, *key_args(key), before, max(limit, 0))
+            if not rows:
+                await self._pk(conn, key)  # SessionNotFound when it is the session that is missing
         return [item_row(r) for r in rows]
 
     async def latest_summary(self, key: SessionKey) -> Item | None:
