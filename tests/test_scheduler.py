@@ -514,6 +514,40 @@ async def test_waiting_on_a_turn_this_process_runs_reads_nothing_from_the_store(
         assert calls["get_turn"] == 0
 
 
+async def test_a_worker_recovers_only_a_session_its_store_did_not_see_clean(
+    make_store: StoreFactory,
+) -> None:
+    """Each lease a worker takes is recovered first, unless the store said as it granted it
+    that no turn was left running (SQLite: one round trip to its thread fewer a lease)."""
+    store = make_store()
+    agent = Agent(name="a", model=ScriptedModel(default="ok"))
+    leases: list[Lease] = []
+    recovered: list[Lease] = []
+    acquire, recover = store.acquire_lease, store.recover
+
+    async def acquiring(key: SessionKey, owner: str, ttl: float) -> Lease | None:
+        lease = await acquire(key, owner, ttl)
+        if lease is not None:
+            leases.append(lease)
+        return lease
+
+    async def recovering(lease: Lease) -> list[Turn]:
+        recovered.append(lease)
+        return await recover(lease)
+
+    store.acquire_lease = acquiring  # type: ignore[method-assign]
+    store.recover = recovering  # type: ignore[method-assign]
+    async with Runtime(store, agents=[agent]) as rt:
+        rt.scheduler.linger = 0.0  # a lease for every turn
+        key = SessionKey("local", "local", "recovers-once")
+        await rt.sessions.create(key, "a")
+        for n in range(3):
+            turn = await rt.scheduler.submit(key, f"turn {n}")
+            assert (await rt.scheduler.wait(key, turn.id)).status == "completed"
+    assert len(leases) >= 3
+    assert recovered == [lease for lease in leases if lease.left_running is not False]
+
+
 async def test_on_postgresql_a_lingering_worker_hears_of_turns_queued_elsewhere(
     postgres_url: str,
 ) -> None:

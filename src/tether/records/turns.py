@@ -166,6 +166,11 @@ class Lease:
     owner: str
     token: int
     expires_at: float
+    left_running: bool | None = field(default=None, compare=False)
+    """Whether a turn was left running when the lease was taken, as the store saw it then
+    under its write lock (SQLite); None when it did not look. False spares the worker its
+    look at the store before the first turn (:meth:`~tether.store.protocol.FencedWrites.recover`
+    has nothing to end)."""
 
 
 DecisionKind = Literal["approval", "question"]

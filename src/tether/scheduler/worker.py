@@ -249,6 +249,8 @@ class Workers:
     async def _recover(self, lease: Lease) -> None:
         """End what a dead owner left running. Once per lease: while this worker holds it, no
         other process runs the session's turns, so none can be left behind meanwhile."""
+        if lease.left_running is False:
+            return  # the store looked as it granted the lease: nothing to end
         for lost in await self._store.recover(lease):
             log.warning("turn %s ended failed/owner_lost: its process died", lost.id)
             self._local.resolve(lost)

@@ -257,7 +257,8 @@ class LeaseStore(Protocol):
     async def acquire_lease(self, key: SessionKey, owner: str, ttl: float) -> Lease | None:
         """Take the session's lease if it is free or expired, with a new (incremented) token.
 
-        Returns None while another owner holds an unexpired lease.
+        Returns None while another owner holds an unexpired lease. A store that can tell, in
+        the same transaction, whether a turn was left running says so in ``left_running``.
         """
         ...
 

@@ -155,7 +155,9 @@ class Turns(Connection):
             if row is None:
                 session_pk(c, key)  # SessionNotFound when it is the session that is missing
                 return None
-            return Lease(key, owner, int(row[0]), now + ttl)
+            # Under the write lock, the token just moved: no turn can start behind this look.
+            running = c.execute(q.ANY_RUNNING, (int(row[1]),)).fetchone() is not None
+            return Lease(key, owner, int(row[0]), now + ttl, left_running=running)
 
         return await self._write(do)
 

@@ -95,6 +95,20 @@ class LeasesConformance:
         await store.start_turn(b, "t1", [NewItem("user", "hello")], [ev(2)])
         assert [t.token for t in await store.renew_leases([b], LONG_TTL)] == [b.token]
 
+    async def test_a_lease_says_truly_whether_a_turn_was_left_running(self, store: Store) -> None:
+        # A store may say, as it grants a lease, whether a turn was left running (the worker
+        # then skips recovery when none was); what it says must be so, or a dead owner's turn
+        # would stay running for good.
+        k = await new_session(store)
+        clean = await acquire(store, k, "node-a", SHORT_TTL)
+        assert clean.left_running in (False, None)
+        await store.release_lease(clean)
+        await running_turn(store, k, "t1", owner="node-b", ttl=SHORT_TTL)
+        await asyncio.sleep(PAST_SHORT_TTL)
+        left = await acquire(store, k, "node-c", LONG_TTL)
+        assert left.left_running in (True, None)
+        assert [t.id for t in await store.recover(left)] == ["t1"]
+
     async def test_take_over_lease(self, store: Store) -> None:
         k = await new_session(store)
         a = await running_turn(store, k, "t1", owner="node-a")
