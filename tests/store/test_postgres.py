@@ -564,7 +564,8 @@ async def test_making_a_session_holds_the_owner_lock_over_no_round_trip(
     async def advisory_locks() -> int:
         rows = await query(
             postgres_url,
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted",
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
         )
         return int(str(rows[0][0]))
 

@@ -252,10 +252,14 @@ class Scheduler:
             else None
         )
         turn_id = new_turn_id()
+        counter = self.store if isinstance(self.store, ChangeCounter) else None
+        before = counter.seen_version() if counter is not None else None
         turn = await self._enqueue(key, input, policy, wait_for_slot, agent, turn_id, asked)
         if turn.id != turn_id:
             return turn  # a retry of a submission: the turn its key made, as it stands
         self.local.waiters.setdefault(turn.id, (key, []))
+        if before is not None:
+            self.local.accepted_at[turn.id] = before
         try:
             if policy == "interrupt" or policy == "rollback":
                 await self._preempt(key, policy)
@@ -390,10 +394,17 @@ class Scheduler:
                 continue  # parked: wait on through the decision
             with contextlib.suppress(ValueError):
                 local[1].remove(fut)
-            if not here and key in self.local.leases:
-                # This process's worker took the lease meanwhile (it had not yet when the
-                # turn was submitted): the turn's end comes here now, no read needed. A turn
-                # ended elsewhere before the worker took it up is resolved by the worker.
+            accepted = self.local.accepted_at.get(turn_id)
+            if (
+                not here
+                and key in self.local.leases
+                and counter is not None
+                and counter.seen_version() == accepted
+            ):
+                # This process's worker took the lease meanwhile (it had not when the turn was
+                # submitted), so the turn's end comes here now; and no other process has
+                # committed since the turn was accepted (the version the store noted before
+                # its latest batch, no I/O), so none ended it first: no read needed.
                 read_store = False
                 continue
             if counter is not None and not here:

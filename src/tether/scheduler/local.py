@@ -62,6 +62,10 @@ class Local:
     waiters: dict[str, tuple[SessionKey, list[asyncio.Future[Turn]]]] = field(default_factory=dict)
     """Turns accepted here and not yet ended: their key (so a caller naming the turn under
     another key learns nothing) and the futures of callers waiting for the end."""
+    accepted_at: dict[str, int] = field(default_factory=dict)
+    """For a store with a data version (SQLite): the version each turn accepted here was
+    submitted under (read before its admission). While it has not moved, no other process has
+    written since, so none has ended the turn behind this one's back."""
     slot_freed: dict[SessionKey, asyncio.Event] = field(default_factory=dict)
     slot_waiters: dict[SessionKey, int] = field(default_factory=dict)
     principals: dict[SessionKey, Principal] = field(default_factory=dict)
@@ -73,6 +77,7 @@ class Local:
     def resolve(self, turn: Turn) -> None:
         """Hand an ended turn to every local caller waiting for it."""
         _, futures = self.waiters.pop(turn.id, (turn.key, []))
+        self.accepted_at.pop(turn.id, None)
         for fut in futures:
             if not fut.done():
                 fut.set_result(turn)

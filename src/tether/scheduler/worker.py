@@ -81,6 +81,7 @@ class Workers:
         self._version: int | None = None
         """The data version :meth:`_watch_version` read last (None: unknown, or it failed)."""
         self._poller: asyncio.Task[None] | None = None
+        """The task of :meth:`_watch_version`, while some session lingers on the version."""
         self._feed: int | None = None
         """While the store's feed announces turns queued elsewhere (:meth:`feed_changed`): how
         many times it has come up, so a linger can tell it stayed up; None while it is down."""

@@ -8,7 +8,7 @@ from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
 
-from tether.errors import Conflict, SessionNotFound, StoreError
+from tether.errors import Conflict, SessionNotFound
 from tether.records import ApiKey, Item, SessionKey, SessionOrder, SessionRecord, SessionStats
 from tether.store import rules
 from tether.store.postgres import queries as q
@@ -31,7 +31,7 @@ class Sessions(Connection):
         max_sessions: int | None = None,
     ) -> tuple[SessionRecord, bool]:
         async with self._conn() as conn:
-            if max_sessions is not None:
+            while max_sessions is not None:
                 now = time.time()
                 row = await conn.fetchrow(
                     q.CREATE_SESSION,
@@ -52,9 +52,9 @@ class Sessions(Connection):
                         raise Conflict("a session with this id already exists")
                     return session_row(made), False
                 if outcome == "full":
-                    rules.admit_session(max_sessions, int(held))
-                    raise StoreError("tether_create_session refused a session there is room for")
-                # 'raced': one made without a bound took the id meanwhile; as below.
+                    rules.admit_session(max_sessions, int(held))  # LimitExceeded
+                # 'raced': one made without a bound took the id meanwhile; ask again (it is
+                # 'exists' then, unless it went again too).
             while True:
                 now = time.time()
                 row = await conn.fetchrow(

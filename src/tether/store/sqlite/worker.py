@@ -3,7 +3,8 @@
 sqlite3 blocks, so it never runs on the event loop: every store call is shipped here as a
 function. Calls that arrive while the thread is busy are run together: the writes of one batch
 share one ``BEGIN IMMEDIATE … COMMIT`` (each inside its own SAVEPOINT, so one call's failure
-rolls back that call alone), and the results go back to each event loop in one wake-up. Under
+rolls back that call alone; a write alone in its batch needs none, its failure rolls back the
+whole transaction), and the results go back to each event loop in one wake-up. Under
 concurrency this turns many small transactions — and as many thread hand-offs — into a few.
 
 Ordering is what callers see from a single connection: calls run in arrival order, a read
