@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import secrets
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 
 import asyncpg  # type: ignore[import-untyped]
@@ -557,37 +557,18 @@ async def test_making_a_session_holds_the_owner_lock_over_no_round_trip(
     # from one round trip to the next (three of them, before migration 15) held them all up
     # for as long as this process's event loop took to come back between them.
     held: list[int] = []
-    looking = False
-    Connection = asyncpg.connection.Connection
-    originals = {name: getattr(Connection, name) for name in ("execute", "fetchrow", "fetchval")}
 
-    async def advisory_locks() -> int:
+    async def advisory_locks() -> None:
         rows = await query(
             postgres_url,
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
             " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
         )
-        return int(str(rows[0][0]))
-
-    def between_round_trips(name: str) -> object:
-        async def call(self: object, *args: object, **kwargs: object) -> object:
-            nonlocal looking
-            result = await originals[name](self, *args, **kwargs)
-            if not looking:  # each statement of the store's, not the look's own
-                looking = True
-                try:
-                    held.append(await advisory_locks())
-                finally:
-                    looking = False
-            return result
-
-        return call
+        held.append(int(str(rows[0][0])))
 
     store = PostgresStore(postgres_url)
     async with opened(store):
-        with monkeypatch.context() as patched:
-            for name in originals:
-                patched.setattr(Connection, name, between_round_trips(name))
+        with statements_sent(monkeypatch, after=advisory_locks) as statements:
             record, created = await store.create_session(
                 SessionKey("acme", "alice", "locks"), "assistant", max_sessions=10
             )
@@ -596,7 +577,7 @@ async def test_making_a_session_holds_the_owner_lock_over_no_round_trip(
             await store.create_session(
                 SessionKey("acme", "alice", "one-too-many"), "assistant", max_sessions=1
             )
-    assert held and held == [0] * len(held)
+    assert statements and held == [0] * len(statements)
 
 
 async def test_recovering_under_a_new_lease_with_nothing_running_is_one_read(
@@ -648,9 +629,13 @@ async def test_a_new_lease_reads_its_history_in_one_statement(
 
 
 @contextlib.contextmanager
-def statements_sent(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """The SQL of every statement the store sends to PostgreSQL meanwhile."""
+def statements_sent(
+    monkeypatch: pytest.MonkeyPatch, *, after: Callable[[], Awaitable[None]] | None = None
+) -> Iterator[list[str]]:
+    """The SQL of every statement the store sends to PostgreSQL meanwhile; ``after`` runs
+    once each has been answered (its own statements are not counted)."""
     statements: list[str] = []
+    looking = False
     Connection = asyncpg.connection.Connection
     originals = {
         name: getattr(Connection, name) for name in ("execute", "fetch", "fetchrow", "fetchval")
@@ -658,8 +643,18 @@ def statements_sent(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 
     def counted(name: str) -> object:
         async def call(self: object, sql: str, *args: object, **kwargs: object) -> object:
+            nonlocal looking
+            if looking:
+                return await originals[name](self, sql, *args, **kwargs)
             statements.append(sql)
-            return await originals[name](self, sql, *args, **kwargs)
+            result = await originals[name](self, sql, *args, **kwargs)
+            if after is not None:
+                looking = True
+                try:
+                    await after()
+                finally:
+                    looking = False
+            return result
 
         return call
 

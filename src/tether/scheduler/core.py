@@ -95,6 +95,8 @@ class Scheduler:
         mcp: McpSessions | None = None,
     ) -> None:
         self.store = store
+        # Looked up once: a Protocol isinstance check walks its members, on every turn.
+        self._counter = store if isinstance(store, ChangeCounter) else None
         self.owner = new_owner_id(node)
         self.lease_ttl = lease_ttl
         self.max_queue = max_queue
@@ -252,8 +254,7 @@ class Scheduler:
             else None
         )
         turn_id = new_turn_id()
-        counter = self.store if isinstance(self.store, ChangeCounter) else None
-        before = counter.seen_version() if counter is not None else None
+        before = self._counter.seen_version() if self._counter is not None else None
         turn = await self._enqueue(key, input, policy, wait_for_slot, agent, turn_id, asked)
         if turn.id != turn_id:
             return turn  # a retry of a submission: the turn its key made, as it stands
@@ -356,7 +357,7 @@ class Scheduler:
         """
         waiters = self.local.waiters
         read_store = turn_id not in waiters
-        counter = self.store if isinstance(self.store, ChangeCounter) else None
+        counter = self._counter
         seen: int | None = None
         while True:
             if read_store:

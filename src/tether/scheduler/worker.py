@@ -59,6 +59,8 @@ class Workers:
         linger: float,
     ) -> None:
         self._store = store
+        self._counter = store if isinstance(store, ChangeCounter) else None
+        """The store as a :class:`ChangeCounter` (SQLite), looked up once, or None."""
         self._local = local
         self._runner = runner
         self.owner = owner
@@ -92,8 +94,8 @@ class Workers:
         the store's data version; None when the store says nothing (read every time)."""
         if self._feed is not None:
             return ("feed", self._feed)
-        if isinstance(self._store, ChangeCounter):
-            return ("version", self._store.seen_version())
+        if self._counter is not None:
+            return ("version", self._counter.seen_version())
         return None
 
     def _watch(self, key: SessionKey, seen: int | None) -> None:
@@ -106,14 +108,14 @@ class Workers:
     async def _watch_version(self) -> None:
         """One look at the store's data version every LINGER_POLL for all lingering sessions
         (it was one each): those whose queue may have changed since they looked are woken."""
-        store = self._store
-        assert isinstance(store, ChangeCounter)
+        counter = self._counter
+        assert counter is not None  # started only by lingers on a data version
         while True:
             await asyncio.sleep(LINGER_POLL)
             if not self._polling or self._local.closing:
                 return  # no await between this and the task's end: _watch starts a new one
             try:
-                version: int | None = await store.data_version()
+                version: int | None = await counter.data_version()
             except Exception:
                 version = None  # the lingering workers look at the store themselves
             self._version = version
@@ -313,7 +315,7 @@ class Workers:
         # With a store that says when another process wrote (SQLite), look at the queue only
         # then: a turn accepted here kicks this directly. The first look reads it unless the
         # version is still the one noted before the queue was last found empty.
-        counter = self._store if isinstance(self._store, ChangeCounter) else None
+        counter = self._counter
         seen: int | None = None
         looked = self._looked.get(key)
         if looked is not None and looked[0] == "version":

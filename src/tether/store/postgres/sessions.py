@@ -30,19 +30,16 @@ class Sessions(Connection):
         exist_ok: bool = False,
         max_sessions: int | None = None,
     ) -> tuple[SessionRecord, bool]:
+        def values() -> tuple[Any, ...]:
+            """The new row's columns, as INSERT_SESSION and tether_create_session take them."""
+            now = time.time()
+            expires = now + ttl_seconds if ttl_seconds is not None else None
+            return (*key_args(key), agent, meta, now, expires, rules.initial_token())
+
+        meta = json.dumps(metadata or {})
         async with self._conn() as conn:
             while max_sessions is not None:
-                now = time.time()
-                row = await conn.fetchrow(
-                    q.CREATE_SESSION,
-                    *key_args(key),
-                    agent,
-                    json.dumps(metadata or {}),
-                    now,
-                    now + ttl_seconds if ttl_seconds is not None else None,
-                    rules.initial_token(),
-                    max_sessions,
-                )
+                row = await conn.fetchrow(q.CREATE_SESSION, *values(), max_sessions)
                 assert row is not None  # a function with OUT parameters answers one row
                 outcome, held, *made = row
                 if outcome == "created":
@@ -56,16 +53,7 @@ class Sessions(Connection):
                 # 'raced': one made without a bound took the id meanwhile; ask again (it is
                 # 'exists' then, unless it went again too).
             while True:
-                now = time.time()
-                row = await conn.fetchrow(
-                    q.INSERT_SESSION,
-                    *key_args(key),
-                    agent,
-                    json.dumps(metadata or {}),
-                    now,
-                    now + ttl_seconds if ttl_seconds is not None else None,
-                    rules.initial_token(),
-                )
+                row = await conn.fetchrow(q.INSERT_SESSION, *values())
                 if row is not None:
                     return session_row(row), True
                 if not exist_ok:
