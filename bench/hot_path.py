@@ -5,9 +5,10 @@ Reproduce (from the repository root)::
     .venv/bin/python bench/hot_path.py            # full run, ~5 min on 2 cores
     .venv/bin/python bench/hot_path.py --quick    # smoke test, < 2 min
 
-One fake OpenAI model process for the whole run (``http_load.py --serve-fake``: ``TCP_NODELAY``,
-a 40-word answer streamed a word at a time, its latency switched between 0 and 50 ms, and a
-count of the chat requests in flight). In front of it, all started first, then loaded in turn:
+One fake OpenAI model process for the whole run (``bench/fake_model.py``, or the test suite's
+with ``TETHER_BENCH_FAKE=test``: ``TCP_NODELAY``, a 40-word answer streamed a word at a time,
+its latency switched between 0 and 50 ms, and a count of the chat requests in flight). In
+front of it, all started first, then loaded in turn:
 
 * ``tether, SQLite``: ``tether serve`` (default agent, temporary data dir);
 * ``tether, PostgreSQL``: the same with ``TETHER_STORE`` set to a fresh database this script

@@ -7,15 +7,18 @@ Reproduce (from the repository root)::
     .venv/bin/python bench/http_load.py --profile      # then py-spy the server (0 ms, 64 sessions)
     .venv/bin/python bench/http_load.py --only-profile --profile-seconds 20 --profile-path chat
 
-Three processes, all on 127.0.0.1: the fake OpenAI server (``FakeOpenAIServer``, 0 ms and then
-50 ms latency, a fixed 40-word answer streamed a word at a time), ``tether serve`` (a free port,
-a temporary data dir with SQLite, ``--log-level warning``, ``TETHER_MODEL=openai:fake-model``,
+Three processes, all on 127.0.0.1: the fake OpenAI model (0 ms and then 50 ms latency, a fixed
+40-word answer streamed a word at a time), ``tether serve`` (a free port, a temporary data dir
+with SQLite, ``--log-level warning``, ``TETHER_MODEL=openai:fake-model``,
 ``OPENAI_BASE_URL=<fake>``, ``OPENAI_API_KEY=x``) and this one, the load generator: 1, 16 or 64
-concurrent sessions, each doing its turns one after the other with its own ``httpx.AsyncClient``.
+concurrent sessions, each doing its turns one after the other with its own aiohttp client.
 
-The fake server runs as ``bench/http_load.py --serve-fake MS``: ``python -m
-tether.testing.fake_openai`` with ``TCP_NODELAY`` on (see :class:`NoDelayFakeServer`; the stock
-one adds ~40 ms to every model call, ``--stock-fake`` uses it).
+The fake model is ``bench/fake_model.py`` (asyncio protocols, httptools, answers built from
+bytes made once: ~0.3 ms of CPU an answer). ``TETHER_BENCH_FAKE=test`` runs the test suite's
+fake instead, as figures before 2026-12-06 were measured (``bench/http_load.py --serve-fake
+MS``: ``python -m tether.testing.fake_openai`` with ``TCP_NODELAY`` on, see
+:class:`NoDelayFakeServer`; ~1.3 ms an answer), ``--stock-fake`` the test fake as it ships
+(Nagle left on: ~40 ms added to every model call). All three send the same events.
 
 Paths, at each latency and concurrency:
 
@@ -42,7 +45,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import math
 import os
 import platform
@@ -60,7 +62,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal
 
+import aiohttp
 import httpx
+import orjson
 from rich.console import Console
 from rich.table import Table
 from starlette.requests import Request
@@ -264,11 +268,15 @@ def fake_model(
 ) -> Iterator[tuple[subprocess.Popen[str], str]]:
     """The fake OpenAI server as a process, and its ``/v1`` URL; stopped on exit."""
     with tempfile.TemporaryFile() as fake_log:
-        if stock_fake:
+        kind = "stock" if stock_fake else fake_kind()
+        if kind == "stock":
             fake_cmd = [sys.executable, "-m", "tether.testing.fake_openai", "--port", "0"]
             fake_cmd += ["--latency-ms", str(latency_ms), "--reply", ANSWER]
-        else:
+        elif kind == "test":
             fake_cmd = [sys.executable, __file__, "--serve-fake", str(latency_ms)]
+        else:
+            fake_cmd = [sys.executable, str(Path(__file__).with_name("fake_model.py"))]
+            fake_cmd += ["--latency-ms", str(latency_ms), "--reply", ANSWER]
         fake = subprocess.Popen(fake_cmd, stdout=subprocess.PIPE, stderr=fake_log, text=True)
         try:
             assert fake.stdout is not None
@@ -279,6 +287,20 @@ def fake_model(
             yield fake, line.removeprefix("listening on ").strip()
         finally:
             _stop(fake)
+
+
+FAKE_ENV = "TETHER_BENCH_FAKE"
+FAKE_KINDS = ("lean", "test", "stock")
+
+
+def fake_kind() -> str:
+    """Which fake model the benchmarks run (``TETHER_BENCH_FAKE``): ``lean`` (the default,
+    ``bench/fake_model.py``), ``test`` (the test suite's fake with ``TCP_NODELAY``, as the
+    figures before 2026-12-06 were measured) or ``stock`` (the test fake as it ships)."""
+    kind = os.environ.get(FAKE_ENV, "lean") or "lean"
+    if kind not in FAKE_KINDS:
+        raise SystemExit(f"{FAKE_ENV} must be one of {', '.join(FAKE_KINDS)}, not {kind!r}")
+    return kind
 
 
 def model_env(fake_url: str) -> dict[str, str]:
@@ -371,63 +393,68 @@ class Run:
         return 1000 * cpu / self.turns if self.turns else math.nan
 
 
+Client = aiohttp.ClientSession
+JSON_HEADERS = {"content-type": "application/json"}
+
+
 class Load:
     """A turn on any of the three paths, from one worker's own HTTP client.
 
-    Every worker has its own ``httpx.AsyncClient`` (one connection): a shared pool of 64
-    connections costs the client ~7 ms of CPU per request, because httpcore walks every pooled
-    connection (a ``getpeername`` and a readability poll each) whenever a request starts or ends.
+    Every worker has its own client of one keep-alive connection, as a user's browser or SDK
+    has. The load generator shares the cores with the servers it measures, so it is as lean
+    as a Python client gets: aiohttp, bodies written and read with orjson (httpx cost it about
+    twice the CPU a turn; a shared pool of 64 httpx connections ~7 ms a request).
     """
 
     def __init__(self, srv: Servers) -> None:
         self.srv = srv
         self.errors: Counter[str] = Counter()
 
-    async def create(self, client: httpx.AsyncClient, path: LoadPath, conv: Conversation) -> None:
+    async def _post(self, client: Client, url: str, body: dict[str, Any]) -> tuple[int, bytes]:
+        async with client.post(url, data=orjson.dumps(body), headers=JSON_HEADERS) as r:
+            return r.status, await r.read()
+
+    async def create(self, client: Client, path: LoadPath, conv: Conversation) -> None:
         if path == "reference":  # bench/reference_server.py names its sessions itself
-            r = await client.post(f"{self.srv.tether_url}/sessions")
-            r.raise_for_status()
-            conv.sid = r.json()["id"]
+            status, raw = await self._post(client, f"{self.srv.tether_url}/sessions", {})
+            if status != 201:
+                raise RuntimeError(f"POST /sessions: HTTP {status} {raw[:200]!r}")
+            conv.sid = orjson.loads(raw)["id"]
         elif path == "turns":
-            r = await client.post(
-                f"{self.srv.tether_url}/v1/sessions", json={"session_id": conv.sid}
-            )
-            r.raise_for_status()
+            url = f"{self.srv.tether_url}/v1/sessions"
+            status, raw = await self._post(client, url, {"session_id": conv.sid})
+            if status != 201:
+                raise RuntimeError(f"POST /v1/sessions: HTTP {status} {raw[:200]!r}")
         elif path == "direct":
             conv.messages = [{"role": "system", "content": INSTRUCTIONS}]
         # /api/chat creates the session on its first turn.
 
-    async def turn(
-        self, client: httpx.AsyncClient, path: LoadPath, conv: Conversation, n: int
-    ) -> bool:
+    async def turn(self, client: Client, path: LoadPath, conv: Conversation, n: int) -> bool:
         text = QUESTION.format(n=n)
+        base = self.srv.tether_url
         try:
             if path == "direct":
                 return await self._direct(client, conv, text)
             if path == "turns":
-                r = await client.post(
-                    f"{self.srv.tether_url}/v1/sessions/{conv.sid}/turns", json={"input": text}
-                )
-                ok = r.status_code == 200 and r.json().get("status") == "completed"
+                url = f"{base}/v1/sessions/{conv.sid}/turns"
+                status, raw = await self._post(client, url, {"input": text})
+                ok = status == 200 and orjson.loads(raw).get("status") == "completed"
             elif path == "reference":
-                r = await client.post(
-                    f"{self.srv.tether_url}/sessions/{conv.sid}/turns", json={"input": text}
-                )
-                ok = r.status_code == 200 and "output" in r.json()
+                url = f"{base}/sessions/{conv.sid}/turns"
+                status, raw = await self._post(client, url, {"input": text})
+                ok = status == 200 and "output" in orjson.loads(raw)
             else:
-                r = await client.post(
-                    f"{self.srv.tether_url}/api/chat",
-                    json={"message": text, "session_id": conv.sid},
-                )
-                ok = r.status_code == 200
+                body = {"message": text, "session_id": conv.sid}
+                status, raw = await self._post(client, f"{base}/api/chat", body)
+                ok = status == 200
             if not ok:
-                self.errors[f"{path}: HTTP {r.status_code} {r.text[:200]}"] += 1
+                self.errors[f"{path}: HTTP {status} {raw[:200]!r}"] += 1
             return ok
-        except httpx.HTTPError as exc:
+        except (aiohttp.ClientError, TimeoutError) as exc:
             self.errors[f"{path}: {type(exc).__name__}: {exc}"] += 1
             return False
 
-    async def _direct(self, client: httpx.AsyncClient, conv: Conversation, text: str) -> bool:
+    async def _direct(self, client: Client, conv: Conversation, text: str) -> bool:
         user = {"role": "user", "content": text}
         body = {
             "model": MODEL,
@@ -436,22 +463,18 @@ class Load:
             "stream_options": {"include_usage": True},
         }
         parts: list[str] = []
-        async with client.stream(
-            "POST",
+        async with client.post(
             f"{self.srv.fake_url}/chat/completions",
-            json=body,
-            headers={"authorization": "Bearer x"},
+            data=orjson.dumps(body),
+            headers={**JSON_HEADERS, "authorization": "Bearer x"},
         ) as r:
-            if r.status_code != 200:
-                self.errors[f"direct: HTTP {r.status_code}"] += 1
+            if r.status != 200:
+                self.errors[f"direct: HTTP {r.status}"] += 1
                 return False
-            async for line in r.aiter_lines():
-                if not line.startswith("data: "):
+            async for line in r.content:  # read to the end: the connection is reused
+                if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
                     continue
-                data = line[6:]
-                if data == "[DONE]":
-                    break
-                for choice in json.loads(data)["choices"]:
+                for choice in orjson.loads(line[6:])["choices"]:
                     if content := choice["delta"].get("content"):
                         parts.append(content)
         conv.messages += [user, {"role": "assistant", "content": "".join(parts)}]
@@ -459,13 +482,16 @@ class Load:
 
 
 @contextlib.asynccontextmanager
-async def clients(count: int) -> AsyncIterator[list[httpx.AsyncClient]]:
+async def clients(count: int) -> AsyncIterator[list[Client]]:
     """``count`` clients of one keep-alive connection each."""
-    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
     async with contextlib.AsyncExitStack() as stack:
         yield [
             await stack.enter_async_context(
-                httpx.AsyncClient(limits=limits, timeout=120, trust_env=False)
+                aiohttp.ClientSession(
+                    connector=aiohttp.TCPConnector(limit=1),
+                    timeout=aiohttp.ClientTimeout(total=120),
+                    trust_env=False,
+                )
             )
             for _ in range(count)
         ]
@@ -492,14 +518,12 @@ async def run_load(
     load = Load(srv)
     async with clients(sessions) as pool:
 
-        async def set_up(client: httpx.AsyncClient, group: list[Conversation]) -> None:
+        async def set_up(client: Client, group: list[Conversation]) -> None:
             for n, conv in enumerate(group):
                 await load.create(client, path, conv)
                 await load.turn(client, path, conv, -1 - n)  # warm-up, not measured
 
-        async def work(
-            client: httpx.AsyncClient, group: list[Conversation], out: list[float]
-        ) -> None:
+        async def work(client: Client, group: list[Conversation], out: list[float]) -> None:
             for n in range(turns_each):
                 start = time.perf_counter()
                 if await load.turn(client, path, group[n % len(group)], n):
@@ -557,7 +581,7 @@ async def idle_memory(srv: Servers, *, count: int, with_turn: bool, tag: str) ->
     workers = 16
     async with clients(workers) as pool:
 
-        async def make(client: httpx.AsyncClient, ids: Sequence[int], turn: bool) -> None:
+        async def make(client: Client, ids: Sequence[int], turn: bool) -> None:
             for i in ids:
                 conv = Conversation(f"{tag}-{i}")
                 await load.create(client, "turns", conv)
@@ -613,7 +637,7 @@ async def profile(
             stop = asyncio.Event()
             done = [0]
 
-            async def work(w: int, client: httpx.AsyncClient) -> None:
+            async def work(w: int, client: Client) -> None:
                 n = 0
                 while not stop.is_set():
                     # A fresh session every 10 turns keeps the prompt small, as in the tables.
@@ -982,7 +1006,7 @@ def main() -> None:
     console.print(f"[bold]Command:[/] {command}")
     console.print(
         f"Python {platform.python_version()}, {platform.machine()}, {_cpus()} CPUs, "
-        f"httpx {httpx.__version__}; load average {_load()} before the run "
+        f"aiohttp {aiohttp.__version__}; load average {_load()} before the run "
         "(other processes on these cores inflate CPU times and latencies)"
     )
     asyncio.run(main_async(args))
