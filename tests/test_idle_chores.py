@@ -67,14 +67,45 @@ class Counted(NoRequests):
     requested = False
 
     async def data_version(self) -> int:
+        self.looks += 1
         return self.version
 
     def seen_version(self) -> int:
         return self.version
 
+    def heard(self) -> int | None:
+        return None  # nobody rings it: the watcher looks every interval
+
+    async def hear(self, after: int) -> None:
+        return None
+
     async def cancel_requests(self, turn_ids: list[str]) -> dict[str, Any]:
         self.reads += 1
         return {"t_1": ("cancelled", "cancelled")} if self.requested else {}
+
+    looks = 0
+
+
+class Rung(Counted):
+    """The same, rung by the other processes' commits (SQLite's doorbell): ``ring()`` is a
+    commit of another process."""
+
+    def __init__(self) -> None:
+        self.rings = 0
+        self.rang = asyncio.Event()
+
+    def heard(self) -> int | None:
+        return self.rings
+
+    async def hear(self, after: int) -> None:
+        while self.rings <= after:
+            self.rang.clear()
+            await self.rang.wait()
+
+    def ring(self) -> None:
+        self.version += 1
+        self.rings += 1
+        self.rang.set()
 
 
 class Cancellable:
@@ -173,3 +204,31 @@ async def test_a_lease_given_up_and_taken_again_during_a_renewal_is_not_lost() -
 
 async def test_a_lease_the_renewal_did_not_keep_stops_its_turn() -> None:
     assert await _one_heartbeat(swap=False) == [("failed", "lease_lost")]
+
+
+async def test_a_running_turn_costs_not_even_a_look_until_another_process_rings() -> None:
+    """With a doorbell, a turn waiting on its model costs nothing at all (it cost a look at
+    the data version every 25 ms): a request from elsewhere comes with a ring, which is looked
+    into at once."""
+    running = Running()
+    store = Rung()
+    ctx = Cancellable()
+    watcher = asyncio.create_task(
+        chores.watch_cancels(store, running, 0.01, fallback_interval=60)  # type: ignore[arg-type]
+    )
+    try:
+        running["t_1"] = RunningTurn(None, ctx)  # type: ignore[arg-type]
+        await asyncio.sleep(0.3)  # thirty polls' worth of a turn waiting on its model
+        assert (store.looks, store.reads) == (0, 0)
+        store.requested = True
+        store.ring()  # another process asked for a cancel
+        for _ in range(500):
+            if ctx.asked:
+                break
+            await asyncio.sleep(0.01)
+        assert ctx.asked == [("cancelled", "cancelled")]
+        assert (store.looks, store.reads) == (1, 1)
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher

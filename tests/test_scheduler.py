@@ -8,6 +8,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -396,8 +397,9 @@ async def test_a_waiter_on_a_turn_another_process_runs_reads_it_only_when_the_st
     make_store: StoreFactory,
 ) -> None:
     """B accepted the turn, A (lingering on the session's lease) runs it. B learns of its end
-    from the store: on SQLite by looking often at PRAGMA data_version and reading the turn only
-    when another process wrote, so a turn that waits on its model costs B no reads."""
+    from the store: on SQLite A's commits ring B's doorbell, and B looks at PRAGMA data_version
+    only then (it looked every 20 ms), reading the turn only when another process wrote, so a
+    turn that waits on its model costs B nothing."""
     if make_store is InMemoryStore:
         pytest.skip("the in-memory store is one process's memory; it cannot be shared")
     agent = Agent(name="a", model=ScriptedModel(default="ok", delay=1.0))
@@ -419,9 +421,10 @@ async def test_a_waiter_on_a_turn_another_process_runs_reads_it_only_when_the_st
         assert done.status == "completed" and done.output == "ok"
         assert a.scheduler.lease_of(key) is not None  # A ran it
         if isinstance(store, ChangeCounter):
-            # A second of model time: B looked ~50 times, and read the turn only after A's
-            # writes (its start, its end), not on every look.
-            assert calls["data_version"] >= 10
+            # A second of model time: B looked once per ring (A's start, its end), where it
+            # looked ~50 times before the doorbell, and read the turn only after A's writes.
+            assert store.heard() is not None
+            assert 1 <= calls["data_version"] <= 4
             assert calls["get_turn"] <= 4
         else:
             assert calls["get_turn"] <= 15  # PostgreSQL: a read every 100 ms
@@ -462,12 +465,13 @@ async def test_a_lingering_worker_takes_a_turn_another_process_accepted(
         assert again is not None and again.token == lease.token  # A ran it, under its lease
 
 
-async def test_sessions_lingering_on_sqlite_share_one_look_at_the_data_version(
+async def test_sessions_lingering_on_sqlite_look_at_nothing_until_another_process_writes(
     make_store: StoreFactory,
 ) -> None:
-    """Twenty sessions lingering on their leases cost one look at PRAGMA data_version every
-    LINGER_POLL between them (it was one each: twenty round trips to the store's thread per
-    poll), and no read of any queue while no other process writes."""
+    """Twenty sessions lingering on their leases cost no look at the store while no other
+    process writes, but a safety look a second (they cost a look at PRAGMA data_version every
+    50 ms between them before the doorbell, and one each every 50 ms before that). Another process's commit rings the
+    store: one look at the data version for all twenty, then each looks at its own queue."""
     store = make_store()
     if not isinstance(store, ChangeCounter):
         pytest.skip("only a store with a data version (SQLite) is watched this way")
@@ -484,9 +488,23 @@ async def test_sessions_lingering_on_sqlite_share_one_look_at_the_data_version(
         calls: Counter[str] = Counter()
         for name in ("data_version", "active_turns"):
             setattr(store, name, _counted(calls, name, getattr(store, name)))
-        await asyncio.sleep(1.0)
-        assert 5 <= calls["data_version"] <= 40  # ~20 looks of 50 ms; it was ~400
-        assert calls["active_turns"] == 0
+        await asyncio.sleep(0.8)
+        # At most the safety look a second (for a writer that does not ring), and no queue.
+        assert calls["data_version"] <= 1 and calls["active_turns"] == 0, calls
+        calls.clear()
+        other = make_store()  # another process on the same file
+        await other.open()
+        try:
+            await other.create_session(SessionKey("local", "local", "elsewhere"), "a")
+            for _ in range(200):
+                if calls["active_turns"] >= 20:
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.1)
+        finally:
+            await other.close()
+        assert 1 <= calls["data_version"] <= 3
+        assert calls["active_turns"] == 20
         # Still awake to this process's own turns, at once.
         turn = await rt.scheduler.submit(keys[3], "again")
         async with asyncio.timeout(5):
@@ -850,3 +868,51 @@ async def test_a_handed_turn_behind_one_accepted_elsewhere_waits_its_turn(
         items = [i.content for i in await store.list_items(key, limit=10)]
         assert items == ["first", "after first", "second", "after second"]
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_on_sqlite_news_from_another_process_comes_by_the_doorbell(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two runtimes on one SQLite file (two processes, as ``tether serve --workers 2`` runs
+    them): a cancel one takes for a turn the other runs, a turn one accepts on a session the
+    other lingers on, and the end of that turn, which the first waits for, all reach the other
+    side by the doorbell. Every poll is set to a minute, so what lands within seconds was rung
+    (before the doorbell, polls of 20-50 ms carried it, and looked while nothing happened)."""
+    from tether.scheduler import core, news, worker
+
+    for module, name in (
+        (core, "CANCEL_POLL"),
+        (core, "CANCEL_FALLBACK"),
+        (core, "CROSS_PROCESS_POLL"),
+        (core, "NOT_HERE_POLL"),
+        (core, "LOCAL_SAFETY"),
+        (news, "FALLBACK"),
+        (worker, "LINGER_POLL"),
+    ):
+        monkeypatch.setattr(module, name, 60.0)
+    model = ScriptedModel(default=Slow("w " * 500, delay=0.02, forever=True))
+    quick = Agent(name="q", model=ScriptedModel(default="ok"))
+    path = tmp_path / "tether.db"
+    a = Runtime(SQLiteStore(path), agents=[Agent(name="a", model=model), quick])
+    b = Runtime(SQLiteStore(path), agents=[Agent(name="a", model=model), quick])
+    async with a, b:
+        a.scheduler.linger = b.scheduler.linger = 60.0
+        key = SessionKey("local", "local", "rung")
+        await a.sessions.create(key, "a")
+        turn = await a.scheduler.submit(key, "a long one")
+        await first_delta(a, key, turn.id)
+        async with asyncio.timeout(10):
+            done = await b.scheduler.cancel(key, turn.id)  # a runs it; b asks
+        assert (done.status, done.reason) == ("cancelled", "cancelled")
+        lease = a.scheduler.lease_of(key)
+        assert lease is not None  # lingering on the session
+        second = await b.scheduler.submit(key, "a quick one", agent=quick_ref(b))
+        async with asyncio.timeout(10):
+            ended = await b.scheduler.wait(key, second.id)
+        assert (ended.status, ended.output) == ("completed", "ok")
+        again = a.scheduler.lease_of(key)
+        assert again is not None and again.token == lease.token  # a ran it, under its lease
+
+
+def quick_ref(rt: Runtime) -> Any:
+    return rt.served("q").ref

@@ -74,9 +74,11 @@ async def watch_cancels(
     is for the others. With a store that announces requests (:class:`CancelFeed`), a request
     for one of our turns wakes this at once and the store is polled only every
     ``fallback_interval`` (a request made while the listener was reconnecting is still found).
-    Otherwise it looks every ``interval``, and with a :class:`ChangeCounter` reads the requests
-    only when another process wrote (or ``fallback_interval`` has passed): a turn waiting on
-    its model costs no query meanwhile.
+    Otherwise, with a :class:`ChangeCounter` that other processes' commits ring (SQLite's
+    doorbell), it looks at the data version only when rung (or every ``fallback_interval``),
+    and reads the requests only when it moved: a turn waiting on its model costs nothing
+    meanwhile. A counter nobody rings is looked at every ``interval``, a store with neither
+    read every ``interval``.
 
     The same feed announces turns other processes queue on sessions this one holds the lease
     of: ``queued(key)`` for each, and ``feed(True)`` / ``feed(False)`` as the feed comes up or
@@ -94,21 +96,37 @@ async def watch_cancels(
         counter = store
     seen: int | None = None
     last_read = 0.0
+    mark: int | None = None
+    """With a store whose other processes ring it: how many rings it had heard before the
+    last look at its data version."""
     try:
         while True:
             if not running and isinstance(running, Running):
                 # Nothing of ours to end: no timer while idle. The first turn to start here
-                # wakes this (a request for it is then read at once).
+                # wakes this (a request for it is then read at once, unless the store would
+                # have been rung for it).
                 await running.started()
-                seen = None
-            timeout = fallback_interval if listening.is_set() else interval
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), timeout)
-            wake.clear()
+                if counter is None or counter.heard() is None:
+                    seen = None
+            rings = counter.heard() if counter is not None else None
+            if counter is not None and rings is not None:
+                # Every commit of another process rings the store: until one does, nobody can
+                # have asked to end a turn of ours, so a turn waiting on its model costs no
+                # look. A look every fallback_interval still finds a writer that does not ring.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(fallback_interval):
+                        await counter.hear(mark if mark is not None else rings)
+            else:
+                timeout = fallback_interval if listening.is_set() else interval
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), timeout)
+                wake.clear()
             if not running:
                 continue  # nothing of ours to end: no store reads while idle
             try:
                 if counter is not None:
+                    # Noted before the look: a ring for a commit it misses wakes the next wait.
+                    mark = counter.heard()
                     # Read before the requests: a request committed after this moves it again.
                     version = await counter.data_version()
                     due = time.monotonic() - last_read >= fallback_interval

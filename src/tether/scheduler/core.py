@@ -46,6 +46,7 @@ from tether.records import (
 from tether.scheduler import chores
 from tether.scheduler.feeds import follow_turn
 from tether.scheduler.local import Local
+from tether.scheduler.news import StoreNews
 from tether.scheduler.owners import new_owner_id
 from tether.scheduler.runner import AgentResolver, AutoNotes, TurnRunner, TurnStore
 from tether.scheduler.worker import Workers, WorkerStore
@@ -61,9 +62,13 @@ CANCEL_FALLBACK = 1.0
 """The same with a store that announces requests (PostgreSQL LISTEN/NOTIFY): a safety net."""
 CROSS_PROCESS_POLL = 0.02
 """Seconds between looks at the store while waiting on a turn another process may be running:
-with a :class:`ChangeCounter` (SQLite), a look at its version, and a read only when it moved."""
+with a :class:`ChangeCounter` (SQLite), a look at its version, and a read only when it moved.
+When other processes ring the store (its doorbell), a look only when rung, no more often than
+this (:class:`~tether.scheduler.news.StoreNews`)."""
 CROSS_PROCESS_READ = 0.1
 """The same for a store without one: each look reads the turn."""
+NOT_HERE_POLL = 0.05
+"""The same for a turn accepted by another process: each look reads it."""
 LOCAL_SAFETY = 1.0
 """The same while this process holds the session's lease, so the turn's end comes here as a
 signal: a read now and then, in case the lease was lost."""
@@ -254,7 +259,8 @@ class Scheduler:
             else None
         )
         turn_id = new_turn_id()
-        before = self._counter.seen_version() if self._counter is not None else None
+        counter = self._counter
+        before = (counter.seen_version(), counter.heard()) if counter is not None else None
         turn = await self._enqueue(key, input, policy, wait_for_slot, agent, turn_id, asked)
         if turn.id != turn_id:
             return turn  # a retry of a submission: the turn its key made, as it stands
@@ -359,8 +365,12 @@ class Scheduler:
         read_store = turn_id not in waiters
         counter = self._counter
         seen: int | None = None
+        accepted = self.local.accepted_at.get(turn_id)
+        # Accepted here: the admission was the last look at the store.
+        news = StoreNews(counter, accepted[1] if accepted is not None else None)
         while True:
             if read_store:
+                news.looking()
                 turn = await self.store.get_turn(key, turn_id)
                 if turn is None:
                     raise TurnNotFound("turn not found")
@@ -373,21 +383,24 @@ class Scheduler:
                     return turn  # it waits behind a human too: the caller should know
             local = waiters.get(turn_id)
             if local is None or local[0] != key:
-                # Not accepted here (or not under this key): poll the store.
+                # Not accepted here (or not under this key): look at the store again when
+                # another process rings it, or poll it.
                 read_store = True
-                await asyncio.sleep(0.05)
+                await news.wait(None, NOT_HERE_POLL)
                 continue
             # Accepted here and not ended. If this process runs it (it holds the session's
             # lease), its end resolves the future at once; if another process holds the
             # session (several workers or nodes on one store), only the store will tell, so
-            # look there often, cheaply when the store has a change counter.
+            # look there when rung, or often, cheaply when the store has a change counter.
             here = key in self.local.leases
             fut: asyncio.Future[Turn] = asyncio.get_running_loop().create_future()
             local[1].append(fut)
-            poll = LOCAL_SAFETY if here else CROSS_PROCESS_POLL if counter else CROSS_PROCESS_READ
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(poll):
-                    await asyncio.shield(fut)
+            if here:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(LOCAL_SAFETY):
+                        await asyncio.shield(fut)
+            else:
+                await news.wait(fut, CROSS_PROCESS_POLL if counter else CROSS_PROCESS_READ)
             if fut.done():
                 turn = fut.result()
                 if turn.ended or until_input:
@@ -400,7 +413,8 @@ class Scheduler:
                 not here
                 and key in self.local.leases
                 and counter is not None
-                and counter.seen_version() == accepted
+                and accepted is not None
+                and counter.seen_version() == accepted[0]
             ):
                 # This process's worker took the lease meanwhile (it had not when the turn was
                 # submitted), so the turn's end comes here now; and no other process has
@@ -409,6 +423,7 @@ class Scheduler:
                 read_store = False
                 continue
             if counter is not None and not here:
+                news.looking()
                 version = await counter.data_version()
                 if version == seen:
                     read_store = False

@@ -62,10 +62,11 @@ class Local:
     waiters: dict[str, tuple[SessionKey, list[asyncio.Future[Turn]]]] = field(default_factory=dict)
     """Turns accepted here and not yet ended: their key (so a caller naming the turn under
     another key learns nothing) and the futures of callers waiting for the end."""
-    accepted_at: dict[str, int] = field(default_factory=dict)
+    accepted_at: dict[str, tuple[int, int | None]] = field(default_factory=dict)
     """For a store with a data version (SQLite): the version each turn accepted here was
-    submitted under (read before its admission). While it has not moved, no other process has
-    written since, so none has ended the turn behind this one's back."""
+    submitted under (read before its admission), and the rings the store had heard then (None:
+    nobody rings it). While the version has not moved, no other process has written since, so
+    none has ended the turn behind this one's back; a commit since rings after that count."""
     slot_freed: dict[SessionKey, asyncio.Event] = field(default_factory=dict)
     slot_waiters: dict[SessionKey, int] = field(default_factory=dict)
     principals: dict[SessionKey, Principal] = field(default_factory=dict)

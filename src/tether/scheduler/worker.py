@@ -19,6 +19,7 @@ from typing import Protocol
 from tether.errors import SessionNotFound, StaleLease, TurnNotNext
 from tether.records import Lease, SessionKey, Turn
 from tether.scheduler.local import Local
+from tether.scheduler.news import StoreNews
 from tether.scheduler.owners import owner_is_dead
 from tether.scheduler.runner import TurnRunner
 from tether.store.protocol import (
@@ -32,7 +33,8 @@ from tether.store.protocol import (
 log = logging.getLogger("tether.scheduler")
 
 LINGER_POLL = 0.05
-"""Seconds between looks at the store for turns accepted elsewhere while a lease lingers."""
+"""Seconds between looks at the store for turns accepted elsewhere while a lease lingers (with
+a store other processes ring: a look only when rung, no more often than this)."""
 
 
 def runnable(active: list[Turn]) -> Turn | None:
@@ -82,6 +84,8 @@ class Workers:
         all of them and wakes those it has news for."""
         self._version: int | None = None
         """The data version :meth:`_watch_version` read last (None: unknown, or it failed)."""
+        self._rings = StoreNews(self._counter)
+        """When that watch looks next: rung by other processes' commits, or on a timer."""
         self._poller: asyncio.Task[None] | None = None
         """The task of :meth:`_watch_version`, while some session lingers on the version."""
         self._feed: int | None = None
@@ -102,18 +106,35 @@ class Workers:
         """``key`` lingers, having looked at its queue under data version ``seen``: make sure
         the version is watched for it."""
         self._polling[key] = seen
+        counter, version, mark = self._counter, self._version, self._rings.mark
+        if (
+            counter is not None
+            and version is not None
+            and seen is not None
+            and version > seen
+            and mark is not None
+            and counter.heard() == mark
+        ):
+            # The watch read a newer version than the queue was read under, and will not look
+            # again until the next ring: the ring of that commit came before this linger did.
+            kicked = self._local.kicked.get(key)
+            if kicked is not None:
+                kicked.set()
         if self._poller is None or self._poller.done():
             self._poller = asyncio.create_task(self._watch_version(), name="tether-linger-watch")
 
     async def _watch_version(self) -> None:
-        """One look at the store's data version every LINGER_POLL for all lingering sessions
-        (it was one each): those whose queue may have changed since they looked are woken."""
+        """One look at the store's data version for all lingering sessions (it was one each):
+        those whose queue may have changed since they looked are woken. With a store that other
+        processes' commits ring, a look only when rung (:class:`StoreNews`); otherwise one
+        every LINGER_POLL."""
         counter = self._counter
         assert counter is not None  # started only by lingers on a data version
         while True:
-            await asyncio.sleep(LINGER_POLL)
+            await self._rings.wait(None, LINGER_POLL)
             if not self._polling or self._local.closing:
                 return  # no await between this and the task's end: _watch starts a new one
+            self._rings.looking()
             try:
                 version: int | None = await counter.data_version()
             except Exception:

@@ -618,6 +618,19 @@ class ChangeCounter(Protocol):
         process had committed by the time the store last looked."""
         ...
 
+    def heard(self) -> int | None:
+        """How many times other processes have announced a commit to this store (no I/O);
+        None when nothing announces them, and pollers look at :meth:`data_version` often.
+
+        Noted before a look at :meth:`data_version`, it makes :meth:`hear` return for any
+        commit the look may have missed: the announcement comes after the commit."""
+        ...
+
+    async def hear(self, after: int) -> None:
+        """Return once more than ``after`` announcements were heard (at once when nothing
+        announces them any more); bound it with ``asyncio.timeout``."""
+        ...
+
 
 @runtime_checkable
 class CancelFeed(Protocol):

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tether.errors import StoreError
+from tether.store.sqlite.doorbell import Doorbell
 from tether.store.sqlite.migrations import migrate
 from tether.store.sqlite.worker import SQLiteWorker
 
@@ -63,6 +64,7 @@ class Connection:
         self._min_free_bytes = min_free_bytes
         self._worker: SQLiteWorker | None = None
         self._later: set[asyncio.Task[None]] = set()
+        self._doorbell = Doorbell(self.path)
 
     async def _call(
         self, fn: Callable[[sqlite3.Connection], T], write: bool, alone: bool = False
@@ -98,6 +100,9 @@ class Connection:
         except sqlite3.Error as exc:
             raise StoreError(f"sqlite: cannot open {self.path}: {exc}") from exc
         self._worker = worker
+        # Every commit of ours rings the other processes on this file; this one hears theirs.
+        worker.on_commit = self._doorbell.ring
+        self._doorbell.listen()
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(
@@ -123,6 +128,7 @@ class Connection:
         worker, self._worker = self._worker, None
         if worker is not None:
             await worker.stop()
+        self._doorbell.close()  # after the thread: it rings through the doorbell
 
     async def data_version(self) -> int:
         """SQLite's ``PRAGMA data_version``: it moves when another connection (another
@@ -131,6 +137,15 @@ class Connection:
         if worker is None:
             raise StoreError("the store is not open")
         return await self._run(worker.data_version)
+
+    def heard(self) -> int | None:
+        """How many times another process's commit has rung this store's doorbell; None when
+        it cannot hear them (then only :meth:`data_version` tells)."""
+        return self._doorbell.heard if self._doorbell.listening else None
+
+    async def hear(self, after: int) -> None:
+        """Return once more than ``after`` rings were heard (at once when it cannot hear)."""
+        await self._doorbell.hear(after)
 
     def seen_version(self) -> int:
         """:meth:`data_version` as the store's thread last read it, before its latest batch of

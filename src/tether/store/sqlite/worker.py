@@ -68,6 +68,8 @@ class SQLiteWorker:
         self._start_error: BaseException | None = None
         self._failing = False  # the last write transaction failed (logged once, not per batch)
         self._connections = 0
+        self.on_commit: Callable[[], None] | None = None
+        """Called on the thread after each write transaction commits (the doorbell's ring)."""
         self.version = 0
         """``PRAGMA data_version`` as the thread read it before its latest batch ran (with how
         many connections it had had: a new connection counts afresh), for
@@ -188,6 +190,8 @@ class SQLiteWorker:
                     conn.execute("RELEASE op")
             if marks or batch[0].error is None:
                 conn.execute("COMMIT")
+                if self.on_commit is not None:
+                    self.on_commit()
             else:
                 conn.execute("ROLLBACK")  # the lone call failed: nothing of it stays
         except sqlite3.Error as exc:
