@@ -8,6 +8,7 @@ elsewhere (an aborted call's result) fails here.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -22,13 +23,13 @@ from tether.records import Item, NewItem, SessionKey, TurnEnding
 from tether.runtime import Runtime
 from tether.scheduler.history import MAX_ITEMS, CachedHistory, HistoryCache
 from tether.store import InMemoryStore
-from tether.store.protocol import Store
+from tether.store.protocol import ChangeCounter, Store
 from tether.testing import ScriptedModel
 
 
-def _counting(store: Store) -> Counter[str]:
+def _counting(store: Store, *more: str) -> Counter[str]:
     calls: Counter[str] = Counter()
-    for name in ("recent_items", "latest_summary"):
+    for name in ("recent_items", "latest_summary", *more):
         fn = getattr(store, name)
 
         def counted(
@@ -199,3 +200,111 @@ async def test_a_lingering_lease_measures_each_item_once(
         assert len(measured) == 58  # every item before the last turn's own input
         assert set(measured.values()) == {1}
         assert _shown(model.requests[-1])[:2] == ["question 0", "fine"]
+
+
+async def test_turns_further_apart_than_the_linger_read_the_history_once(
+    make_store: StoreFactory,
+) -> None:
+    """Without a linger every turn takes a new lease; what the last lease knew of the history
+    is taken up by the next while nobody touched it in between (its token one past, the seq
+    it expected next): one read in all, where it was one a turn. And a store that tells each
+    lease its queue (SQLite) spares the read of the queue after the lease's turn."""
+    model = ScriptedModel(default="fine")
+    agent = Agent(name="a", model=model)
+    store = make_store()
+    async with Runtime(store, agents=[agent]) as rt:
+        rt.scheduler.linger = 0.0
+        key = SessionKey("local", "local", "apart")
+        await rt.sessions.create(key, "a")
+        calls = _counting(store, "acquire_lease", "active_turns")
+        for n in range(10):
+            turn = await rt.scheduler.submit(key, f"question {n}")
+            await rt.scheduler.wait(key, turn.id)
+            while rt.scheduler.lease_of(key) is not None:  # noqa: ASYNC110 - given up at once
+                await asyncio.sleep(0.001)
+        assert calls["acquire_lease"] == 10  # a lease a turn
+        assert calls["recent_items"] <= 1
+        if isinstance(store, ChangeCounter):
+            # The store told each lease its queue (the turn it was handed, and nothing else),
+            # and says when another process wrote (none did): so no lease read the queue after
+            # its turn. It was a read a turn.
+            assert calls["active_turns"] == 0
+        stored = [i.content for i in await store.list_items(key, limit=1000)]
+        assert _shown(model.requests[-1]) == stored[:-1]
+
+
+async def test_a_history_moved_between_two_leases_is_read_again(
+    make_store: StoreFactory,
+) -> None:
+    """Between two leases of A's: B runs a turn (another lease came between), B clears the
+    history (no lease, a gap in the seqs), B ends a waiting turn. Each time A's next lease
+    reads the history again and shows what the store holds."""
+    if make_store is InMemoryStore:
+        pytest.skip("the in-memory store is one process's memory; it cannot be shared")
+    model = ScriptedModel(default="ok")
+    agent = Agent(name="a", model=model)
+    a, b = Runtime(make_store(), agents=[agent]), Runtime(make_store(), agents=[agent])
+    async with a, b:
+        a.scheduler.linger = b.scheduler.linger = 0.0
+        key = SessionKey("local", "local", "moved-between")
+        await a.sessions.create(key, "a")
+
+        async def on(rt: Runtime, text: str) -> None:
+            turn = await rt.scheduler.submit(key, text)
+            assert (await rt.scheduler.wait(key, turn.id)).status == "completed"
+            # Given up before the next: otherwise the holder may run the other's turn itself
+            # (and then knows the history it wrote).
+            while rt.scheduler.lease_of(key) is not None:  # noqa: ASYNC110 - given up at once
+                await asyncio.sleep(0.001)
+
+        async def queued_then_ended() -> None:
+            turn = await b.store.enqueue_turn(key, turn_id="t_x", input="x", policy="enqueue")
+            assert await b.store.end_waiting_turn(key, turn.id, "cancelled") is not None
+
+        async def cleared() -> None:
+            await b.store.clear_items(key)
+
+        async def by_b() -> None:
+            await on(b, "from b")
+
+        for between in (by_b, cleared, queued_then_ended):
+            await on(a, f"before {between.__name__}")
+            await between()
+            calls = _counting(a.store)
+            await on(a, f"after {between.__name__}")
+            assert calls["recent_items"] >= 1, between.__name__
+            stored = [i.content for i in await a.store.list_items(key, limit=100)]
+            assert _shown(model.requests[-1]) == stored[:-1], between.__name__
+
+
+def _hi() -> Item:
+    return Item(1, "t1", "user", "hi", True, None, None, None, {}, 0.0)
+
+
+def test_what_a_given_up_lease_knew_is_taken_up_only_by_the_next_lease_on_the_same_history() -> (
+    None
+):
+    from tether.records import Lease
+
+    key = SessionKey("t", "u", "s")
+    cache = HistoryCache()
+    first = Lease(key, "me", 10, 0.0)
+    cache.wrote(first, [_hi()])
+    cache.release(first)
+    assert cache.of(first) is None
+    # Another lease came between (token 12, not 11): start afresh.
+    assert not cache.adopt(Lease(key, "me", 12, 0.0, history_seq=2))
+    cache.wrote(first, [_hi()])
+    cache.release(first)
+    # The history moved without a lease (its next seq is past the one expected).
+    assert not cache.adopt(Lease(key, "me", 11, 0.0, history_seq=3))
+    cache.wrote(first, [_hi()])
+    cache.release(first)
+    # A store that does not tell.
+    assert not cache.adopt(Lease(key, "me", 11, 0.0))
+    cache.wrote(first, [_hi()])
+    cache.release(first)
+    second = Lease(key, "me", 11, 0.0, history_seq=2)
+    assert cache.adopt(second)
+    known = cache.of(second)
+    assert known is not None and [i.content for i in known.items] == ["hi"]

@@ -470,8 +470,9 @@ async def test_sessions_lingering_on_sqlite_look_at_nothing_until_another_proces
 ) -> None:
     """Twenty sessions lingering on their leases cost no look at the store while no other
     process writes, but a safety look a second (they cost a look at PRAGMA data_version every
-    50 ms between them before the doorbell, and one each every 50 ms before that). Another process's commit rings the
-    store: one look at the data version for all twenty, then each looks at its own queue."""
+    50 ms between them before the doorbell, and one each every 50 ms before that). Another
+    process's commit rings the store: one look at the data version for all twenty, then each
+    looks at its own queue."""
     store = make_store()
     if not isinstance(store, ChangeCounter):
         pytest.skip("only a store with a data version (SQLite) is watched this way")

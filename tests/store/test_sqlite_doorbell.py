@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tether.records import SessionKey
+from tether.records import Namespace, SessionKey
 from tether.store.sqlite import SQLiteStore
 from tether.store.sqlite.doorbell import peers_dir
+from tether.testing.conformance._support import put
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="the doorbell is Linux's abstract sockets"
@@ -74,13 +75,9 @@ async def test_a_registration_left_by_a_killed_process_is_removed_by_the_next_ri
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "t.db"
-    dead = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    stale = f"{dead.stdout.strip()}-0123456789ab"
+    dead = await asyncio.create_subprocess_exec(sys.executable, "-c", "pass")
+    assert await dead.wait() == 0  # a process that is gone: its pid names nobody now
+    stale = f"{dead.pid}-0123456789ab"
     peers_dir(path).mkdir()
     (peers_dir(path) / stale).touch()  # what a listener killed with -9 leaves behind
     store = SQLiteStore(path)
@@ -133,5 +130,71 @@ async def test_another_process_commit_rings_this_one(tmp_path: Path) -> None:
         assert await proc.wait() == 0
         assert await _rung(store, 0) >= 1
         assert await store.data_version() != before
+    finally:
+        await store.close()
+
+
+# -- memory versions, read once -----------------------------------------------------------------
+ALICE = Namespace.user("acme", "alice")
+
+
+def _counted_calls(store: SQLiteStore) -> list[int]:
+    """Counts the calls that reach the store's thread."""
+    calls = [0]
+    worker = store._worker
+    assert worker is not None
+    call = worker.call
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return await call(*args, **kwargs)
+
+    worker.call = counted  # type: ignore[method-assign]
+    return calls
+
+
+async def test_memory_versions_are_read_once_until_something_may_have_moved_them(
+    tmp_path: Path,
+) -> None:
+    """A turn that recalls asks for its namespaces' versions (to skip a search of nothing):
+    asked again with nothing written, the answer costs no call to the store's thread; after a
+    write here, or another process's, it is read again, and never stale."""
+    path = tmp_path / "t.db"
+    mine, theirs = SQLiteStore(path), SQLiteStore(path)
+    await mine.open()
+    await theirs.open()
+    try:
+        calls = _counted_calls(mine)
+        assert await mine.vector_versions([ALICE], collection="") == [0]
+        assert await mine.vector_versions([ALICE], collection="") == [0]
+        assert calls[0] == 1
+        await put(mine, ALICE, "m1")  # written here
+        ours = await mine.vector_versions([ALICE], collection="")
+        assert ours[0] > 0
+        await put(theirs, ALICE, "m2")  # written by another process: nothing of ours ran since
+        theirs_too = await mine.vector_versions([ALICE], collection="")
+        assert theirs_too[0] > ours[0]
+        reads = calls[0]
+        assert await mine.vector_versions([ALICE], collection="") == theirs_too
+        assert calls[0] == reads  # and answered from memory again
+        await theirs.forget_user("acme", "alice")  # its versions deleted, not bumped
+        assert await mine.vector_versions([ALICE], collection="") == [0]
+    finally:
+        await mine.close()
+        await theirs.close()
+
+
+async def test_a_store_nobody_can_ring_reads_the_memory_versions_every_time(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "t.db"
+    peers_dir(path).write_text("not a directory")
+    store = SQLiteStore(path)
+    await store.open()
+    try:
+        calls = _counted_calls(store)
+        for _ in range(3):
+            assert await store.vector_versions([ALICE], collection="") == [0]
+        assert calls[0] == 3  # another process's write could not be heard of
     finally:
         await store.close()

@@ -10,14 +10,21 @@ the store; they get the seqs the store gives (:func:`~tether.store.rules.stored_
 the next write confirms or refutes, and their ``created_at`` is this process's clock at the
 write (nothing that reads a window looks at it).
 
-Kept per lease (a new lease, or a lost one, starts afresh) and dropped when the lease goes;
-never the truth, only what the store said and what this process wrote.
+Kept per lease, and past it: when the lease is given up, what it knew is put aside
+(:meth:`HistoryCache.release`), and the session's next lease here takes it up again
+(:meth:`HistoryCache.adopt`) if nobody has touched the history in between — its token is one
+past the old one (no other lease was granted: a session deleted and made again starts its
+tokens at the clock) and the store gives the seq the old holder expected next (a change
+without a lease leaves a gap). A conversation whose turns come further apart than a linger
+then costs no history read a turn. A lost lease starts afresh. Never the truth, only what the
+store said and what this process wrote.
 """
 
 from __future__ import annotations
 
 import bisect
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -28,6 +35,9 @@ from tether.store.protocol import HistoryStore
 
 MAX_ITEMS = 4096
 """Items kept per session at most (the newest): a window needs the newest ones only."""
+MAX_PUT_ASIDE = 20_000
+"""Items kept at most, in all, for sessions whose lease was given up (the least recently
+given up are dropped first): what an idle session costs in memory is bounded."""
 
 
 @dataclass(slots=True)
@@ -48,6 +58,9 @@ class HistoryCache:
     def __init__(self) -> None:
         self._known: dict[SessionKey, Known] = {}
         self._memos: dict[SessionKey, tuple[int, ItemMemo]] = {}
+        self._aside: OrderedDict[SessionKey, tuple[Known, ItemMemo | None]] = OrderedDict()
+        """What given-up leases knew, oldest first, for the sessions' next leases here."""
+        self._aside_items = 0
 
     def __len__(self) -> int:
         return len(self._known)
@@ -67,6 +80,46 @@ class HistoryCache:
     def forget(self, key: SessionKey) -> None:
         self._known.pop(key, None)
         self._memos.pop(key, None)
+        self._put_back(key)
+
+    def release(self, lease: Lease) -> None:
+        """``lease`` is given up: keep what it knew aside for the session's next lease."""
+        key = lease.key
+        known = self._known.pop(key, None)
+        memo = self._memos.pop(key, None)
+        self._put_back(key)
+        if known is None or known.token != lease.token:
+            return
+        self._aside[key] = (known, memo[1] if memo is not None and memo[0] == lease.token else None)
+        self._aside_items += len(known.items)
+        while self._aside_items > MAX_PUT_ASIDE and self._aside:
+            _, (dropped, _) = self._aside.popitem(last=False)
+            self._aside_items -= len(dropped.items)
+
+    def adopt(self, lease: Lease) -> bool:
+        """A new ``lease``, under which nothing was recovered: take up what the previous one
+        here knew, if the history is as it left it (True); otherwise start afresh."""
+        entry = self._put_back(lease.key)
+        if entry is None:
+            return False
+        known, memo = entry
+        if (
+            lease.history_seq is None
+            or lease.token != known.token + 1
+            or lease.history_seq != known.next_seq
+        ):
+            return False  # another lease came between, or the history moved without one
+        known.token = lease.token
+        self._known[lease.key] = known
+        if memo is not None:
+            self._memos[lease.key] = (lease.token, memo)
+        return True
+
+    def _put_back(self, key: SessionKey) -> tuple[Known, ItemMemo | None] | None:
+        entry = self._aside.pop(key, None)
+        if entry is not None:
+            self._aside_items -= len(entry[0].items)
+        return entry
 
     def wrote(self, lease: Lease, written: Sequence[Item]) -> None:
         """Items a fenced write stored, in seq order (consecutive within the write)."""

@@ -195,15 +195,22 @@ class Workers:
         local = self._local
         try:
             while True:
+                news = self._news()  # before the grant: what the lease's look at the queue saw
                 lease = await self._acquire(key)
                 if lease is None:
                     return  # nothing left to do, or the session is gone
                 local.leases[key] = lease
+                kept = False
                 try:
-                    await self._recover(lease)
+                    if await self._recover(lease):
+                        local.history.forget(key)  # recovery wrote to the history
+                    else:
+                        local.history.adopt(lease)
+                    self._queue_seen(key, lease, news)
                     await self._drain(key, lease)
                     while await self._linger(key):
                         await self._drain(key, lease)
+                    kept = True
                 except StaleLease:
                     log.warning("lost the lease of a session mid-turn; stopped without writing")
                     # Look again under a new lease (or wait for whoever holds it now): the
@@ -214,7 +221,10 @@ class Workers:
                     local.leases.pop(key, None)
                     self._agent_of.pop(key, None)
                     self._looked.pop(key, None)  # a new lease reads its queue afresh
-                    local.history.forget(key)
+                    if kept:
+                        local.history.release(lease)  # for the session's next lease here
+                    else:
+                        local.history.forget(key)
                     await self._release(lease)
                 # No await between this check and leaving workers: a submit that lands after
                 # it sees no worker and starts a new one; one that landed before set dirty.
@@ -270,14 +280,27 @@ class Workers:
         except Exception:
             log.exception("could not release a lease; it will expire")
 
-    async def _recover(self, lease: Lease) -> None:
-        """End what a dead owner left running. Once per lease: while this worker holds it, no
-        other process runs the session's turns, so none can be left behind meanwhile."""
+    async def _recover(self, lease: Lease) -> bool:
+        """End what a dead owner left running; True if there was any. Once per lease: while
+        this worker holds it, no other process runs the session's turns, so none can be left
+        behind meanwhile."""
         if lease.left_running is False:
-            return  # the store looked as it granted the lease: nothing to end
-        for lost in await self._store.recover(lease):
-            log.warning("turn %s ended failed/owner_lost: its process died", lost.id)
-            self._local.resolve(lost)
+            return False  # the store looked as it granted the lease: nothing to end
+        lost = await self._store.recover(lease)
+        for turn in lost:
+            log.warning("turn %s ended failed/owner_lost: its process died", turn.id)
+            self._local.resolve(turn)
+        return bool(lost)
+
+    def _queue_seen(self, key: SessionKey, lease: Lease, news: tuple[str, int] | None) -> None:
+        """The store told the lease's queue as it granted it (SQLite): when it held nothing but
+        the turn handed to the worker, the read after that turn is saved, as after a read that
+        found the queue empty (no news since ``news``, noted before the grant)."""
+        if lease.active is None or news is None:
+            return
+        handed = self._local.handed.get(key)
+        if all(handed is not None and turn.id == handed.id for turn in lease.active):
+            self._looked[key] = news
 
     async def _drain(self, key: SessionKey, lease: Lease) -> None:
         local = self._local

@@ -164,7 +164,16 @@ class Turns(State):
         s.lease_token += 1  # every acquisition is a new token: the old owner's writes fail
         s.lease_owner = owner
         s.lease_expires_at = expires_at
-        return Lease(key, owner, s.lease_token, expires_at)
+        active = tuple(s.turns[t] for t in s.active)
+        return Lease(
+            key,
+            owner,
+            s.lease_token,
+            expires_at,
+            left_running=any(t.status == "running" for t in active),
+            active=active,
+            history_seq=s.next_item_seq,
+        )
 
     async def renew_leases(self, leases: Sequence[Lease], ttl: float) -> list[Lease]:
         now = time.time()

@@ -252,7 +252,7 @@ SESSIONS_NEEDING_WORK = (
 ACQUIRE_LEASE = (
     "UPDATE sessions SET lease_owner = $4, lease_token = lease_token + 1, lease_expires_at = $5"
     f" WHERE {KEY_WHERE} AND (lease_owner IS NULL OR lease_expires_at <= $6)"
-    " RETURNING lease_token"
+    " RETURNING lease_token, next_item_seq"
 )
 TAKE_OVER_LEASE = (
     "UPDATE sessions SET lease_owner = $4, lease_token = lease_token + 1, lease_expires_at = $5"

@@ -244,11 +244,13 @@ class Turns(Connection):
         async with self._conn() as conn:
             # Conditional on the lease being free or expired: of racing acquirers, the first to
             # update the row wins; the others re-check it after that commit and match nothing.
-            token = await conn.fetchval(q.ACQUIRE_LEASE, *key_args(key), owner, now + ttl, now)
-            if token is None:
+            row = await conn.fetchrow(q.ACQUIRE_LEASE, *key_args(key), owner, now + ttl, now)
+            if row is None:
                 await self._pk(conn, key)  # SessionNotFound when it is the session that is missing
                 return None
-        return Lease(key, owner, int(token), now + ttl)
+        # The updated row's own next_item_seq, as of the grant. (Its active turns are not
+        # told: a subquery's snapshot could miss a turn queued just before the row lock.)
+        return Lease(key, owner, int(row[0]), now + ttl, history_seq=int(row[1]))
 
     async def lease_holder(self, key: SessionKey) -> str | None:
         row = await self._fetchrow(q.LEASE_HOLDER, *key_args(key))

@@ -65,6 +65,11 @@ class Connection:
         self._worker: SQLiteWorker | None = None
         self._later: set[asyncio.Task[None]] = set()
         self._doorbell = Doorbell(self.path)
+        self._versions: dict[
+            tuple[tuple[str, ...], str], tuple[tuple[int, int, int], tuple[int, ...]]
+        ]
+        self._versions = {}
+        """Memory version reads and the stamp they were read under (:mod:`.recall`)."""
 
     async def _call(
         self, fn: Callable[[sqlite3.Connection], T], write: bool, alone: bool = False
@@ -141,7 +146,7 @@ class Connection:
     def heard(self) -> int | None:
         """How many times another process's commit has rung this store's doorbell; None when
         it cannot hear them (then only :meth:`data_version` tells)."""
-        return self._doorbell.heard if self._doorbell.listening else None
+        return self._doorbell.poll() if self._doorbell.listening else None
 
     async def hear(self, after: int) -> None:
         """Return once more than ``after`` rings were heard (at once when it cannot hear)."""

@@ -93,18 +93,28 @@ class Doorbell:
         loop.add_reader(sock.fileno(), self._on_ring)
         return True
 
-    def _on_ring(self) -> None:
+    def poll(self) -> int:
+        """The rings heard, counting those that have arrived and not been read yet: a ring is
+        queued to this socket before the commit it announces returns to its writer, so
+        whatever that writer did next (answer a client, who then asks here) comes after it."""
         sock = self._sock
         if sock is None:
-            return
-        # Every ring queued since the last wake-up is one piece of news: read them all.
+            return self.heard
+        got = False
+        # Every ring queued since the last read is one piece of news: read them all.
         with contextlib.suppress(BlockingIOError, InterruptedError):
             while True:
                 sock.recv(16)
-        self.heard += 1
-        moved, self._moved = self._moved, asyncio.Event()
-        if moved is not None:
-            moved.set()
+                got = True
+        if got:
+            self.heard += 1
+            moved, self._moved = self._moved, asyncio.Event()
+            if moved is not None:
+                moved.set()
+        return self.heard
+
+    def _on_ring(self) -> None:
+        self.poll()
 
     async def hear(self, after: int) -> None:
         """Return once more than ``after`` rings have been heard (at once when not listening;

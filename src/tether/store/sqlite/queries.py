@@ -208,7 +208,7 @@ CANCEL_REQUESTS = (
 ACQUIRE_LEASE = (
     "UPDATE sessions SET lease_owner = ?, lease_token = lease_token + 1, lease_expires_at = ?"
     f" WHERE {KEY_WHERE} AND (lease_owner IS NULL OR lease_expires_at <= ?)"
-    " RETURNING lease_token, pk"
+    " RETURNING lease_token, pk, next_item_seq"
 )
 TAKE_OVER_LEASE = (
     "UPDATE sessions SET lease_owner = ?, lease_token = lease_token + 1, lease_expires_at = ?"

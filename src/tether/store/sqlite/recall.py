@@ -20,12 +20,17 @@ from tether.store.sqlite.connection import Connection
 from tether.store.sqlite.recall_queries import in_list
 from tether.store.sqlite.recall_steps import (
     bump,
+    changed,
     delete_where,
     fts_query,
     insert,
     read_snapshot,
     version,
+    versions_changed,
 )
+
+MAX_CACHED_VERSIONS = 4096
+"""Version reads kept (a turn's namespaces each); all are dropped when there are more."""
 
 
 class Recall(Connection):
@@ -160,16 +165,37 @@ class Recall(Connection):
     async def vector_versions(
         self, namespaces: Sequence[Namespace], *, collection: str
     ) -> list[int]:
-        keys = [ns.key for ns in namespaces]
+        """Read once, then answered from memory while no version can have moved: this process
+        has changed none (:data:`~.recall_steps.changed`), and no other process has committed
+        — its commit would have rung this store (counted as soon as it is queued here, before
+        the writer goes on), and moved the data version noted before this store's latest batch
+        (for a writer that does not ring). Every turn that recalls asks, and most turns write
+        no memory. A store nobody can ring reads every time."""
+        keys = tuple(ns.key for ns in namespaces)
         if not keys:
             return []
+        heard, mine = self.heard(), changed[0]  # before the read: a change after moves them
+        cached = self._versions.get((keys, collection))
+        stamp = (mine, self.seen_version(), heard if heard is not None else -1)
+        if heard is not None and cached is not None and cached[0] == stamp:
+            return list(cached[1])
         sql = q.VERSIONS.format(ns=in_list(len(keys)))
+        worker = self._worker
 
-        def read(c: sqlite3.Connection) -> list[int]:
+        def read(c: sqlite3.Connection) -> tuple[int, list[int]]:
+            # The data version first: the read sees at least what it counts.
+            seen = worker.data_version(c) if worker is not None else -1
             found = {str(r[0]): int(r[1]) for r in c.execute(sql, (collection, *keys))}
-            return [found.get(k, 0) for k in keys]
+            return seen, [found.get(k, 0) for k in keys]
 
-        return await self._run(read)
+        seen, versions = await self._run(read)
+        if len(self._versions) >= MAX_CACHED_VERSIONS:
+            self._versions.clear()
+        self._versions[(keys, collection)] = (
+            (mine, seen, heard if heard is not None else -1),
+            tuple(versions),
+        )
+        return versions
 
     async def load_vectors(self, ns: Namespace, *, collection: str) -> VectorSnapshot:
         def read(c: sqlite3.Connection) -> VectorSnapshot:
@@ -240,6 +266,7 @@ class Recall(Connection):
             documents = int(c.execute(q.FORGET_DOCUMENTS, args).rowcount)
             # Deleted, not bumped: no row reads as version 0, "nothing here", which is now
             # true, and the clock gives any later write a version never seen before.
+            versions_changed()
             c.execute(q.FORGET_VERSIONS, args)
             c.execute(q.MERGE_TEXT_INDEX)
             return ForgetReport(sessions=sessions, memory=memory, documents=documents)

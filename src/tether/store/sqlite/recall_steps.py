@@ -22,6 +22,16 @@ T = TypeVar("T")
 Pair = tuple[str, str]
 """``(namespace key, collection)``: what a version counts the changes of."""
 
+changed = [0]
+"""How many times this process has changed a version row (any store, any connection): bumped
+in the transaction that does, before it commits, so a version read cached under an older count
+is known to be stale (:meth:`~tether.store.sqlite.recall.Recall.vector_versions`). A change
+rolled back after all counts too, which costs a read, never a stale answer."""
+
+
+def versions_changed() -> None:
+    changed[0] += 1
+
 
 def fts_query(terms: Sequence[str]) -> str:
     """An FTS5 query matching any of ``terms``. Each is quoted (``"`` doubled inside), so
@@ -33,6 +43,7 @@ def bump(c: sqlite3.Connection, pairs: Iterable[Pair]) -> None:
     wanted = sorted(set(pairs))
     if not wanted:
         return
+    versions_changed()
     (version,) = c.execute(q.BUMP_CLOCK).fetchone()
     rows = []
     for key, collection in wanted:
@@ -77,6 +88,7 @@ def drop_session_memory(c: sqlite3.Connection, key: SessionKey) -> int:
     ns = Namespace.session(key).key
     n = delete_where(c, q.WHERE_NAMESPACE, (ns,), versions=False)
     c.execute(q.DELETE_NAMESPACE_DOCUMENTS, (ns,))
+    versions_changed()
     c.execute(q.DELETE_NAMESPACE_VERSIONS, (ns,))
     return n
 

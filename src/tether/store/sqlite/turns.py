@@ -155,9 +155,18 @@ class Turns(Connection):
             if row is None:
                 session_pk(c, key)  # SessionNotFound when it is the session that is missing
                 return None
-            # Under the write lock, the token just moved: no turn can start behind this look.
-            running = c.execute(q.ANY_RUNNING, (int(row[1]),)).fetchone() is not None
-            return Lease(key, owner, int(row[0]), now + ttl, left_running=running)
+            # Under the write lock, the token just moved: no turn can be queued or start
+            # behind this look.
+            active = tuple(turn_row(r) for r in c.execute(q.ACTIVE_TURNS, (int(row[1]),)))
+            return Lease(
+                key,
+                owner,
+                int(row[0]),
+                now + ttl,
+                left_running=any(t.status == "running" for t in active),
+                active=active,
+                history_seq=int(row[2]),
+            )
 
         return await self._write(do)
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from tether.errors import StaleLease
-from tether.records import NewItem
+from tether.records import Lease, NewItem, TurnEnding
 from tether.store.protocol import Store
 from tether.testing.conformance._support import (
     CLOCK_SLACK,
@@ -108,6 +108,58 @@ class LeasesConformance:
         left = await acquire(store, k, "node-c", LONG_TTL)
         assert left.left_running in (True, None)
         assert [t.id for t in await store.recover(left)] == ["t1"]
+
+    async def test_a_lease_tells_truly_its_queue_and_where_its_history_stands(
+        self, store: Store
+    ) -> None:
+        # A store may tell, as it grants a lease, the session's active turns (the worker then
+        # reads no queue after the turn it was handed) and the seq the next item gets (the
+        # holder then takes up what its previous lease knew of the history when it is the one
+        # that lease expected): both must be so, or a queued turn would wait for the next
+        # lease, or a window would show a history the store no longer holds.
+        k = await new_session(store)
+
+        async def lease() -> Lease:
+            got = await acquire(store, k, "node-a", LONG_TTL)
+            await store.release_lease(got)
+            return got
+
+        def next_seq(seq: int | None) -> int | None:
+            return seq if seq is None else seq + 1
+
+        empty = await lease()
+        assert empty.active in ((), None)
+        first = empty.history_seq
+        t1 = await store.enqueue_turn(k, turn_id="t1", input="one", policy="enqueue")
+        t2 = await store.enqueue_turn(k, turn_id="t2", input="two", policy="enqueue")
+        queued = await lease()
+        assert queued.active is None or [t.id for t in queued.active] == [t1.id, t2.id]
+        assert queued.history_seq == first  # turns are not items
+        running = await acquire(store, k, "node-a", LONG_TTL)
+        await store.start_turn(running, t1.id, [NewItem("user", "one")], [ev(2)])
+        await store.release_lease(running)
+        after_start = await lease()
+        assert after_start.history_seq in (None, next_seq(first))
+        assert after_start.active is None or [(t.id, t.status) for t in after_start.active] == [
+            (t1.id, "running"),
+            (t2.id, "queued"),
+        ]
+        # Ended without the lease (cancelled while queued): the seqs move past a gap.
+        assert await store.end_waiting_turn(k, t2.id, "cancelled") is not None
+        ender = await acquire(store, k, "node-a", LONG_TTL)
+        await store.end_turn(ender, t1.id, TurnEnding("completed", "answered"), [], [ev(3)])
+        await store.release_lease(ender)
+        ended = await lease()
+        assert ended.active in ((), None)
+        if ended.history_seq is not None:
+            assert after_start.history_seq is not None
+            assert ended.history_seq > after_start.history_seq
+        # Cleared: the same.
+        await store.clear_items(k)
+        cleared = await lease()
+        if cleared.history_seq is not None:
+            assert ended.history_seq is not None
+            assert cleared.history_seq > ended.history_seq
 
     async def test_take_over_lease(self, store: Store) -> None:
         k = await new_session(store)
