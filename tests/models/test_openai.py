@@ -96,6 +96,22 @@ async def test_streams_text_in_deltas_then_usage_and_finish(
 
 
 @pytest.mark.real_model
+async def test_a_call_makes_no_random_key_the_sdk_would_not_send(
+    model: OpenAIModel, fake: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SDK makes an idempotency key per request (a uuid4: os.urandom and a UUID object)
+    that its OpenAI client never sends; the call gives one of its own, a counter."""
+    from openai._base_client import BaseClient
+
+    def made(self: object) -> str:
+        raise AssertionError("the SDK made a uuid4 idempotency key")
+
+    monkeypatch.setattr(BaseClient, "_idempotency_key", made)
+    events = await collect(model, ask("hello"))
+    assert events[-1] == Finish("stop")
+
+
+@pytest.mark.real_model
 async def test_sends_options_to_a_compatible_server(
     model: OpenAIModel, fake: FakeOpenAIServer
 ) -> None:

@@ -13,9 +13,11 @@ this module's log, with any password in the URL and the API key itself masked.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import os
+import secrets
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -57,6 +59,8 @@ _TRANSIENT_STATUSES = frozenset({408, 409, 429})
 TRANSPORT_ENV = "TETHER_OPENAI_TRANSPORT"
 """``aiohttp`` or ``httpx``: the HTTP transport of every OpenAI client, whoever runs it."""
 _server_transport = False
+_KEY_PREFIX = f"tether-{secrets.token_hex(6)}-"
+_KEYS = itertools.count(1)
 
 
 def use_server_transport() -> None:
@@ -226,6 +230,9 @@ class OpenAIModel:
                 content=orjson.dumps(body),
                 cast_to=httpx2.Response,
                 stream=True,
+                # The SDK otherwise makes a uuid4 per request for a key it never sends (this
+                # client names no idempotency header): os.urandom and a UUID, every turn.
+                options={"idempotency_key": f"{_KEY_PREFIX}{next(_KEYS)}"},
             )
         except openai.OpenAIError as exc:
             raise self._error(exc) from exc
