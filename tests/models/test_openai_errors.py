@@ -3,13 +3,15 @@ words (with the key and any URL password masked) in the log only."""
 
 from __future__ import annotations
 
+import gzip
 import math
 from collections.abc import AsyncIterator
 
+import httpx2
 import pytest
 
 from tether.errors import ModelError
-from tether.models.openai import OpenAIModel, _lines
+from tether.models.openai import OpenAIModel, _body, _lines
 
 KEY = "sk-server-own-key-0123456789"
 
@@ -49,24 +51,48 @@ def test_chunks_the_standard_library_reads_are_still_read() -> None:
     assert odd is not None and odd["text"] == "\ud83d" and math.isnan(odd["usage"]["cost"])
 
 
-class _Body:
+async def _cut(*pieces: bytes) -> AsyncIterator[bytes]:
     """A streamed body cut into the pieces given, as a transport may hand them over."""
-
-    def __init__(self, *pieces: bytes) -> None:
-        self.pieces = pieces
-
-    async def aiter_bytes(self) -> AsyncIterator[bytes]:
-        for piece in self.pieces:
-            yield piece
+    for piece in pieces:
+        yield piece
 
 
 async def test_stream_lines_survive_any_cut_between_chunks() -> None:
     whole = b'data: {"a": 1}\r\n\r\ndata: {"b": "x\\u00e9"}\n\n: ping\r\ndata: [DONE]'
     expected = [b'data: {"a": 1}', b'data: {"b": "x\\u00e9"}', b": ping", b"data: [DONE]"]
     for cut in range(1, len(whole)):
-        body = _Body(whole[:cut], b"", whole[cut:])
-        lines = [line async for line in _lines(body)]  # type: ignore[arg-type]
+        body = _cut(whole[:cut], b"", whole[cut:])
+        lines = [line async for line in _lines(body)]
         # Blank lines are SSE's separators (a cut "\r\n" makes one more): only the rest counts.
         assert [line for line in lines if line] == expected, cut
-    one_by_one = _Body(*(whole[i : i + 1] for i in range(len(whole))))
-    assert [line async for line in _lines(one_by_one) if line] == expected  # type: ignore[arg-type]
+    one_by_one = _cut(*(whole[i : i + 1] for i in range(len(whole))))
+    assert [line async for line in _lines(one_by_one) if line] == expected
+
+
+class _Stream(httpx2.AsyncByteStream):
+    def __init__(self, *pieces: bytes) -> None:
+        self.pieces = pieces
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for piece in self.pieces:
+            yield piece
+
+
+async def test_a_plain_body_is_read_from_the_transport_and_an_encoded_one_decoded() -> None:
+    """The answer's bytes come straight from the transport's stream when the body is plain (as
+    SSE is), and through httpx2's decoder when the server encoded it."""
+    sse = b'data: {"a": 1}\n\ndata: [DONE]\n\n'
+    plain = httpx2.Response(200, stream=_Stream(sse[:7], sse[7:]))
+    assert _body(plain) is plain.stream
+    assert [line async for line in _lines(_body(plain)) if line] == [
+        b'data: {"a": 1}',
+        b"data: [DONE]",
+    ]
+    packed = gzip.compress(sse)
+    encoded = httpx2.Response(
+        200, headers={"content-encoding": "gzip"}, stream=_Stream(packed[:10], packed[10:])
+    )
+    assert [line async for line in _lines(_body(encoded)) if line] == [
+        b'data: {"a": 1}',
+        b"data: [DONE]",
+    ]

@@ -18,7 +18,7 @@ import json
 import logging
 import os
 import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Iterator
 from typing import Any, cast
 from urllib.parse import urlsplit
 
@@ -240,7 +240,7 @@ class OpenAIModel:
         usage: Usage | None = None
         finish: FinishReason | None = None
         try:
-            async for line in _lines(response):
+            async for line in _lines(_body(response)):
                 chunk = self._chunk(line)
                 if chunk is None:
                     continue
@@ -352,7 +352,7 @@ class OpenAIModel:
         return self._failed("the model provider request failed", exc, transient=False)
 
 
-async def _lines(response: httpx2.Response) -> AsyncIterator[bytes]:
+async def _lines(body: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
     """The lines of a streamed body, without their ends.
 
     httpx2's ``aiter_lines`` decodes every chunk to text and splits it in three layers of
@@ -361,13 +361,28 @@ async def _lines(response: httpx2.Response) -> AsyncIterator[bytes]:
     empty line, which SSE ignores like any blank line.
     """
     rest = b""
-    async for chunk in response.aiter_bytes():
+    async for chunk in body:
         lines = (rest + chunk).splitlines(keepends=True) if rest else chunk.splitlines(True)
         rest = lines.pop() if lines and not lines[-1].endswith((b"\n", b"\r")) else b""
         for line in lines:
             yield line.rstrip(b"\r\n")
     if rest:
         yield rest
+
+
+def _body(response: httpx2.Response) -> AsyncIterable[bytes]:
+    """The body's bytes as they arrive: straight from the transport's stream when the body is
+    not encoded (SSE never is, in practice), through httpx2's decoder otherwise. Each chunk
+    of a streamed answer went through four generators (the decoder, two chunkers, the raw
+    reader) that did nothing to it."""
+    encoding = response.headers.get("content-encoding")
+    stream = response.stream
+    if isinstance(stream, httpx2.AsyncByteStream) and (
+        encoding is None or encoding.strip().lower() in ("", "identity")
+    ):
+        response.is_stream_consumed = True  # read here: the SDK must not read it again
+        return stream
+    return response.aiter_bytes()
 
 
 def _loads(data: bytes) -> Any:
