@@ -4,6 +4,7 @@ words (with the key and any URL password masked) in the log only."""
 from __future__ import annotations
 
 import gzip
+import json
 import math
 from collections.abc import AsyncIterator
 
@@ -11,7 +12,8 @@ import httpx2
 import pytest
 
 from tether.errors import ModelError
-from tether.models.openai import OpenAIModel, _body, _lines
+from tether.models import TextDelta, ToolCallDelta
+from tether.models.openai import OpenAIModel, _Answer, _body, _reads
 
 KEY = "sk-server-own-key-0123456789"
 
@@ -62,11 +64,11 @@ async def test_stream_lines_survive_any_cut_between_chunks() -> None:
     expected = [b'data: {"a": 1}', b'data: {"b": "x\\u00e9"}', b": ping", b"data: [DONE]"]
     for cut in range(1, len(whole)):
         body = _cut(whole[:cut], b"", whole[cut:])
-        lines = [line async for line in _lines(body)]
+        lines = [line async for lines in _reads(body) for line in lines]
         # Blank lines are SSE's separators (a cut "\r\n" makes one more): only the rest counts.
         assert [line for line in lines if line] == expected, cut
     one_by_one = _cut(*(whole[i : i + 1] for i in range(len(whole))))
-    assert [line async for line in _lines(one_by_one) if line] == expected
+    assert [line async for lines in _reads(one_by_one) for line in lines if line] == expected
 
 
 class _Stream(httpx2.AsyncByteStream):
@@ -84,7 +86,7 @@ async def test_a_plain_body_is_read_from_the_transport_and_an_encoded_one_decode
     sse = b'data: {"a": 1}\n\ndata: [DONE]\n\n'
     plain = httpx2.Response(200, stream=_Stream(sse[:7], sse[7:]))
     assert _body(plain) is plain.stream
-    assert [line async for line in _lines(_body(plain)) if line] == [
+    assert [line async for got in _reads(_body(plain)) for line in got if line] == [
         b'data: {"a": 1}',
         b"data: [DONE]",
     ]
@@ -92,7 +94,37 @@ async def test_a_plain_body_is_read_from_the_transport_and_an_encoded_one_decode
     encoded = httpx2.Response(
         200, headers={"content-encoding": "gzip"}, stream=_Stream(packed[:10], packed[10:])
     )
-    assert [line async for line in _lines(_body(encoded)) if line] == [
+    assert [line async for got in _reads(_body(encoded)) for line in got if line] == [
         b'data: {"a": 1}',
         b"data: [DONE]",
     ]
+
+
+def _line(delta: dict[str, object], finish: str | None = None) -> bytes:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    return b"data: " + json.dumps({"choices": [choice]}).encode()
+
+
+def test_what_one_read_brought_is_one_text_delta_around_tool_calls_and_before_an_error() -> None:
+    model = OpenAIModel("m", base_url="http://127.0.0.1:9/v1", api_key=KEY)
+    answer = _Answer()
+    call = {"index": 0, "id": "c1", "function": {"name": "add", "arguments": "{}"}}
+    events, error = answer.read(
+        model,
+        [
+            _line({"content": "It"}),
+            b"",
+            _line({"content": " is"}),
+            _line({"tool_calls": [call]}),
+            _line({"content": " 42."}, finish="stop"),
+        ],
+    )
+    assert error is None and answer.finish == "stop"
+    assert events == [
+        TextDelta("It is"),
+        ToolCallDelta(index=0, id="c1", name="add", arguments="{}"),
+        TextDelta(" 42."),
+    ]
+    events, error = answer.read(model, [_line({"content": "half"}), b"data: {not json"])
+    assert events == [TextDelta("half")]  # what came before the bad line is the answer's
+    assert isinstance(error, ModelError)

@@ -92,14 +92,20 @@ def test_streaming_yields_deltas_then_a_usage_chunk(
 ) -> None:
     sid = begin(server, "stream-1", "upstream")
     fake_openai.script("alpha beta gamma delta")
-    stream = client.chat.completions.create(
-        model="upstream",
-        messages=[{"role": "user", "content": "go"}],
-        stream=True,
-        stream_options={"include_usage": True},
-        extra_headers={SESSION: sid},
-    )
-    chunks = list(stream)
+    # The upstream writes its words apart, as a model does: what arrives in one read is one
+    # delta, so words written at once could come through as one.
+    fake_openai.chunk_delay_ms = 20
+    try:
+        stream = client.chat.completions.create(
+            model="upstream",
+            messages=[{"role": "user", "content": "go"}],
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_headers={SESSION: sid},
+        )
+        chunks = list(stream)
+    finally:
+        fake_openai.chunk_delay_ms = 0
     assert chunks[0].choices[0].delta.role == "assistant"
     pieces = [c.choices[0].delta.content or "" for c in chunks if c.choices]
     assert "".join(pieces) == "alpha beta gamma delta"

@@ -19,6 +19,7 @@ import logging
 import os
 import secrets
 from collections.abc import AsyncIterable, AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import urlsplit
 
@@ -237,30 +238,14 @@ class OpenAIModel:
         except openai.OpenAIError as exc:
             raise self._error(exc) from exc
 
-        usage: Usage | None = None
-        finish: FinishReason | None = None
+        answer = _Answer()
         try:
-            async for line in _lines(_body(response)):
-                chunk = self._chunk(line)
-                if chunk is None:
-                    continue
-                usage = _usage(chunk) or usage  # some servers repeat running totals: last wins
-                for choice in chunk.get("choices") or ():
-                    if choice.get("index", 0) != 0:
-                        continue  # only one choice (n=1) is ever requested
-                    delta = choice.get("delta")
-                    if delta:
-                        # Text first, inline: it is what nearly every chunk carries.
-                        content = delta.get("content")
-                        if content:
-                            yield TextDelta(content)
-                        calls = delta.get("tool_calls")
-                        if calls:
-                            for event in _call_deltas(calls):
-                                yield event
-                    reason = choice.get("finish_reason")
-                    if reason is not None:
-                        finish = _FINISH_REASONS.get(reason, "other")
+            async for lines in _reads(_body(response)):
+                events, error = answer.read(self, lines)
+                for event in events:
+                    yield event
+                if error is not None:
+                    raise error
         except httpx2.TimeoutException as exc:
             raise self._failed("the model provider's stream timed out", exc) from exc
         except httpx2.TransportError as exc:
@@ -271,6 +256,7 @@ class OpenAIModel:
             # However the generator ends (exhausted, failed, closed by a consumer that stopped
             # iterating), the response is closed and its connection released.
             await response.aclose()
+        usage, finish = answer.usage, answer.finish
         if finish is None:
             # A stream that stops without a finish_reason was cut (proxy, server crash, dropped
             # connection): the answer is incomplete, and asking again may well work.
@@ -352,8 +338,62 @@ class OpenAIModel:
         return self._failed("the model provider request failed", exc, transient=False)
 
 
-async def _lines(body: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
-    """The lines of a streamed body, without their ends.
+@dataclass(slots=True)
+class _Answer:
+    """One streamed answer as its chunks are read."""
+
+    usage: Usage | None = None
+    finish: FinishReason | None = None
+
+    def read(
+        self, model: OpenAIModel, lines: list[bytes]
+    ) -> tuple[list[ModelEvent], ModelError | None]:
+        """The events of one read's lines, and the error of a line that fails (after the
+        events of the lines before it: what came before is still the answer's).
+
+        The text of the chunks that came in one read of the connection is one delta: a model
+        streaming word by word over time still gives a delta a word, while words that came
+        together (a busy server reads late, a fast model writes at once) are passed on at once,
+        for a fraction of what each delta costs down the line (the turn loop, the event, every
+        follower)."""
+        out: list[ModelEvent] = []
+        text: list[str] = []
+        error: ModelError | None = None
+        try:
+            for line in lines:
+                chunk = model._chunk(line)
+                if chunk is None:
+                    continue
+                # Some servers repeat running totals: the last wins.
+                self.usage = _usage(chunk) or self.usage
+                for choice in chunk.get("choices") or ():
+                    if choice.get("index", 0) != 0:
+                        continue  # only one choice (n=1) is ever requested
+                    delta = choice.get("delta")
+                    if delta:
+                        # Text first, inline: it is what nearly every chunk carries.
+                        content = delta.get("content")
+                        if content:
+                            text.append(content)
+                        calls = delta.get("tool_calls")
+                        if calls:
+                            if text:
+                                out.append(TextDelta("".join(text)))
+                                text.clear()
+                            out.extend(_call_deltas(calls))
+                    reason = choice.get("finish_reason")
+                    if reason is not None:
+                        self.finish = _FINISH_REASONS.get(reason, "other")
+        except ModelError as exc:
+            error = exc
+        if text:
+            out.append(TextDelta("".join(text)))
+        return out, error
+
+
+async def _reads(body: AsyncIterable[bytes]) -> AsyncIterator[list[bytes]]:
+    """The complete lines of a streamed body, without their ends, read by read (a line cut
+    between two reads comes with the second).
 
     httpx2's ``aiter_lines`` decodes every chunk to text and splits it in three layers of
     generators; an answer arrives as dozens of small chunks, and only ``data:`` lines matter
@@ -364,10 +404,10 @@ async def _lines(body: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
     async for chunk in body:
         lines = (rest + chunk).splitlines(keepends=True) if rest else chunk.splitlines(True)
         rest = lines.pop() if lines and not lines[-1].endswith((b"\n", b"\r")) else b""
-        for line in lines:
-            yield line.rstrip(b"\r\n")
+        if lines:
+            yield [line.rstrip(b"\r\n") for line in lines]
     if rest:
-        yield rest
+        yield [rest]
 
 
 def _body(response: httpx2.Response) -> AsyncIterable[bytes]:
