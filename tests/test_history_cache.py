@@ -216,13 +216,13 @@ async def test_turns_further_apart_than_the_linger_read_the_history_once(
         rt.scheduler.linger = 0.0
         key = SessionKey("local", "local", "apart")
         await rt.sessions.create(key, "a")
-        calls = _counting(store, "acquire_lease", "active_turns")
+        calls = _counting(store, "release_lease", "active_turns")
         for n in range(10):
             turn = await rt.scheduler.submit(key, f"question {n}")
             await rt.scheduler.wait(key, turn.id)
             while rt.scheduler.lease_of(key) is not None:  # noqa: ASYNC110 - given up at once
                 await asyncio.sleep(0.001)
-        assert calls["acquire_lease"] == 10  # a lease a turn
+        assert calls["release_lease"] == 10  # a lease a turn
         assert calls["recent_items"] <= 1
         if isinstance(store, ChangeCounter):
             # The store told each lease its queue (the turn it was handed, and nothing else),

@@ -20,7 +20,7 @@ from tether.records import LOCAL_PRINCIPAL, Item, Lease, NewEvent, NewItem, Sess
 from tether.runtime import Runtime
 from tether.scheduler.owners import owner_is_dead
 from tether.store import InMemoryStore
-from tether.store.protocol import ChangeCounter, Store
+from tether.store.protocol import ChangeCounter, LeasingQueue, Store
 from tether.store.sqlite import SQLiteStore
 from tether.testing import ScriptedModel, Slow
 
@@ -559,6 +559,17 @@ async def test_a_worker_recovers_only_a_session_its_store_did_not_see_clean(
 
     store.acquire_lease = acquiring  # type: ignore[method-assign]
     store.recover = recovering  # type: ignore[method-assign]
+    if isinstance(store, LeasingQueue):
+        # Or taken with the turn's admission.
+        enqueue = store.enqueue_turn_leased
+
+        async def enqueuing(*args: Any, **kwargs: Any) -> tuple[Turn, Lease | None]:
+            turn, lease = await enqueue(*args, **kwargs)
+            if lease is not None:
+                leases.append(lease)
+            return turn, lease
+
+        store.enqueue_turn_leased = enqueuing  # type: ignore[method-assign]
     async with Runtime(store, agents=[agent]) as rt:
         rt.scheduler.linger = 0.0  # a lease for every turn
         key = SessionKey("local", "local", "recovers-once")

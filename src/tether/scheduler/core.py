@@ -50,7 +50,13 @@ from tether.scheduler.news import StoreNews
 from tether.scheduler.owners import new_owner_id
 from tether.scheduler.runner import AgentResolver, AutoNotes, TurnRunner, TurnStore
 from tether.scheduler.worker import Workers, WorkerStore
-from tether.store.protocol import ChangeCounter, DecisionStore, Maintenance, TurnLog
+from tether.store.protocol import (
+    ChangeCounter,
+    DecisionStore,
+    LeasingQueue,
+    Maintenance,
+    TurnLog,
+)
 from tether.store.rules import DEFAULT_MAX_QUEUE, request_digest
 from tether.tools import workspace
 from tether.tools.mcp import McpSessions
@@ -102,6 +108,7 @@ class Scheduler:
         self.store = store
         # Looked up once: a Protocol isinstance check walks its members, on every turn.
         self._counter = store if isinstance(store, ChangeCounter) else None
+        self._leasing = store if isinstance(store, LeasingQueue) else None
         self.owner = new_owner_id(node)
         self.lease_ttl = lease_ttl
         self.max_queue = max_queue
@@ -261,7 +268,8 @@ class Scheduler:
         turn_id = new_turn_id()
         counter = self._counter
         before = (counter.seen_version(), counter.heard()) if counter is not None else None
-        turn = await self._enqueue(key, input, policy, wait_for_slot, agent, turn_id, asked)
+        news = self.workers.news()
+        turn, lease = await self._enqueue(key, input, policy, wait_for_slot, agent, turn_id, asked)
         if turn.id != turn_id:
             return turn  # a retry of a submission: the turn its key made, as it stands
         self.local.waiters.setdefault(turn.id, (key, []))
@@ -273,7 +281,7 @@ class Scheduler:
         finally:
             # Queued is queued: a caller that goes away while the turns ahead are ended (a
             # client disconnecting) leaves a turn that must still run.
-            self.workers.kick(key, turn)
+            self.workers.kick(key, turn, lease, news)
         return turn
 
     async def _enqueue(
@@ -285,14 +293,29 @@ class Scheduler:
         agent: AgentRef | None,
         turn_id: str,
         idempotency: Idempotency | None,
-    ) -> Turn:
+    ) -> tuple[Turn, Lease | None]:
+        """The admitted turn, and the session's lease when the store took it for this
+        process as it admitted the turn (the session was idle)."""
         local = self.local
         deadline = time.monotonic() + wait
         waiting = False
         try:
             while True:
                 try:
-                    return await self.store.enqueue_turn(
+                    if self._leasing is not None:
+                        return await self._leasing.enqueue_turn_leased(
+                            key,
+                            owner=self.owner,
+                            ttl=self.lease_ttl,
+                            turn_id=turn_id,
+                            input=input,
+                            policy=policy,
+                            max_queue=self.max_queue,
+                            agent=agent,
+                            limits=self.limits,
+                            idempotency=idempotency,
+                        )
+                    turn = await self.store.enqueue_turn(
                         key,
                         turn_id=turn_id,
                         input=input,
@@ -303,6 +326,7 @@ class Scheduler:
                         idempotency=idempotency,
                         by=self.owner,
                     )
+                    return turn, None
                 except QueueFull:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:

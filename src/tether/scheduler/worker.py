@@ -93,7 +93,7 @@ class Workers:
         many times it has come up, so a linger can tell it stayed up; None while it is down."""
         self._feeds = 0
 
-    def _news(self) -> tuple[str, int] | None:
+    def news(self) -> tuple[str, int] | None:
         """What says whether turns were queued elsewhere since: the feed while it is up, or
         the store's data version; None when the store says nothing (read every time)."""
         if self._feed is not None:
@@ -172,10 +172,19 @@ class Workers:
             if held in self._local.leases:
                 self.kick(held)
 
-    def kick(self, key: SessionKey, turn: Turn | None = None) -> None:
+    def kick(
+        self,
+        key: SessionKey,
+        turn: Turn | None = None,
+        lease: Lease | None = None,
+        news: tuple[str, int] | None = None,
+    ) -> None:
         """Make sure a worker will look at ``key``'s queue (start one, or wake the one there);
-        ``turn``, just queued here, is handed to it to start without a read of the queue."""
+        ``turn``, just queued here, is handed to it to start without a read of the queue, and
+        ``lease``, taken with it, to run it under (``news``: :meth:`news` before that)."""
         local = self._local
+        if lease is not None:
+            local.granted[key] = (lease, news)
         if turn is not None:
             local.handed.setdefault(key, turn)  # the earliest is the likelier to be next
         if turn is None or local.handed.get(key) is not turn:
@@ -195,10 +204,15 @@ class Workers:
         local = self._local
         try:
             while True:
-                news = self._news()  # before the grant: what the lease's look at the queue saw
-                lease = await self._acquire(key)
-                if lease is None:
-                    return  # nothing left to do, or the session is gone
+                granted = local.granted.pop(key, None)
+                if granted is not None:
+                    lease, news = granted  # taken as the turn was admitted: no acquisition
+                else:
+                    news = self.news()  # before the grant: what the lease's look at the queue saw
+                    acquired = await self._acquire(key)
+                    if acquired is None:
+                        return  # nothing left to do, or the session is gone
+                    lease = acquired
                 local.leases[key] = lease
                 kept = False
                 try:
@@ -242,8 +256,10 @@ class Workers:
             self._gone(key)
 
     def _gone(self, key: SessionKey) -> None:
-        """This process's worker of ``key`` has ended: forget what it knew of the session."""
+        """This process's worker of ``key`` has ended: forget what it knew of the session (a
+        lease taken for it and not used, after a failure, runs out by itself)."""
         self._local.workers.pop(key, None)
+        self._local.granted.pop(key, None)
         self._local.handed.pop(key, None)
         self._ran_to.pop(key, None)
 
@@ -311,7 +327,7 @@ class Workers:
             # queue. The store refuses the start if an earlier turn (accepted by another
             # process, or parked) is still active, and then the queue says what comes first.
             turn = local.handed.pop(key, None)
-            news = self._news()
+            news = self.news()
             if turn is None and not dirty and news is not None and self._looked.get(key) == news:
                 # Read under this lease, and nothing handed, announced or committed elsewhere
                 # since: the queue holds nothing new (the read after each turn, saved).

@@ -633,6 +633,33 @@ class ChangeCounter(Protocol):
 
 
 @runtime_checkable
+class LeasingQueue(Protocol):
+    """A store that can queue a turn and take the session's lease for the submitter in one
+    transaction (optional): a turn on an idle session then costs one write where it cost two,
+    the admission and the worker's :meth:`LeaseStore.acquire_lease`."""
+
+    async def enqueue_turn_leased(
+        self,
+        key: SessionKey,
+        *,
+        owner: str,
+        ttl: float,
+        turn_id: str,
+        input: str,
+        policy: Policy,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        agent: AgentRef | None = None,
+        limits: PrincipalLimits | None = None,
+        idempotency: Idempotency | None = None,
+    ) -> tuple[Turn, Lease | None]:
+        """:meth:`TurnLog.enqueue_turn`; and when it queued a new turn (not a retry's) and
+        the session's lease is free or expired, the lease, taken for ``owner`` in the same
+        transaction as :meth:`LeaseStore.acquire_lease` takes it (its ``active`` turns, the new
+        one among them, and its ``history_seq`` told). None when the lease is held."""
+        ...
+
+
+@runtime_checkable
 class CancelFeed(Protocol):
     """A store that can tell the owner of a turn of a cancel request as it is made.
 

@@ -56,13 +56,49 @@ class Turns(State):
         idempotency: Idempotency | None = None,
         by: str | None = None,
     ) -> Turn:
+        return self._enqueue(key, turn_id, input, policy, max_queue, agent, limits, idempotency)[0]
+
+    async def enqueue_turn_leased(
+        self,
+        key: SessionKey,
+        *,
+        owner: str,
+        ttl: float,
+        turn_id: str,
+        input: str,
+        policy: Policy,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        agent: AgentRef | None = None,
+        limits: PrincipalLimits | None = None,
+        idempotency: Idempotency | None = None,
+    ) -> tuple[Turn, Lease | None]:
+        turn, new = self._enqueue(
+            key, turn_id, input, policy, max_queue, agent, limits, idempotency
+        )
+        s, now = self._get(key), time.time()
+        if not new or (s.lease_owner is not None and s.lease_expires_at > now):
+            return turn, None
+        return turn, self._grant(s, key, owner, now + ttl)
+
+    def _enqueue(
+        self,
+        key: SessionKey,
+        turn_id: str,
+        input: str,
+        policy: Policy,
+        max_queue: int,
+        agent: AgentRef | None,
+        limits: PrincipalLimits | None,
+        idempotency: Idempotency | None,
+    ) -> tuple[Turn, bool]:
+        """The admission and the new turn; or (False) the turn a retry's key made."""
         s = self._get(key)
         now = time.time()
         if idempotency is not None and idempotency.key in s.idempotency:
             known_id, digest = s.idempotency[idempotency.key]
             known = s.turns.get(known_id)
             if known is not None and rules.replays(digest, known.created_at, idempotency, now):
-                return known
+                return known, False
             del s.idempotency[idempotency.key]
         rules.admit(
             policy,
@@ -94,7 +130,7 @@ class Turns(State):
         s.turn_order.append(turn_id)
         s.active.append(turn_id)
         self._add_events(s, turn_id, [rules.queued_event(turn)], now)
-        return turn
+        return turn, True
 
     async def get_turn(self, key: SessionKey, turn_id: str) -> Turn | None:
         s = self._sessions.get(key)

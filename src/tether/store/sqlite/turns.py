@@ -69,46 +69,85 @@ class Turns(Connection):
         by: str | None = None,
     ) -> Turn:
         def do(c: sqlite3.Connection) -> Turn:
-            row = c.execute(q.SESSION_FOR_ENQUEUE, key_args(key)).fetchone()
-            if row is None:
-                raise SessionNotFound("session not found")
-            pk, now = int(row[0]), time.time()
-            if idempotency is not None:
-                known = c.execute(q.TURN_BY_IDEMPOTENCY, (pk, idempotency.key)).fetchone()
-                if known is not None:
-                    if rules.replays(known[-1], known[13], idempotency, now):
-                        return turn_row(known)
-                    c.execute(q.RELEASE_IDEMPOTENCY, (pk, idempotency.key))
-            active = c.execute(q.ACTIVE_TURN_IDS, (pk,)).fetchall()
-            rules.admit(policy, expires_at=row[1], now=now, active=active, max_queue=max_queue)
-            if limits is not None:
-                busy, total = c.execute(q.OWNER_ACTIVE, (key.tenant, key.owner)).fetchone()
-                rules.admit_for_principal(
-                    limits, busy_sessions=busy, active_turns=total, session_active=bool(active)
-                )
-            (seq,) = c.execute(q.NEXT_TURN_SEQ, (pk,)).fetchone()
-            turn = rules.queued_turn(turn_id, key, seq, input, policy, now, agent)
-            try:
-                c.execute(
-                    q.INSERT_TURN,
-                    (
-                        turn_id,
-                        pk,
-                        seq,
-                        input,
-                        policy,
-                        turn.status,
-                        now,
-                        *rules.agent_args(agent),
-                        *rules.idempotency_args(idempotency),
-                    ),
-                )
-            except sqlite3.IntegrityError as exc:
-                raise rules.duplicate_turn(turn_id) from exc
-            steps.write_event(c, turn_id, rules.queued_event(turn), now)
-            return turn
+            return self._enqueue(
+                c, key, turn_id, input, policy, max_queue, agent, limits, idempotency
+            )[0]
 
         return await self._write(do)
+
+    async def enqueue_turn_leased(
+        self,
+        key: SessionKey,
+        *,
+        owner: str,
+        ttl: float,
+        turn_id: str,
+        input: str,
+        policy: Policy,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        agent: AgentRef | None = None,
+        limits: PrincipalLimits | None = None,
+        idempotency: Idempotency | None = None,
+    ) -> tuple[Turn, Lease | None]:
+        def do(c: sqlite3.Connection) -> tuple[Turn, Lease | None]:
+            turn, new = self._enqueue(
+                c, key, turn_id, input, policy, max_queue, agent, limits, idempotency
+            )
+            return turn, (_take_lease(c, key, owner, ttl) if new else None)
+
+        return await self._write(do)
+
+    @staticmethod
+    def _enqueue(
+        c: sqlite3.Connection,
+        key: SessionKey,
+        turn_id: str,
+        input: str,
+        policy: Policy,
+        max_queue: int,
+        agent: AgentRef | None,
+        limits: PrincipalLimits | None,
+        idempotency: Idempotency | None,
+    ) -> tuple[Turn, bool]:
+        """The admission and the new turn; or (False) the turn a retry's key made."""
+        row = c.execute(q.SESSION_FOR_ENQUEUE, key_args(key)).fetchone()
+        if row is None:
+            raise SessionNotFound("session not found")
+        pk, now = int(row[0]), time.time()
+        if idempotency is not None:
+            known = c.execute(q.TURN_BY_IDEMPOTENCY, (pk, idempotency.key)).fetchone()
+            if known is not None:
+                if rules.replays(known[-1], known[13], idempotency, now):
+                    return turn_row(known), False
+                c.execute(q.RELEASE_IDEMPOTENCY, (pk, idempotency.key))
+        active = c.execute(q.ACTIVE_TURN_IDS, (pk,)).fetchall()
+        rules.admit(policy, expires_at=row[1], now=now, active=active, max_queue=max_queue)
+        if limits is not None:
+            busy, total = c.execute(q.OWNER_ACTIVE, (key.tenant, key.owner)).fetchone()
+            rules.admit_for_principal(
+                limits, busy_sessions=busy, active_turns=total, session_active=bool(active)
+            )
+        (seq,) = c.execute(q.NEXT_TURN_SEQ, (pk,)).fetchone()
+        turn = rules.queued_turn(turn_id, key, seq, input, policy, now, agent)
+        try:
+            c.execute(
+                q.INSERT_TURN,
+                (
+                    turn_id,
+                    pk,
+                    seq,
+                    input,
+                    policy,
+                    turn.status,
+                    now,
+                    *rules.agent_args(agent),
+                    *rules.idempotency_args(idempotency),
+                ),
+            )
+        except sqlite3.IntegrityError as exc:
+            raise rules.duplicate_turn(turn_id) from exc
+        steps.write_event(c, turn_id, rules.queued_event(turn), now)
+        return turn, True
 
     async def get_turn(self, key: SessionKey, turn_id: str) -> Turn | None:
         def do(c: sqlite3.Connection) -> Turn | None:
@@ -150,23 +189,10 @@ class Turns(Connection):
     # -- leases --------------------------------------------------------------------------------
     async def acquire_lease(self, key: SessionKey, owner: str, ttl: float) -> Lease | None:
         def do(c: sqlite3.Connection) -> Lease | None:
-            now = time.time()
-            row = c.execute(q.ACQUIRE_LEASE, (owner, now + ttl, *key_args(key), now)).fetchone()
-            if row is None:
+            lease = _take_lease(c, key, owner, ttl)
+            if lease is None:
                 session_pk(c, key)  # SessionNotFound when it is the session that is missing
-                return None
-            # Under the write lock, the token just moved: no turn can be queued or start
-            # behind this look.
-            active = tuple(turn_row(r) for r in c.execute(q.ACTIVE_TURNS, (int(row[1]),)))
-            return Lease(
-                key,
-                owner,
-                int(row[0]),
-                now + ttl,
-                left_running=any(t.status == "running" for t in active),
-                active=active,
-                history_seq=int(row[2]),
-            )
+            return lease
 
         return await self._write(do)
 
@@ -362,3 +388,24 @@ class Turns(Connection):
             return events_of(turn_id, rows, after_seq, limit)
 
         return await self._run(do)
+
+
+def _take_lease(c: sqlite3.Connection, key: SessionKey, owner: str, ttl: float) -> Lease | None:
+    """The session's lease for ``owner`` if it is free or expired (None otherwise), with what
+    the store sees of the session as it grants it."""
+    now = time.time()
+    row = c.execute(q.ACQUIRE_LEASE, (owner, now + ttl, *key_args(key), now)).fetchone()
+    if row is None:
+        return None
+    # Under the write lock, the token just moved: no turn can be queued or start behind this
+    # look.
+    active = tuple(turn_row(r) for r in c.execute(q.ACTIVE_TURNS, (int(row[1]),)))
+    return Lease(
+        key,
+        owner,
+        int(row[0]),
+        now + ttl,
+        left_running=any(t.status == "running" for t in active),
+        active=active,
+        history_seq=int(row[2]),
+    )

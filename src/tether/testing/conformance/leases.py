@@ -12,9 +12,10 @@ import time
 
 import pytest
 
-from tether.errors import StaleLease
-from tether.records import Lease, NewItem, TurnEnding
-from tether.store.protocol import Store
+from tether.errors import SessionBusy, StaleLease
+from tether.records import Idempotency, Lease, NewItem, TurnEnding
+from tether.store.protocol import LeasingQueue, Store
+from tether.store.rules import request_digest
 from tether.testing.conformance._support import (
     CLOCK_SLACK,
     LONG_TTL,
@@ -160,6 +161,60 @@ class LeasesConformance:
         if cleared.history_seq is not None:
             assert ended.history_seq is not None
             assert cleared.history_seq > ended.history_seq
+
+    async def test_a_turn_queued_on_an_idle_session_may_come_with_its_lease(
+        self, store: Store
+    ) -> None:
+        # A store that can (LeasingQueue) takes the lease for the submitter in the admission's
+        # transaction when it is free: the lease then is exactly what acquire_lease would give.
+        if not isinstance(store, LeasingQueue):
+            pytest.skip("this store takes leases by acquire_lease only")
+        k = await new_session(store)
+        first, lease = await store.enqueue_turn_leased(
+            k, owner="node-a", ttl=LONG_TTL, turn_id="t1", input="one", policy="enqueue"
+        )
+        assert lease is not None and (lease.key, lease.owner) == (k, "node-a")
+        assert await store.lease_holder(k) == "node-a"
+        assert lease.active is None or [t.id for t in lease.active] == [first.id]
+        assert lease.left_running in (False, None)
+        assert lease.history_seq is None or lease.history_seq >= 1
+        # Held: the next turn is only queued; the lease stays the first's.
+        second, none = await store.enqueue_turn_leased(
+            k, owner="node-b", ttl=LONG_TTL, turn_id="t2", input="two", policy="enqueue"
+        )
+        assert none is None and second.seq == first.seq + 1
+        assert await store.lease_holder(k) == "node-a"
+        await store.start_turn(lease, first.id, [NewItem("user", "one")], [ev(2)])
+        # A refused admission takes nothing, and a retry's turn comes without a lease.
+        await store.release_lease(lease)
+        with pytest.raises(SessionBusy):
+            await store.enqueue_turn_leased(
+                k, owner="node-b", ttl=LONG_TTL, turn_id="t3", input="x", policy="reject"
+            )
+        assert await store.lease_holder(k) is None
+        asked = Idempotency("key-1", request_digest("again", "enqueue", None))
+        made, taken = await store.enqueue_turn_leased(
+            k,
+            owner="node-b",
+            ttl=SHORT_TTL,
+            turn_id="t4",
+            input="again",
+            policy="enqueue",
+            idempotency=asked,
+        )
+        assert taken is not None and taken.token > lease.token
+        await asyncio.sleep(PAST_SHORT_TTL)  # and an expired lease is free again
+        again, retaken = await store.enqueue_turn_leased(
+            k,
+            owner="node-c",
+            ttl=LONG_TTL,
+            turn_id="t5",
+            input="again",
+            policy="enqueue",
+            idempotency=asked,
+        )
+        assert again.id == made.id and retaken is None
+        assert await store.lease_holder(k) is None
 
     async def test_take_over_lease(self, store: Store) -> None:
         k = await new_session(store)
