@@ -330,10 +330,11 @@ async def test_racing_admissions_of_one_owner_never_pass_its_bound(postgres_url:
 
 
 async def back_to_release_12(url: str) -> None:
-    """The schema as release 12 left it: no busy_sessions, no trigger, no session function.
-    Opening a store then runs migrations 13 on again (their functions are made whole again by
-    them)."""
+    """The schema as release 12 left it: no busy_sessions, no trigger, no session function,
+    no lease function. Opening a store then runs migrations 13 on again (their functions are
+    made whole again by them)."""
     for sql in (
+        "DROP FUNCTION tether_acquire",
         "DROP FUNCTION tether_create_session",
         "DROP TRIGGER turns_count_busy ON turns",
         "DROP FUNCTION tether_count_busy()",
@@ -662,3 +663,38 @@ def statements_sent(
         for name in originals:
             patched.setattr(Connection, name, counted(name))
         yield statements
+
+
+async def test_a_lease_taken_while_a_start_commits_sees_the_start(postgres_url: str) -> None:
+    """A lease says whether a turn was left running, and the session's queue, from the same
+    round trip that takes it (migration 16). A start holding the session's row as the lease is
+    asked for must be seen once it commits: the lease's statement waits for the row, and looks
+    at the turns after it has it (a RETURNING subquery would have looked from before the wait,
+    seen nothing running, and a dead owner's turn would have stayed running for good)."""
+    store = PostgresStore(postgres_url)
+    key = SessionKey("acme", "alice", "racing-start")
+    async with opened(store):
+        await store.create_session(key, "assistant")
+        await store.enqueue_turn(key, turn_id="t1", input="x", policy="enqueue")
+        first = await store.acquire_lease(key, "node-a", 0.2)
+        assert first is not None and first.queue == ("t1",) and first.left_running is False
+        conn = await asyncpg.connect(postgres_url)
+        try:
+            tx = conn.transaction()
+            await tx.start()
+            # node-a's start, as its fenced write makes it: the session's row first.
+            await conn.execute(
+                "SELECT 1 FROM sessions WHERE session_id = $1 FOR UPDATE", key.session_id
+            )
+            await conn.execute("UPDATE turns SET status = 'running' WHERE id = 't1'")
+            await asyncio.sleep(0.3)  # node-a's lease runs out meanwhile
+            taking = asyncio.create_task(store.acquire_lease(key, "node-b", 30))
+            await asyncio.sleep(0.3)
+            assert not taking.done()  # it waits for the row
+            await tx.commit()
+            lease = await asyncio.wait_for(taking, 10)
+        finally:
+            await conn.close()
+        assert lease is not None and lease.owner == "node-b"
+        assert lease.left_running is True and lease.queue == ("t1",)
+        assert [t.id for t in await store.recover(lease)] == ["t1"]

@@ -171,10 +171,11 @@ class Lease:
     under its write lock (SQLite); None when it did not look. False spares the worker its
     look at the store before the first turn (:meth:`~tether.store.protocol.FencedWrites.recover`
     has nothing to end)."""
-    active: tuple[Turn, ...] | None = field(default=None, compare=False)
-    """The session's active turns in seq order, as the store saw them as it granted the lease,
-    under its write lock (SQLite): no turn can have been queued unseen between that look and
-    the grant. None when it did not look. The worker then knows the queue without reading it."""
+    queue: tuple[str, ...] | None = field(default=None, compare=False)
+    """The ids of the session's active turns (queued, running, parked) in seq order, as the
+    store saw them as it granted the lease, after the last change before the grant: none can
+    have been queued unseen between that look and the grant. None when it did not look. The
+    worker then knows the queue without reading it."""
     history_seq: int | None = field(default=None, compare=False)
     """The seq the session's next item gets, as the lease was granted (None: not told). With a
     token one past the previous lease's, and the seq that lease's holder expected next, nobody

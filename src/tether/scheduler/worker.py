@@ -312,10 +312,10 @@ class Workers:
         """The store told the lease's queue as it granted it (SQLite): when it held nothing but
         the turn handed to the worker, the read after that turn is saved, as after a read that
         found the queue empty (no news since ``news``, noted before the grant)."""
-        if lease.active is None or news is None:
+        if lease.queue is None or news is None:
             return
         handed = self._local.handed.get(key)
-        if all(handed is not None and turn.id == handed.id for turn in lease.active):
+        if all(handed is not None and turn_id == handed.id for turn_id in lease.queue):
             self._looked[key] = news
 
     async def _drain(self, key: SessionKey, lease: Lease) -> None:

@@ -200,14 +200,13 @@ class Turns(State):
         s.lease_token += 1  # every acquisition is a new token: the old owner's writes fail
         s.lease_owner = owner
         s.lease_expires_at = expires_at
-        active = tuple(s.turns[t] for t in s.active)
         return Lease(
             key,
             owner,
             s.lease_token,
             expires_at,
-            left_running=any(t.status == "running" for t in active),
-            active=active,
+            left_running=any(s.turns[t].status == "running" for t in s.active),
+            queue=tuple(s.active),
             history_seq=s.next_item_seq,
         )
 

@@ -249,11 +249,9 @@ SESSIONS_NEEDING_WORK = (
     " ORDER BY s.pk"
 )
 
-ACQUIRE_LEASE = (
-    "UPDATE sessions SET lease_owner = $4, lease_token = lease_token + 1, lease_expires_at = $5"
-    f" WHERE {KEY_WHERE} AND (lease_owner IS NULL OR lease_expires_at <= $6)"
-    " RETURNING lease_token, next_item_seq"
-)
+# The lease and what its holder needs to know of the session, in one round trip (migration
+# 16): no row while it is held.
+ACQUIRE = "SELECT token, next_item, running, queue FROM tether_acquire($1, $2, $3, $4, $5, $6)"
 TAKE_OVER_LEASE = (
     "UPDATE sessions SET lease_owner = $4, lease_token = lease_token + 1, lease_expires_at = $5"
     f" WHERE {KEY_WHERE} AND lease_owner = $6 RETURNING lease_token"

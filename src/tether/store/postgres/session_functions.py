@@ -1,4 +1,5 @@
-"""PostgreSQL's stored functions for sessions: migrations 15 on (after :mod:`.functions`).
+"""PostgreSQL's stored functions for sessions and their leases: migrations 15 on (after
+:mod:`.functions`).
 
 Append only, like every migration: a function is changed by a new migration that replaces it
 (``CREATE OR REPLACE``) whole.
@@ -56,6 +57,44 @@ SESSION_FUNCTIONS: list[tuple[int, str]] = [
                  INTO r_tenant, r_owner, r_session, r_agent, r_metadata, r_state, r_created,
                       r_updated, r_expires, r_revision;
             outcome := CASE WHEN FOUND THEN 'created' ELSE 'raced' END;
+        END
+        $$;
+        """,
+    ),
+    (
+        16,
+        """
+        -- A session's lease with what its holder needs to know of the session, in one round
+        -- trip: the token, the seq its next item gets, whether a turn was left running, and
+        -- the ids of its active turns. The looks come after the UPDATE, as statements of
+        -- their own, so with snapshots of their own: they see every start and admission
+        -- committed before the row lock was this transaction's (one in flight held the row,
+        -- and the UPDATE waited for it), and none can come after it unseen (each takes the row
+        -- first, then finds the new token, or the new holder to announce the turn to). A
+        -- RETURNING subquery would look with the statement's first snapshot, from before the
+        -- wait. No row: the lease is held (or the session missing).
+        CREATE FUNCTION tether_acquire(
+            p_tenant text, p_owner text, p_session text, p_by text,
+            p_expires double precision, p_now double precision,
+            OUT token bigint, OUT next_item bigint, OUT running boolean, OUT queue text[])
+        RETURNS SETOF record LANGUAGE plpgsql VOLATILE AS $$
+        DECLARE
+            v_pk bigint;
+        BEGIN
+            UPDATE sessions s SET lease_owner = p_by, lease_token = s.lease_token + 1,
+                                  lease_expires_at = p_expires
+             WHERE s.tenant = p_tenant AND s.owner = p_owner AND s.session_id = p_session
+               AND (s.lease_owner IS NULL OR s.lease_expires_at <= p_now)
+            RETURNING s.pk, s.lease_token, s.next_item_seq INTO v_pk, token, next_item;
+            IF NOT FOUND THEN
+                RETURN;
+            END IF;
+            SELECT coalesce(array_agg(t.id ORDER BY t.seq), '{}'),
+                   coalesce(bool_or(t.status = 'running'), false)
+              INTO queue, running
+              FROM turns t
+             WHERE t.session_pk = v_pk AND t.status IN ('queued', 'running', 'awaiting_input');
+            RETURN NEXT;
         END
         $$;
         """,

@@ -244,13 +244,20 @@ class Turns(Connection):
         async with self._conn() as conn:
             # Conditional on the lease being free or expired: of racing acquirers, the first to
             # update the row wins; the others re-check it after that commit and match nothing.
-            row = await conn.fetchrow(q.ACQUIRE_LEASE, *key_args(key), owner, now + ttl, now)
+            row = await conn.fetchrow(q.ACQUIRE, *key_args(key), owner, now + ttl, now)
             if row is None:
                 await self._pk(conn, key)  # SessionNotFound when it is the session that is missing
                 return None
-        # The updated row's own next_item_seq, as of the grant. (Its active turns are not
-        # told: a subquery's snapshot could miss a turn queued just before the row lock.)
-        return Lease(key, owner, int(row[0]), now + ttl, history_seq=int(row[1]))
+        token, next_item, running, queue = row
+        return Lease(
+            key,
+            owner,
+            int(token),
+            now + ttl,
+            left_running=bool(running),
+            queue=tuple(queue),
+            history_seq=int(next_item),
+        )
 
     async def lease_holder(self, key: SessionKey) -> str | None:
         row = await self._fetchrow(q.LEASE_HOLDER, *key_args(key))

@@ -399,13 +399,13 @@ def _take_lease(c: sqlite3.Connection, key: SessionKey, owner: str, ttl: float) 
         return None
     # Under the write lock, the token just moved: no turn can be queued or start behind this
     # look.
-    active = tuple(turn_row(r) for r in c.execute(q.ACTIVE_TURNS, (int(row[1]),)))
+    active = c.execute(q.ACTIVE_TURN_IDS, (int(row[1]),)).fetchall()
     return Lease(
         key,
         owner,
         int(row[0]),
         now + ttl,
-        left_running=any(t.status == "running" for t in active),
-        active=active,
+        left_running=any(status == "running" for _, status in active),
+        queue=tuple(turn_id for turn_id, _ in active),
         history_seq=int(row[2]),
     )
