@@ -334,6 +334,9 @@ async def back_to_release_12(url: str) -> None:
     no lease function. Opening a store then runs migrations 13 on again (their functions are
     made whole again by them)."""
     for sql in (
+        "DROP FUNCTION tether_enqueue(text, text, text, text, text, text, double precision,"
+        " text, text, text, text, bigint, boolean, bigint, bigint, bigint, text, text,"
+        " double precision)",
         "DROP FUNCTION tether_acquire",
         "DROP FUNCTION tether_create_session",
         "DROP TRIGGER turns_count_busy ON turns",

@@ -146,6 +146,13 @@ ENQUEUE = (
     " FROM tether_enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,"
     " $16, $17, $18)"
 )
+# The same, and the session's lease taken for $18 when it is free (migration 17's overload;
+# $19: when the lease is to run out, NULL not to take it).
+ENQUEUE_LEASED = (
+    "SELECT outcome, turn_seq, expires_at, active_ids, active_statuses, busy, total, r_token,"
+    " r_next_item FROM tether_enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13,"
+    " $14, $15, $16, $17, $18, $19)"
+)
 # A turn queued on a session another process holds: announced to it on commit (migration 14).
 # The payload is the key joined by chr(31); one that cannot be told apart (a part holding
 # chr(31)) or would pass NOTIFY's 8,000 bytes is sent empty: "look at every session you hold".

@@ -99,4 +99,99 @@ SESSION_FUNCTIONS: list[tuple[int, str]] = [
         $$;
         """,
     ),
+    (
+        17,
+        """
+        -- tether_enqueue as migration 14's, and, when p_lease_until is given and the session's
+        -- lease is free or expired, the lease taken for p_by in the same transaction (under
+        -- the session's row lock, which the function took first): a turn on an idle session
+        -- is one round trip where the admission and the worker's acquisition made two. The
+        -- lease's token and the seq the session's next item gets are r_token and r_next_item
+        -- (NULL: not taken); active_statuses say whether a turn was left running, and
+        -- active_ids with the new turn are its queue. A new overload: processes of the
+        -- previous release go on calling the 18-argument one.
+        CREATE FUNCTION tether_enqueue(
+            p_tenant text, p_owner text, p_session text, p_turn text, p_input text,
+            p_policy text, p_now double precision, p_agent text, p_fingerprint text,
+            p_idem text, p_digest text, p_max_queue bigint, p_limits boolean,
+            p_running bigint, p_queued bigint, p_event_seq bigint, p_event_type text,
+            p_by text, p_lease_until double precision, OUT outcome text, OUT turn_seq bigint,
+            OUT expires_at double precision, OUT active_ids text[], OUT active_statuses text[],
+            OUT busy bigint, OUT total bigint, OUT r_token bigint, OUT r_next_item bigint)
+        LANGUAGE plpgsql VOLATILE AS $$
+        DECLARE
+            v_pk bigint;
+            v_active boolean;
+            v_holder text;
+            v_held_until double precision;
+        BEGIN
+            SELECT s.pk, s.expires_at, s.lease_owner, s.lease_expires_at
+              INTO v_pk, expires_at, v_holder, v_held_until FROM sessions s
+             WHERE s.tenant = p_tenant AND s.owner = p_owner AND s.session_id = p_session
+               FOR UPDATE;
+            IF NOT FOUND THEN
+                outcome := 'missing';
+                RETURN;
+            END IF;
+            IF p_idem IS NOT NULL AND EXISTS (
+                SELECT 1 FROM turns t WHERE t.session_pk = v_pk AND t.idempotency_key = p_idem
+            ) THEN
+                outcome := 'known';
+                RETURN;
+            END IF;
+            SELECT coalesce(array_agg(t.id ORDER BY t.seq), '{}'),
+                   coalesce(array_agg(t.status ORDER BY t.seq), '{}')
+              INTO active_ids, active_statuses
+              FROM turns t
+             WHERE t.session_pk = v_pk AND t.status IN ('queued', 'running', 'awaiting_input');
+            v_active := cardinality(active_ids) > 0;
+            IF (expires_at IS NOT NULL AND expires_at <= p_now)
+               OR (p_policy = 'reject' AND v_active)
+               OR (SELECT count(*) FROM unnest(active_statuses) st WHERE st = 'queued')
+                  >= p_max_queue THEN
+                outcome := 'refused';
+                RETURN;
+            END IF;
+            IF p_limits THEN
+                -- After the lock, a new statement, so a new snapshot: the count sees what
+                -- the lock's previous holder committed.
+                PERFORM pg_advisory_xact_lock(
+                    hashtextextended(p_tenant || chr(31) || p_owner, 7));
+                SELECT count(*), coalesce(sum(b.live), 0) INTO busy, total
+                  FROM busy_sessions b WHERE b.tenant = p_tenant AND b.owner = p_owner;
+                IF (v_active AND p_queued IS NOT NULL AND total - busy >= p_queued)
+                   OR (NOT v_active AND p_running IS NOT NULL AND busy >= p_running) THEN
+                    outcome := 'refused';
+                    RETURN;
+                END IF;
+            END IF;
+            UPDATE sessions SET next_turn_seq = next_turn_seq + 1 WHERE pk = v_pk
+             RETURNING next_turn_seq - 1 INTO turn_seq;
+            INSERT INTO turns (id, session_pk, seq, input, policy, status, created_at, agent,
+                               agent_fingerprint, idempotency_key, request_digest)
+            VALUES (p_turn, v_pk, turn_seq, p_input, p_policy, 'queued', p_now, p_agent,
+                    p_fingerprint, p_idem, p_digest);
+            -- The data is rules.queued_event's, as json.dumps writes it.
+            INSERT INTO events (turn_id, seq, type, data, created_at)
+            VALUES (p_turn, p_event_seq, p_event_type, '{"seq": ' || turn_seq || '}', p_now);
+            IF p_lease_until IS NOT NULL AND (v_holder IS NULL OR v_held_until <= p_now) THEN
+                UPDATE sessions s SET lease_owner = p_by, lease_token = s.lease_token + 1,
+                                      lease_expires_at = p_lease_until
+                 WHERE s.pk = v_pk
+                RETURNING s.lease_token, s.next_item_seq INTO r_token, r_next_item;
+            ELSIF v_holder IS NOT NULL AND v_held_until > p_now
+                  AND v_holder IS DISTINCT FROM p_by THEN
+                -- As queries.NOTIFY_HOLDER: empty ("look at all you hold") for a key that
+                -- cannot be told apart or would not fit a payload.
+                PERFORM pg_notify('tether_queued',
+                    CASE WHEN position(chr(31) IN p_tenant || p_owner || p_session) = 0
+                          AND octet_length(p_tenant || p_owner || p_session) < 7900
+                         THEN p_tenant || chr(31) || p_owner || chr(31) || p_session
+                         ELSE '' END);
+            END IF;
+            outcome := 'queued';
+        END
+        $$;
+        """,
+    ),
 ]

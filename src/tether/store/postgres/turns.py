@@ -74,6 +74,41 @@ class Turns(Connection):
         idempotency: Idempotency | None = None,
         by: str | None = None,
     ) -> Turn:
+        kept = (turn_id, input, policy, max_queue, agent, limits, idempotency)
+        return (await self._admit(key, *kept, by=by, ttl=None))[0]
+
+    async def enqueue_turn_leased(
+        self,
+        key: SessionKey,
+        *,
+        owner: str,
+        ttl: float,
+        turn_id: str,
+        input: str,
+        policy: Policy,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        agent: AgentRef | None = None,
+        limits: PrincipalLimits | None = None,
+        idempotency: Idempotency | None = None,
+    ) -> tuple[Turn, Lease | None]:
+        kept = (turn_id, input, policy, max_queue, agent, limits, idempotency)
+        return await self._admit(key, *kept, by=owner, ttl=ttl)
+
+    async def _admit(
+        self,
+        key: SessionKey,
+        turn_id: str,
+        input: str,
+        policy: Policy,
+        max_queue: int,
+        agent: AgentRef | None,
+        limits: PrincipalLimits | None,
+        idempotency: Idempotency | None,
+        *,
+        by: str | None,
+        ttl: float | None,
+    ) -> tuple[Turn, Lease | None]:
+        """The admission; with ``ttl``, the session's lease for ``by`` too when it is free."""
         # One statement that commits as it returns (see migration 9's tether_enqueue): the
         # session's row lock and the owner's are never held across a round trip to this
         # process, whose event loop may be slow to come back when it is busy.
@@ -96,17 +131,34 @@ class Turns(Connection):
         )
         async with self._conn() as conn:
             try:
-                row = await conn.fetchrow(q.ENQUEUE, *args)
+                if ttl is None:
+                    row = await conn.fetchrow(q.ENQUEUE, *args)
+                else:
+                    row = await conn.fetchrow(q.ENQUEUE_LEASED, *args, now + ttl)
             except asyncpg.UniqueViolationError as exc:
                 if exc.constraint_name == "turns_pkey":
                     raise rules.duplicate_turn(turn_id) from None
                 raise
         assert row is not None  # a function with OUT parameters answers one row
-        outcome, seq, expires_at, ids, statuses, busy, total = row
+        outcome, seq, expires_at, ids, statuses, busy, total = row[:7]
         if outcome == "missing":
             raise SessionNotFound("session not found")
         if outcome == "queued":
-            return rules.queued_turn(turn_id, key, int(seq), input, policy, now, agent)
+            turn = rules.queued_turn(turn_id, key, int(seq), input, policy, now, agent)
+            if ttl is None or row[7] is None:
+                return turn, None
+            assert by is not None
+            # Taken under the session's row lock, after the look at its turns: exact.
+            lease = Lease(
+                key,
+                by,
+                int(row[7]),
+                now + ttl,
+                left_running="running" in statuses,
+                queue=(*ids, turn_id),
+                history_seq=int(row[8]),
+            )
+            return turn, lease
         if outcome == "refused":
             active = list(zip(ids, statuses, strict=True))
             rules.admit(policy, expires_at=expires_at, now=now, active=active, max_queue=max_queue)
@@ -118,8 +170,8 @@ class Turns(Connection):
             )
             raise StoreError("tether_enqueue refused a turn the admission rules admit")
         # 'known': the key names a turn already; whether it is answered with it, refused or
-        # (its window over) released is decided in a transaction of its own.
-        return await self._enqueue_known(
+        # (its window over) released is decided in a transaction of its own (no lease taken).
+        known = await self._enqueue_known(
             key,
             turn_id=turn_id,
             input=input,
@@ -130,6 +182,7 @@ class Turns(Connection):
             idempotency=idempotency,
             by=by,
         )
+        return known, None
 
     async def _enqueue_known(
         self,
