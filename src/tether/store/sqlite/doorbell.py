@@ -28,12 +28,16 @@ import os
 import secrets
 import socket
 import sys
+import time
 from pathlib import Path
 
 log = logging.getLogger("tether.store")
 
 PREFIX = b"\0tether-doorbell-"
 """The abstract socket address of a listener is this and its registration's name."""
+RELIST = 1.0
+"""Seconds after which a ringer lists the registrations again even if the directory's time has
+not moved (a file system may keep times to the second)."""
 
 
 def peers_dir(db: Path) -> Path:
@@ -58,6 +62,7 @@ class Doorbell:
         self._sender: socket.socket | None = None
         self._peers: list[str] = []
         self._seen_dir: int | None = None
+        self._listed = 0.0
 
     @property
     def listening(self) -> bool:
@@ -149,13 +154,15 @@ class Doorbell:
             stamp = os.stat(self.dir).st_mtime_ns
         except OSError:
             return  # nobody has ever listened on this file
-        if stamp != self._seen_dir:
-            # Listeners came or went: list them again (a registration changes the directory).
+        now = time.monotonic()
+        if stamp != self._seen_dir or now - self._listed > RELIST:
+            # Listeners came or went (a registration changes the directory; on a file system
+            # whose times are coarse, only a while later): list them again.
             try:
                 self._peers = [n for n in os.listdir(self.dir) if n != self._name]
             except OSError:
                 return
-            self._seen_dir = stamp
+            self._seen_dir, self._listed = stamp, now
         if not self._peers:
             return
         if self._sender is None:
