@@ -928,3 +928,49 @@ async def test_on_sqlite_news_from_another_process_comes_by_the_doorbell(
 
 def quick_ref(rt: Runtime) -> Any:
     return rt.served("q").ref
+
+
+async def test_on_sqlite_a_cancel_asked_before_the_turn_is_registered_still_lands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process may ask to end a turn as soon as it is running in the store, before
+    this process has registered it (between its start's commit and its first model call): the
+    ring of that request is then heard with nothing of ours to end. The turn reads its cancel
+    requests once as it registers, when a ring came meanwhile, so the request lands at once
+    (it waited for the watcher's safety look a second later; every poll is a minute here)."""
+    from tether.scheduler import core, news
+    from tether.scheduler.sink import FencedSink
+
+    for module, name in (
+        (core, "CANCEL_POLL"),
+        (core, "CANCEL_FALLBACK"),
+        (core, "LOCAL_SAFETY"),
+        (news, "FALLBACK"),
+    ):
+        monkeypatch.setattr(module, name, 60.0)
+    model = ScriptedModel(default=Slow("w " * 500, delay=0.02, forever=True))
+    path = tmp_path / "tether.db"
+    mine = SQLiteStore(path)
+    a = Runtime(mine, agents=[Agent(name="a", model=model)])
+    b = Runtime(SQLiteStore(path), agents=[Agent(name="a", model=model)])
+    start = FencedSink.start
+
+    async def started_then_asked(self: FencedSink, user_input: str) -> Item:
+        item = await start(self, user_input)
+        if self.lease.owner == a.scheduler.owner:
+            heard = mine.heard()
+            assert heard is not None
+            key, turn_id = self.lease.key, self._turn_id
+            assert await b.store.request_cancel(key, turn_id, "cancelled", "caller_cancelled")
+            async with asyncio.timeout(5):
+                await mine.hear(heard)  # a has heard the ring: nothing of its own ran
+        return item
+
+    monkeypatch.setattr(FencedSink, "start", started_then_asked)
+    async with a, b:
+        key = SessionKey("local", "local", "asked-early")
+        await a.sessions.create(key, "a")
+        turn = await a.scheduler.submit(key, "a long one")
+        async with asyncio.timeout(10):
+            done = await a.scheduler.wait(key, turn.id)
+        assert (done.status, done.reason) == ("cancelled", "caller_cancelled")

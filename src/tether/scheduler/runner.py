@@ -35,6 +35,7 @@ from tether.scheduler.sink import FencedSink
 from tether.scheduler.skills import SessionSkills
 from tether.skills import activate_skill
 from tether.store.protocol import (
+    ChangeCounter,
     DecisionStore,
     FencedWrites,
     HistoryStore,
@@ -107,6 +108,7 @@ class TurnRunner:
         self.auto_notes: AutoNotes = auto_notes
         self.mcp = mcp
         """The sessions' MCP connections in this process (None: agents' MCP servers unused)."""
+        self._counter = store if isinstance(store, ChangeCounter) else None
 
     async def run(self, lease: Lease, turn: Turn, agent_name: str | None) -> None:
         """Run ``turn`` to its ending (or until it parks on a decision) and hand it to whoever
@@ -147,6 +149,18 @@ class TurnRunner:
         ended = await self._store.end_waiting_turn(parked.key, parked.id, reason, status=status)
         return ended if ended is not None else parked
 
+    async def _asked_meanwhile(self, turn: Turn, ctx: TurnContext, rings: int | None) -> None:
+        """Another process may have asked to end the turn once it was running, with the ring of
+        that request heard before the turn was registered here (the cancel watcher then read
+        the requests without it, and would find this one only at its safety look a second
+        later): read them for this turn once, and only then."""
+        counter = self._counter
+        if rings is None or counter is None or counter.heard() == rings:
+            return
+        asked = (await self._store.cancel_requests([turn.id])).get(turn.id)
+        if asked is not None:
+            ctx.request_cancel(*asked)
+
     async def _sink(
         self, lease: Lease, turn: Turn, feed: TurnFeed
     ) -> tuple[FencedSink, frozenset[str]]:
@@ -174,6 +188,7 @@ class TurnRunner:
         resumed: Resumed | None = None
         held: MemoryWrites | None = None
         items: list[Item] = []
+        rings = self._counter.heard() if self._counter is not None else None
         try:
             if turn.started_at is None:
                 user_item = await sink.start(turn.input)
@@ -255,6 +270,7 @@ class TurnRunner:
             memory.restore(held)
         self._local.running[turn.id] = RunningTurn(turn, ctx)
         try:
+            await self._asked_meanwhile(turn, ctx, rings)
             result = await run_turn(ctx)
         finally:
             self._local.running.pop(turn.id, None)
