@@ -39,15 +39,6 @@ class StoreNews:
         comes after the commit) wakes the next :meth:`wait`."""
         self.mark = self.counter.heard() if self.counter is not None else None
 
-    @property
-    def rung(self) -> bool:
-        """Whether other processes ring the store and a look has set a mark to wait from."""
-        return (
-            self.counter is not None
-            and self.mark is not None
-            and (self.counter.heard() is not None)
-        )
-
     async def wait(self, fut: asyncio.Future[Any] | None, poll: float) -> None:
         """Until ``fut`` (if any) is done, or it is time to look again: with rings, a ring
         since the last look (under a busy writer's stream of rings, no more looks than a poll
