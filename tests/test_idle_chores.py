@@ -232,3 +232,27 @@ async def test_a_running_turn_costs_not_even_a_look_until_another_process_rings(
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
+
+
+async def test_a_stream_of_rings_is_looked_into_no_more_often_than_the_interval() -> None:
+    """Another busy process rings the store after each of its commits: a turn of ours waiting
+    on its model looks at the data version at most once an interval (a few at once after a
+    quiet spell), not once a ring."""
+    running = Running()
+    store = Rung()
+    ctx = Cancellable()
+    watcher = asyncio.create_task(
+        chores.watch_cancels(store, running, 0.05, fallback_interval=60)  # type: ignore[arg-type]
+    )
+    try:
+        running["t_1"] = RunningTurn(None, ctx)  # type: ignore[arg-type]
+        await asyncio.sleep(0.01)
+        for _ in range(100):  # 100 commits elsewhere over ~0.5 s
+            store.ring()
+            await asyncio.sleep(0.005)
+        assert 1 <= store.looks <= 3 + 12, store.looks  # a burst, then one each 50 ms
+        assert not ctx.asked
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from tether.records import Lease, SessionKey
 from tether.scheduler.local import Running, RunningTurn
+from tether.scheduler.news import StoreNews
 from tether.store.protocol import (
     CancelFeed,
     ChangeCounter,
@@ -96,9 +97,7 @@ async def watch_cancels(
         counter = store
     seen: int | None = None
     last_read = 0.0
-    mark: int | None = None
-    """With a store whose other processes ring it: how many rings it had heard before the
-    last look at its data version."""
+    news = StoreNews(counter)
     try:
         while True:
             if not running and isinstance(running, Running):
@@ -109,13 +108,15 @@ async def watch_cancels(
                 if counter is None or counter.heard() is None:
                     seen = None
             rings = counter.heard() if counter is not None else None
-            if counter is not None and rings is not None:
+            if rings is not None:
                 # Every commit of another process rings the store: until one does, nobody can
                 # have asked to end a turn of ours, so a turn waiting on its model costs no
-                # look. A look every fallback_interval still finds a writer that does not ring.
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(fallback_interval):
-                        await counter.hear(mark if mark is not None else rings)
+                # look (rings before this first wait are old news). A look every
+                # fallback_interval still finds a writer that does not ring; a busy writer's
+                # stream of rings is looked into no more often than every interval.
+                if news.mark is None:
+                    news.mark = rings
+                await news.wait(None, interval, fallback=fallback_interval)
             else:
                 timeout = fallback_interval if listening.is_set() else interval
                 with contextlib.suppress(TimeoutError):
@@ -125,8 +126,7 @@ async def watch_cancels(
                 continue  # nothing of ours to end: no store reads while idle
             try:
                 if counter is not None:
-                    # Noted before the look: a ring for a commit it misses wakes the next wait.
-                    mark = counter.heard()
+                    news.looking()  # before the look: a ring it misses wakes the next wait
                     # Read before the requests: a request committed after this moves it again.
                     version = await counter.data_version()
                     due = time.monotonic() - last_read >= fallback_interval

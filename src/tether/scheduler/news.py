@@ -39,11 +39,13 @@ class StoreNews:
         comes after the commit) wakes the next :meth:`wait`."""
         self.mark = self.counter.heard() if self.counter is not None else None
 
-    async def wait(self, fut: asyncio.Future[Any] | None, poll: float) -> None:
+    async def wait(
+        self, fut: asyncio.Future[Any] | None, poll: float, *, fallback: float | None = None
+    ) -> None:
         """Until ``fut`` (if any) is done, or it is time to look again: with rings, a ring
         since the last look (under a busy writer's stream of rings, no more looks than a poll
-        would make), or FALLBACK without one, or at once before a first look; without rings,
-        ``poll`` seconds."""
+        would make), or ``fallback`` seconds (FALLBACK) without one, or at once before a first
+        look; without rings, ``poll`` seconds."""
         counter, mark = self.counter, self.mark
         if counter is not None and mark is None and counter.heard() is not None:
             return  # rung, but not looked yet: look now, and wait from there
@@ -58,7 +60,11 @@ class StoreNews:
         hearing = asyncio.ensure_future(counter.hear(mark))
         try:
             waited = (hearing,) if fut is None else (fut, hearing)
-            await asyncio.wait(waited, timeout=FALLBACK, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                waited,
+                timeout=FALLBACK if fallback is None else fallback,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
         finally:
             hearing.cancel()
         if fut is not None and fut.done():
