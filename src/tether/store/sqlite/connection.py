@@ -26,6 +26,10 @@ from tether.store.sqlite.migrations import migrate
 from tether.store.sqlite.worker import SQLiteWorker
 
 T = TypeVar("T")
+VersionsKey = tuple[tuple[str, ...], str]
+"""Namespace keys and a collection, as a memory-version read asks them."""
+Stamp = tuple[int, int, int]
+"""Local version changes, the data version and the rings, as a cached read was made under."""
 log = logging.getLogger("tether.store")
 
 BUSY_MS = 10_000
@@ -65,10 +69,7 @@ class Connection:
         self._worker: SQLiteWorker | None = None
         self._later: set[asyncio.Task[None]] = set()
         self._doorbell = Doorbell(self.path)
-        self._versions: dict[
-            tuple[tuple[str, ...], str], tuple[tuple[int, int, int], tuple[int, ...]]
-        ]
-        self._versions = {}
+        self._versions: dict[VersionsKey, tuple[Stamp, tuple[int, ...]]] = {}
         """Memory version reads and the stamp they were read under (:mod:`.recall`)."""
 
     async def _call(
