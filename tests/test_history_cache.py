@@ -23,7 +23,8 @@ from tether.records import Item, NewItem, SessionKey, TurnEnding
 from tether.runtime import Runtime
 from tether.scheduler.history import MAX_ITEMS, CachedHistory, HistoryCache
 from tether.store import InMemoryStore
-from tether.store.protocol import ChangeCounter, Store
+from tether.store.capabilities import ChangeCounter
+from tether.store.protocol import Store
 from tether.testing import ScriptedModel
 
 

@@ -20,7 +20,8 @@ from tether.records import LOCAL_PRINCIPAL, Item, Lease, NewEvent, NewItem, Sess
 from tether.runtime import Runtime
 from tether.scheduler.owners import owner_is_dead
 from tether.store import InMemoryStore
-from tether.store.protocol import ChangeCounter, LeasingQueue, Store
+from tether.store.capabilities import ChangeCounter, LeasingQueue
+from tether.store.protocol import Store
 from tether.store.sqlite import SQLiteStore
 from tether.testing import ScriptedModel, Slow
 

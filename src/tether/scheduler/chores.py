@@ -15,14 +15,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from tether.records import Lease, SessionKey
 from tether.scheduler.local import Running, RunningTurn
 from tether.scheduler.news import StoreNews
-from tether.store.protocol import (
-    CancelFeed,
-    ChangeCounter,
-    DecisionStore,
-    LeaseStore,
-    Maintenance,
-    TurnLog,
-)
+from tether.store.capabilities import CancelFeed, ChangeCounter
+from tether.store.protocol import DecisionStore, LeaseStore, Maintenance, TurnLog
 
 log = logging.getLogger("tether.scheduler")
 

@@ -50,13 +50,8 @@ from tether.scheduler.news import StoreNews
 from tether.scheduler.owners import new_owner_id
 from tether.scheduler.runner import AgentResolver, AutoNotes, TurnRunner, TurnStore
 from tether.scheduler.worker import Workers, WorkerStore
-from tether.store.protocol import (
-    ChangeCounter,
-    DecisionStore,
-    LeasingQueue,
-    Maintenance,
-    TurnLog,
-)
+from tether.store.capabilities import ChangeCounter, LeasingQueue
+from tether.store.protocol import DecisionStore, Maintenance, TurnLog
 from tether.store.rules import DEFAULT_MAX_QUEUE, request_digest
 from tether.tools import workspace
 from tether.tools.mcp import McpSessions

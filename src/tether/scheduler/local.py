@@ -55,7 +55,7 @@ class Local:
     """The earliest turn submitted here that the session's worker has not looked at: it tries
     to start it without reading the queue (the store refuses it if an earlier one is active)."""
     granted: dict[SessionKey, tuple[Lease, tuple[str, int] | None]] = field(default_factory=dict)
-    """Leases taken with a turn's admission (:class:`~tether.store.protocol.LeasingQueue`) for
+    """Leases taken with a turn's admission (:class:`~tether.store.capabilities.LeasingQueue`) for
     the session's worker to run it under, with the store's news from before the admission."""
     leases: dict[SessionKey, Lease] = field(default_factory=dict)
     history: HistoryCache = field(default_factory=HistoryCache)

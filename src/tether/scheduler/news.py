@@ -14,7 +14,7 @@ import contextlib
 import time
 from typing import Any
 
-from tether.store.protocol import ChangeCounter
+from tether.store.capabilities import ChangeCounter
 
 FALLBACK = 1.0
 """With rings: a look this often anyway, for a writer that does not ring."""

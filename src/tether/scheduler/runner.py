@@ -34,14 +34,8 @@ from tether.scheduler.local import Local, RunningTurn
 from tether.scheduler.sink import FencedSink
 from tether.scheduler.skills import SessionSkills
 from tether.skills import activate_skill
-from tether.store.protocol import (
-    ChangeCounter,
-    DecisionStore,
-    FencedWrites,
-    HistoryStore,
-    SessionReader,
-    TurnLog,
-)
+from tether.store.capabilities import ChangeCounter
+from tether.store.protocol import DecisionStore, FencedWrites, HistoryStore, SessionReader, TurnLog
 from tether.store.rules import aborted_results, always_approved, new_decision, terminal_event_data
 from tether.tools.ask_user import ask_user
 from tether.tools.mcp import McpSessions

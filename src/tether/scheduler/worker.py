@@ -22,13 +22,8 @@ from tether.scheduler.local import Local
 from tether.scheduler.news import StoreNews
 from tether.scheduler.owners import owner_is_dead
 from tether.scheduler.runner import TurnRunner
-from tether.store.protocol import (
-    ChangeCounter,
-    FencedWrites,
-    LeaseStore,
-    SessionReader,
-    TurnReader,
-)
+from tether.store.capabilities import ChangeCounter
+from tether.store.protocol import FencedWrites, LeaseStore, SessionReader, TurnReader
 
 log = logging.getLogger("tether.scheduler")
 

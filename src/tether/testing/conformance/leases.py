@@ -14,7 +14,8 @@ import pytest
 
 from tether.errors import SessionBusy, StaleLease
 from tether.records import Idempotency, Lease, NewItem, TurnEnding
-from tether.store.protocol import LeasingQueue, Store
+from tether.store.capabilities import LeasingQueue
+from tether.store.protocol import Store
 from tether.store.rules import request_digest
 from tether.testing.conformance._support import (
     CLOCK_SLACK,

@@ -1,0 +1,113 @@
+"""What a store may offer beyond :class:`~tether.store.protocol.Store`, each on its own: the
+scheduler looks for them once (``isinstance`` against these runtime-checkable protocols) and
+does without where a store has none.
+
+* :class:`ChangeCounter`: it says cheaply when another process wrote, and rings when one did
+  (SQLite's data version and doorbell);
+* :class:`LeasingQueue`: it admits a turn and takes the idle session's lease in one write;
+* :class:`CancelFeed`: it announces cancel requests and queued turns as they are made
+  (PostgreSQL's LISTEN/NOTIFY).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
+from tether.records import (
+    AgentRef,
+    Idempotency,
+    Lease,
+    Policy,
+    PrincipalLimits,
+    SessionKey,
+    Turn,
+)
+from tether.store.rules import DEFAULT_MAX_QUEUE
+
+
+@runtime_checkable
+class ChangeCounter(Protocol):
+    """A store that can say cheaply whether another process wrote to it.
+
+    Optional, for stores shared by processes that cannot announce changes (SQLite): a poller
+    reads what it polls for only when the counter moved, so a process whose turns wait on their
+    models reads nothing meanwhile. The counter moves for writes by *other* processes; a
+    process's own writes come to its pollers as in-process signals.
+    """
+
+    async def data_version(self) -> int:
+        """A number that changes when another process has committed since the last call."""
+        ...
+
+    def seen_version(self) -> int:
+        """What :meth:`data_version` said when the store last looked (it looks before each
+        batch of calls it runs), without I/O: noted before a read and unchanged later, no other
+        process had committed by the time the store last looked."""
+        ...
+
+    def heard(self) -> int | None:
+        """How many times other processes have announced a commit to this store (no I/O);
+        None when nothing announces them, and pollers look at :meth:`data_version` often.
+
+        Noted before a look at :meth:`data_version`, it makes :meth:`hear` return for any
+        commit the look may have missed: the announcement comes after the commit."""
+        ...
+
+    async def hear(self, after: int) -> None:
+        """Return once more than ``after`` announcements were heard (at once when nothing
+        announces them any more); bound it with ``asyncio.timeout``."""
+        ...
+
+
+@runtime_checkable
+class LeasingQueue(Protocol):
+    """A store that can queue a turn and take the session's lease for the submitter in one
+    transaction (optional): a turn on an idle session then costs one write where it cost two,
+    the admission and the worker's :meth:`LeaseStore.acquire_lease`."""
+
+    async def enqueue_turn_leased(
+        self,
+        key: SessionKey,
+        *,
+        owner: str,
+        ttl: float,
+        turn_id: str,
+        input: str,
+        policy: Policy,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        agent: AgentRef | None = None,
+        limits: PrincipalLimits | None = None,
+        idempotency: Idempotency | None = None,
+    ) -> tuple[Turn, Lease | None]:
+        """:meth:`TurnLog.enqueue_turn`; and when it queued a new turn (not a retry's) and
+        the session's lease is free or expired, the lease, taken for ``owner`` in the same
+        transaction as :meth:`LeaseStore.acquire_lease` takes it (its ``active`` turns, the new
+        one among them, and its ``history_seq`` told). None when the lease is held."""
+        ...
+
+
+@runtime_checkable
+class CancelFeed(Protocol):
+    """A store that can tell the owner of a turn of a cancel request as it is made.
+
+    Optional: without it, owners find requests by polling :meth:`TurnLog.cancel_requests`. With
+    it (PostgreSQL ``LISTEN/NOTIFY``), a request reaches the owning process in one round trip.
+    """
+
+    async def listen_cancels(
+        self,
+        heard: Callable[[str], None],
+        ready: Callable[[], None],
+        queued: Callable[[SessionKey | None], None] | None = None,
+    ) -> None:
+        """Call ``ready()`` once listening, then ``heard(turn_id)`` for every request, until the
+        link drops; then return or raise.
+
+        With ``queued``, also ``queued(key)`` for every turn queued on a session whose lease is
+        held by another process than the one that submitted it (``enqueue_turn``'s ``by``), and
+        whenever a turn that kept queued ones waiting ends or is decided: the holder's worker,
+        lingering on the lease, then need not poll the queue. ``queued(None)`` stands for a
+        session whose key could not be sent: the holder looks at every session it holds.
+        """
+        ...
