@@ -331,14 +331,15 @@ async def test_racing_admissions_of_one_owner_never_pass_its_bound(postgres_url:
 
 async def back_to_release_12(url: str) -> None:
     """The schema as release 12 left it: no busy_sessions, no trigger, no session function,
-    no lease function. Opening a store then runs migrations 13 on again (their functions are
-    made whole again by them)."""
+    no lease function, no admission that starts. Opening a store then runs migrations 13 on
+    again (their functions are made whole again by them)."""
     for sql in (
         "DROP FUNCTION tether_enqueue(text, text, text, text, text, text, double precision,"
         " text, text, text, text, bigint, boolean, bigint, bigint, bigint, text, text,"
         " double precision)",
         "DROP FUNCTION tether_acquire",
         "DROP FUNCTION tether_create_session",
+        "DROP FUNCTION tether_enqueue_started",
         "DROP TRIGGER turns_count_busy ON turns",
         "DROP FUNCTION tether_count_busy()",
         "DROP TABLE busy_sessions",

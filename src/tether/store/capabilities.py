@@ -5,19 +5,24 @@ does without where a store has none.
 * :class:`ChangeCounter`: it says cheaply when another process wrote, and rings when one did
   (SQLite's data version and doorbell);
 * :class:`LeasingQueue`: it admits a turn and takes the idle session's lease in one write;
+* :class:`StartingQueue`: it admits a turn under the lease its submitter holds and starts it in
+  the same write when nothing is ahead of it;
 * :class:`CancelFeed`: it announces cancel requests and queued turns as they are made
   (PostgreSQL's LISTEN/NOTIFY).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 from tether.records import (
     AgentRef,
     Idempotency,
+    Item,
     Lease,
+    NewEvent,
+    NewItem,
     Policy,
     PrincipalLimits,
     SessionKey,
@@ -84,6 +89,36 @@ class LeasingQueue(Protocol):
         the session's lease is free or expired, the lease, taken for ``owner`` in the same
         transaction as :meth:`LeaseStore.acquire_lease` takes it (its ``active`` turns, the new
         one among them, and its ``history_seq`` told). None when the lease is held."""
+        ...
+
+
+@runtime_checkable
+class StartingQueue(Protocol):
+    """A store that can admit a turn under a lease its caller holds and start it at once
+    (optional): a conversation's next turn, sent while its session's lease lingers in this
+    process, is then accepted and started in one write where it took two, the admission and the
+    worker's :meth:`~tether.store.protocol.FencedWrites.start_turn`."""
+
+    async def enqueue_turn_started(
+        self,
+        lease: Lease,
+        *,
+        turn_id: str,
+        input: str,
+        policy: Policy,
+        items: Sequence[NewItem],
+        events: Sequence[NewEvent],
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        agent: AgentRef | None = None,
+        limits: PrincipalLimits | None = None,
+        idempotency: Idempotency | None = None,
+    ) -> tuple[Turn, list[Item] | None]:
+        """:meth:`~tether.store.protocol.TurnLog.enqueue_turn` on ``lease``'s session, fenced
+        like every write under the lease (StaleLease once it is lost; nothing written then).
+        When the turn is new (not a retry's) and no other turn of the session is active, it
+        is started in the same transaction as :meth:`start_turn` starts it, with ``items`` and
+        ``events`` (``turn.started``, seq 2): the running turn and its items are returned.
+        Otherwise the turn as admitted, and None."""
         ...
 
 

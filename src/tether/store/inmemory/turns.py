@@ -80,6 +80,35 @@ class Turns(State):
             return turn, None
         return turn, self._grant(s, key, owner, now + ttl)
 
+    async def enqueue_turn_started(
+        self,
+        lease: Lease,
+        *,
+        turn_id: str,
+        input: str,
+        policy: Policy,
+        items: Sequence[NewItem],
+        events: Sequence[NewEvent],
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        agent: AgentRef | None = None,
+        limits: PrincipalLimits | None = None,
+        idempotency: Idempotency | None = None,
+    ) -> tuple[Turn, list[Item] | None]:
+        s = self._fenced(lease)
+        # Checked before the first change, as a rolled back transaction would leave nothing:
+        # the turn's own events start with turn.queued, seq 1.
+        rules.check_event_seqs(turn_id, 1, [e.seq for e in events])
+        turn, new = self._enqueue(
+            lease.key, turn_id, input, policy, max_queue, agent, limits, idempotency
+        )
+        if not new or s.first_active() != turn_id:
+            return turn, None  # a retry's turn, or one that waits behind another
+        now = time.time()
+        s.turns[turn_id] = started = replace(turn, status="running", started_at=now)
+        out = self._add_items(s, turn_id, items, now)
+        self._add_events(s, turn_id, events, now)
+        return started, out
+
     def _enqueue(
         self,
         key: SessionKey,

@@ -194,4 +194,64 @@ SESSION_FUNCTIONS: list[tuple[int, str]] = [
         $$;
         """,
     ),
+    (
+        18,
+        """
+        -- A turn admitted under a lease its caller holds, and started at once when no other
+        -- turn of the session is active: what tether_enqueue (migration 14's overload) and
+        -- then tether_write (its start) do, in one transaction and one round trip, fenced by
+        -- p_token before anything is written. outcome: 'missing', 'stale' (current_token is
+        -- the session's), what tether_enqueue answers when it does not queue the turn
+        -- ('refused', 'known', with its columns), 'queued' (it waits behind another turn), or
+        -- 'started' (first_seq: the seq of the first item written).
+        CREATE FUNCTION tether_enqueue_started(
+            p_tenant text, p_owner text, p_session text, p_turn text, p_input text,
+            p_policy text, p_now double precision, p_agent text, p_fingerprint text,
+            p_idem text, p_digest text, p_max_queue bigint, p_limits boolean,
+            p_running bigint, p_queued bigint, p_event_seq bigint, p_event_type text,
+            p_by text, p_token bigint,
+            p_kinds text[], p_contents text[], p_completes boolean[], p_call_ids text[],
+            p_tools text[], p_arguments text[], p_metas text[],
+            p_event_seqs bigint[], p_event_lasts bigint[], p_event_types text[],
+            p_event_datas text[],
+            OUT outcome text, OUT turn_seq bigint, OUT expires_at double precision,
+            OUT active_ids text[], OUT active_statuses text[], OUT busy bigint,
+            OUT total bigint, OUT current_token bigint, OUT first_seq bigint)
+        LANGUAGE plpgsql VOLATILE AS $$
+        DECLARE
+            v_written text;
+        BEGIN
+            SELECT s.lease_token INTO current_token FROM sessions s
+             WHERE s.tenant = p_tenant AND s.owner = p_owner AND s.session_id = p_session
+               FOR UPDATE;
+            IF NOT FOUND THEN
+                outcome := 'missing';
+                RETURN;
+            END IF;
+            IF current_token <> p_token THEN
+                outcome := 'stale';
+                RETURN;
+            END IF;
+            SELECT e.outcome, e.turn_seq, e.expires_at, e.active_ids, e.active_statuses,
+                   e.busy, e.total
+              INTO outcome, turn_seq, expires_at, active_ids, active_statuses, busy, total
+              FROM tether_enqueue(p_tenant, p_owner, p_session, p_turn, p_input, p_policy,
+                                  p_now, p_agent, p_fingerprint, p_idem, p_digest,
+                                  p_max_queue, p_limits, p_running, p_queued, p_event_seq,
+                                  p_event_type, p_by) e;
+            IF outcome <> 'queued' OR cardinality(active_ids) > 0 THEN
+                RETURN;  -- refused, a retry's, or behind another turn: as tether_enqueue left it
+            END IF;
+            SELECT w.outcome, w.first_seq INTO v_written, first_seq
+              FROM tether_write(p_tenant, p_owner, p_session, p_token, p_turn, true, p_now,
+                                p_kinds, p_contents, p_completes, p_call_ids, p_tools,
+                                p_arguments, p_metas, p_event_seqs, p_event_lasts,
+                                p_event_types, p_event_datas) w;
+            IF v_written = 'written' THEN
+                outcome := 'started';
+            END IF;
+        END
+        $$;
+        """,
+    ),
 ]

@@ -94,6 +94,87 @@ class Turns(Connection):
         kept = (turn_id, input, policy, max_queue, agent, limits, idempotency)
         return await self._admit(key, *kept, by=owner, ttl=ttl)
 
+    async def enqueue_turn_started(
+        self,
+        lease: Lease,
+        *,
+        turn_id: str,
+        input: str,
+        policy: Policy,
+        items: Sequence[NewItem],
+        events: Sequence[NewEvent],
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        agent: AgentRef | None = None,
+        limits: PrincipalLimits | None = None,
+        idempotency: Idempotency | None = None,
+    ) -> tuple[Turn, list[Item] | None]:
+        key = lease.key
+        rules.check_event_seqs(turn_id, rules.QUEUED_EVENT_SEQ, [e.seq for e in events])
+        now = time.time()
+        args = self._admission_args(
+            key, turn_id, input, policy, now, max_queue, agent, limits, idempotency, lease.owner
+        )
+        written = _write_args(lease, turn_id, now, items, events)[6:]  # the items and events
+        async with self._conn() as conn:
+            try:
+                row = await conn.fetchrow(q.ENQUEUE_STARTED, *args, lease.token, *written)
+            except asyncpg.UniqueViolationError as exc:
+                if exc.constraint_name == "turns_pkey":
+                    raise rules.duplicate_turn(turn_id) from None
+                raise
+        assert row is not None  # a function with OUT parameters answers one row
+        if row[0] == "stale":
+            raise StaleLease(rules.stale_message(lease.token, int(row[7])))
+        if row[0] == "started":
+            turn = rules.queued_turn(turn_id, key, int(row[1]), input, policy, now, agent)
+            stored = rules.stored_items(turn_id, int(row[8]), items, now) if items else []
+            return replace(turn, status="running", started_at=now), stored
+        admitted = self._admitted(row, key, turn_id, input, policy, now, max_queue, agent, limits)
+        if admitted is None:
+            admitted = await self._enqueue_known(
+                key,
+                turn_id=turn_id,
+                input=input,
+                policy=policy,
+                max_queue=max_queue,
+                agent=agent,
+                limits=limits,
+                idempotency=idempotency,
+                by=lease.owner,
+            )
+        return admitted, None
+
+    @staticmethod
+    def _admission_args(
+        key: SessionKey,
+        turn_id: str,
+        input: str,
+        policy: Policy,
+        now: float,
+        max_queue: int,
+        agent: AgentRef | None,
+        limits: PrincipalLimits | None,
+        idempotency: Idempotency | None,
+        by: str | None,
+    ) -> tuple[Any, ...]:
+        """tether_enqueue's arguments (migration 14's overload)."""
+        return (
+            *key_args(key),
+            turn_id,
+            input,
+            policy,
+            now,
+            *rules.agent_args(agent),
+            *rules.idempotency_args(idempotency),
+            max_queue,
+            limits is not None,
+            limits.running_turns if limits is not None else None,
+            limits.queued_turns if limits is not None else None,
+            rules.QUEUED_EVENT_SEQ,
+            events.TURN_QUEUED,
+            by,
+        )
+
     async def _admit(
         self,
         key: SessionKey,
@@ -113,21 +194,8 @@ class Turns(Connection):
         # session's row lock and the owner's are never held across a round trip to this
         # process, whose event loop may be slow to come back when it is busy.
         now = time.time()
-        args = (
-            *key_args(key),
-            turn_id,
-            input,
-            policy,
-            now,
-            *rules.agent_args(agent),
-            *rules.idempotency_args(idempotency),
-            max_queue,
-            limits is not None,
-            limits.running_turns if limits is not None else None,
-            limits.queued_turns if limits is not None else None,
-            rules.QUEUED_EVENT_SEQ,
-            events.TURN_QUEUED,
-            by,
+        args = self._admission_args(
+            key, turn_id, input, policy, now, max_queue, agent, limits, idempotency, by
         )
         async with self._conn() as conn:
             try:
@@ -140,15 +208,13 @@ class Turns(Connection):
                     raise rules.duplicate_turn(turn_id) from None
                 raise
         assert row is not None  # a function with OUT parameters answers one row
-        outcome, seq, expires_at, ids, statuses, busy, total = row[:7]
-        if outcome == "missing":
-            raise SessionNotFound("session not found")
-        if outcome == "queued":
-            turn = rules.queued_turn(turn_id, key, int(seq), input, policy, now, agent)
+        admitted = self._admitted(row, key, turn_id, input, policy, now, max_queue, agent, limits)
+        if admitted is not None:
             if ttl is None or row[7] is None:
-                return turn, None
+                return admitted, None
             assert by is not None
             # Taken under the session's row lock, after the look at its turns: exact.
+            statuses, ids = row[4], row[3]
             lease = Lease(
                 key,
                 by,
@@ -158,17 +224,7 @@ class Turns(Connection):
                 queue=(*ids, turn_id),
                 history_seq=int(row[8]),
             )
-            return turn, lease
-        if outcome == "refused":
-            active = list(zip(ids, statuses, strict=True))
-            rules.admit(policy, expires_at=expires_at, now=now, active=active, max_queue=max_queue)
-            rules.admit_for_principal(
-                limits,
-                busy_sessions=int(busy or 0),
-                active_turns=int(total or 0),
-                session_active=bool(active),
-            )
-            raise StoreError("tether_enqueue refused a turn the admission rules admit")
+            return admitted, lease
         # 'known': the key names a turn already; whether it is answered with it, refused or
         # (its window over) released is decided in a transaction of its own (no lease taken).
         known = await self._enqueue_known(
@@ -183,6 +239,37 @@ class Turns(Connection):
             by=by,
         )
         return known, None
+
+    @staticmethod
+    def _admitted(
+        row: Any,
+        key: SessionKey,
+        turn_id: str,
+        input: str,
+        policy: Policy,
+        now: float,
+        max_queue: int,
+        agent: AgentRef | None,
+        limits: PrincipalLimits | None,
+    ) -> Turn | None:
+        """The turn tether_enqueue's answer ``row`` queued; the rule's error when it refused
+        it; None when the idempotency key names a turn already ('known')."""
+        outcome, seq, expires_at, ids, statuses, busy, total = tuple(row)[:7]
+        if outcome == "missing":
+            raise SessionNotFound("session not found")
+        if outcome == "queued":
+            return rules.queued_turn(turn_id, key, int(seq), input, policy, now, agent)
+        if outcome == "refused":
+            active = list(zip(ids, statuses, strict=True))
+            rules.admit(policy, expires_at=expires_at, now=now, active=active, max_queue=max_queue)
+            rules.admit_for_principal(
+                limits,
+                busy_sessions=int(busy or 0),
+                active_turns=int(total or 0),
+                session_active=bool(active),
+            )
+            raise StoreError("tether_enqueue refused a turn the admission rules admit")
+        return None
 
     async def _enqueue_known(
         self,

@@ -97,6 +97,34 @@ class Turns(Connection):
 
         return await self._write(do)
 
+    async def enqueue_turn_started(
+        self,
+        lease: Lease,
+        *,
+        turn_id: str,
+        input: str,
+        policy: Policy,
+        items: Sequence[NewItem],
+        events: Sequence[NewEvent],
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        agent: AgentRef | None = None,
+        limits: PrincipalLimits | None = None,
+        idempotency: Idempotency | None = None,
+    ) -> tuple[Turn, list[Item] | None]:
+        def do(c: sqlite3.Connection) -> tuple[Turn, list[Item] | None]:
+            pk = steps.fenced_pk(c, lease)
+            turn, new = self._enqueue(
+                c, lease.key, turn_id, input, policy, max_queue, agent, limits, idempotency
+            )
+            if not new or steps.first_active(c, pk) != turn_id:
+                return turn, None  # a retry's turn, or one that waits behind another
+            now = time.time()
+            c.execute(q.START_TURN, (now, turn_id, pk))
+            written = steps.add_rows(c, pk, turn_id, items, events)
+            return replace(turn, status="running", started_at=now), written
+
+        return await self._write(do)
+
     @staticmethod
     def _enqueue(
         c: sqlite3.Connection,

@@ -13,8 +13,9 @@ import time
 import pytest
 
 from tether.errors import SessionBusy, StaleLease
+from tether.events import TURN_QUEUED, TURN_STARTED
 from tether.records import Idempotency, Lease, NewItem, TurnEnding
-from tether.store.capabilities import LeasingQueue
+from tether.store.capabilities import LeasingQueue, StartingQueue
 from tether.store.protocol import Store
 from tether.store.rules import request_digest
 from tether.testing.conformance._support import (
@@ -214,6 +215,107 @@ class LeasesConformance:
         )
         assert again.id == made.id and retaken is None
         assert await store.lease_holder(k) is None
+
+    async def test_a_turn_sent_under_a_held_lease_may_start_as_it_is_queued(
+        self, store: Store
+    ) -> None:
+        # A store that can (StartingQueue) admits a turn under the submitter's lease and, with
+        # nothing ahead of it, starts it in the same transaction, exactly as start_turn would.
+        if not isinstance(store, StartingQueue):
+            pytest.skip("this store starts turns by start_turn only")
+        k = await new_session(store)
+        lease = await acquire(store, k, "node-a")
+
+        first, written = await store.enqueue_turn_started(
+            lease,
+            turn_id="t1",
+            input="one",
+            policy="enqueue",
+            items=[NewItem("user", "one")],
+            events=[ev(2, TURN_STARTED, turn_id="t1")],
+        )
+        assert first.status == "running" and first.started_at is not None
+        assert written is not None and [(i.kind, i.content) for i in written] == [("user", "one")]
+        stored = await store.get_turn(k, "t1")
+        assert stored is not None and (stored.status, stored.seq) == ("running", first.seq)
+        events = await store.list_events(k, "t1")
+        assert [(e.seq, e.type) for e in events] == [(1, TURN_QUEUED), (2, TURN_STARTED)]
+        assert [i.content for i in await store.list_items(k)] == ["one"]
+        # Behind a running turn the next one is only queued, and writes nothing of its own.
+        second, none = await store.enqueue_turn_started(
+            lease,
+            turn_id="t2",
+            input="two",
+            policy="enqueue",
+            items=[NewItem("user", "two")],
+            events=[ev(2, TURN_STARTED, turn_id="t2")],
+        )
+        assert none is None and second.status == "queued" and second.seq == first.seq + 1
+        assert [i.content for i in await store.list_items(k)] == ["one"]
+        assert [e.type for e in await store.list_events(k, "t2")] == [TURN_QUEUED]
+        # A refused admission writes nothing.
+        before = await snapshot(store, k)
+        with pytest.raises(SessionBusy):
+            await store.enqueue_turn_started(
+                lease,
+                turn_id="t3",
+                input="three",
+                policy="reject",
+                items=[NewItem("user", "three")],
+                events=[ev(2, TURN_STARTED, turn_id="t3")],
+            )
+        assert await snapshot(store, k) == before
+        await store.end_turn(lease, "t1", TurnEnding("completed", "answered"), [], [ev(3)])
+        # t2 is first now (queued): a new turn waits behind it rather than overtake it.
+        third, none = await store.enqueue_turn_started(
+            lease,
+            turn_id="t3",
+            input="three",
+            policy="enqueue",
+            items=[NewItem("user", "three")],
+            events=[ev(2, TURN_STARTED, turn_id="t3")],
+        )
+        assert none is None and third.status == "queued"
+        # A retry of a submission gets its first turn as it stands, and starts nothing.
+        asked = Idempotency("key-1", request_digest("three", "enqueue", None))
+        k2 = await new_session(store, key("s2"))
+        lease2 = await acquire(store, k2, "node-a")
+        made, started = await store.enqueue_turn_started(
+            lease2,
+            turn_id="u1",
+            input="three",
+            policy="enqueue",
+            items=[NewItem("user", "three")],
+            events=[ev(2, TURN_STARTED, turn_id="u1")],
+            idempotency=asked,
+        )
+        assert started is not None and made.status == "running"
+        await store.end_turn(lease2, "u1", TurnEnding("completed", "answered"), [], [ev(3)])
+        again, none = await store.enqueue_turn_started(
+            lease2,
+            turn_id="u2",
+            input="three",
+            policy="enqueue",
+            items=[NewItem("user", "three")],
+            events=[ev(2, TURN_STARTED, turn_id="u2")],
+            idempotency=asked,
+        )
+        assert none is None and again.id == "u1" and again.status == "completed"
+        assert [i.content for i in await store.list_items(k2)] == ["three"]
+        # Under a lost lease nothing is written at all: not even the admission.
+        await store.release_lease(lease2)
+        await acquire(store, k2, "node-b")
+        before = await snapshot(store, k2)
+        with pytest.raises(StaleLease):
+            await store.enqueue_turn_started(
+                lease2,
+                turn_id="u3",
+                input="four",
+                policy="enqueue",
+                items=[NewItem("user", "four")],
+                events=[ev(2, TURN_STARTED, turn_id="u3")],
+            )
+        assert await snapshot(store, k2) == before
 
     async def test_take_over_lease(self, store: Store) -> None:
         k = await new_session(store)
