@@ -15,12 +15,22 @@ import pytest
 
 from tests.helpers import StoreFactory, all_items, wait_until
 from tether import Agent, QueueFull
+from tether.events import TURN_ENDED, TURN_QUEUED, TURN_STARTED
 from tether.models.base import Finish, ModelEvent, ModelRequest, TextDelta, Usage
-from tether.records import LOCAL_PRINCIPAL, Item, Lease, NewEvent, NewItem, SessionKey, Turn
+from tether.records import (
+    LOCAL_PRINCIPAL,
+    AgentRef,
+    Item,
+    Lease,
+    NewEvent,
+    NewItem,
+    SessionKey,
+    Turn,
+)
 from tether.runtime import Runtime
 from tether.scheduler.owners import owner_is_dead
 from tether.store import InMemoryStore
-from tether.store.capabilities import ChangeCounter, LeasingQueue
+from tether.store.capabilities import ChangeCounter, LeasingQueue, StartingQueue
 from tether.store.protocol import Store
 from tether.store.sqlite import SQLiteStore
 from tether.testing import ScriptedModel, Slow
@@ -734,9 +744,10 @@ async def test_turns_in_a_row_under_one_lease_read_no_queue(make_store: StoreFac
         assert done.status == "completed"
         again = a.scheduler.lease_of(key)
         assert lease is not None and again is not None and again.token == lease.token
-        if isinstance(a.store, ChangeCounter):
-            assert calls["active_turns"] >= 2
-        else:
+        # (The read that finds the queue empty may come after B has seen its turn end.)
+        await wait_until(lambda: calls["active_turns"] >= 2)
+        if not isinstance(a.store, ChangeCounter):
+            await asyncio.sleep(0.2)
             assert calls["active_turns"] == 2
         # Three turns queued here behind a running one: one is handed to the worker, and the
         # others make it read the queue again, so none is left behind.
@@ -849,10 +860,139 @@ async def test_a_turn_submitted_here_starts_without_a_read_of_the_queue(store: S
 
         store.active_turns = counted_active  # type: ignore[method-assign]
         store.start_turn = counted_start  # type: ignore[method-assign]
+        if isinstance(store, StartingQueue):
+            # This store starts it with its admission instead (the next test): go around that.
+            rt.scheduler._starting = None
         second = await rt.scheduler.submit(key, "two")
         async with asyncio.timeout(10):
             assert (await rt.scheduler.wait(key, second.id)).status == "completed"
         assert calls[0] == f"start {second.id}"
+
+
+async def test_a_turn_sent_while_its_lease_lingers_here_is_started_as_it_is_admitted(
+    store: Store,
+) -> None:
+    """A store that can (StartingQueue) admits and starts the turn submitted to a session
+    whose lease lingers here in one write: the worker neither starts it nor reads the queue,
+    and the turn is the same turn as one started the usual way."""
+    if not isinstance(store, StartingQueue):
+        pytest.skip("this store starts turns by start_turn only")
+    model = ScriptedModel(default=lambda r: f"re {r.messages[-1].content}")
+    agent = Agent(name="a", model=model)
+    async with Runtime(store, agents=[agent]) as rt:
+        rt.scheduler.linger = 60.0
+        key = SessionKey("local", "local", "started")
+        await rt.sessions.create(key, "a")
+        first = await rt.scheduler.submit(key, "one")
+        await rt.scheduler.wait(key, first.id)
+        calls: list[str] = []
+        for name in ("active_turns", "start_turn", "enqueue_turn", "enqueue_turn_leased"):
+            setattr(store, name, _logged(calls, name, getattr(store, name)))
+        started = store.enqueue_turn_started
+        store.enqueue_turn_started = _logged(calls, "enqueue_turn_started", started)  # type: ignore[method-assign]
+        second = await rt.scheduler.submit(key, "two")
+        assert second.status == "running" and second.started_at is not None
+        async with asyncio.timeout(10):
+            done = await rt.scheduler.wait(key, second.id)
+        assert (done.status, done.output) == ("completed", "re two")
+        # (A store with no data version is read after each turn: nothing says nobody wrote.)
+        expected = ["enqueue_turn_started"]
+        assert calls == expected if isinstance(store, ChangeCounter) else calls[:1] == expected
+        assert "start_turn" not in calls
+        events = await store.list_events(key, second.id)
+        assert [e.seq for e in events] == list(range(1, len(events) + 1))
+        assert [e.type for e in events][:2] == [TURN_QUEUED, TURN_STARTED]
+        assert events[-1].type == TURN_ENDED
+        history = [(i.kind, i.content) for i in await store.list_items(key)]
+        assert history == [
+            ("user", "one"),
+            ("assistant", "re one"),
+            ("user", "two"),
+            ("assistant", "re two"),
+        ]
+        # The model saw the whole conversation: the history the lease knew, and the new item.
+        assert [m.content for m in model.requests[-1].messages[-3:]] == ["one", "re one", "two"]
+
+
+async def test_a_turn_for_the_sessions_own_agent_reads_the_session_once_a_lease(
+    store: Store,
+) -> None:
+    """A door that names no agent (own_agent) pins the session's: while the worker here
+    holds the lease, the name read for the lease's first such turn serves the next ones, which
+    are then admitted and started in one write each, with no read."""
+    if not isinstance(store, StartingQueue):
+        pytest.skip("this store starts turns by start_turn only")
+    agent = Agent(name="a", model=ScriptedModel(default="ok"))
+    async with Runtime(store, agents=[agent]) as rt:
+        rt.scheduler.linger = 60.0
+        key = SessionKey("local", "local", "own-agent")
+        await rt.sessions.create(key, "a")
+        calls: list[str] = []
+        for name in ("get_session", "start_turn", "enqueue_turn_leased", "enqueue_turn_started"):
+            setattr(store, name, _logged(calls, name, getattr(store, name)))
+
+        def own(name: str) -> AgentRef:
+            return rt.served(name).ref
+
+        turns = []
+        for text in ("one", "two", "three"):
+            turn = await rt.scheduler.submit(key, text, own_agent=own)
+            turns.append(await rt.scheduler.wait(key, turn.id))
+        assert [t.status for t in turns] == ["completed"] * 3
+        assert {t.agent for t in turns} == {agent.ref}
+        # The first takes the lease with its admission; the second, sent while the lease
+        # lingers, reads the session's agent once and is started as it is admitted; the
+        # third reads nothing.
+        assert calls == [
+            "get_session",
+            "enqueue_turn_leased",
+            "start_turn",
+            "get_session",
+            "enqueue_turn_started",
+            "enqueue_turn_started",
+        ]
+
+
+async def test_a_session_made_anew_elsewhere_under_a_lingering_lease_runs_its_own_agent(
+    make_store: StoreFactory,
+) -> None:
+    """A knows the session's agent under its lingering lease; B deletes the session and makes
+    it anew for another agent. A's next turn for the session's own agent fails the lease's
+    fence, reads the session afresh and runs the new session's agent."""
+    if make_store is InMemoryStore:
+        pytest.skip("the in-memory store is one process's memory; it cannot be shared")
+    agents = [
+        Agent(name="a", model=ScriptedModel(default="from a")),
+        Agent(name="b", model=ScriptedModel(default="from b")),
+    ]
+    a, b = Runtime(make_store(), agents=agents), Runtime(make_store(), agents=agents)
+    async with a, b:
+        a.scheduler.linger = 60.0
+        key = SessionKey("local", "local", "made-anew")
+        await a.sessions.create(key, "a")
+
+        def own(name: str) -> AgentRef:
+            return a.served(name).ref
+
+        for text in ("one", "two"):  # the second is admitted under the lingering lease
+            turn = await a.scheduler.submit(key, text, own_agent=own)
+            assert (await a.scheduler.wait(key, turn.id)).output == "from a"
+        assert a.scheduler.lease_of(key) is not None
+        assert await b.sessions.delete(key)
+        await b.sessions.create(key, "b")
+        turn = await a.scheduler.submit(key, "three", own_agent=own)
+        async with asyncio.timeout(10):
+            done = await a.scheduler.wait(key, turn.id)
+        assert (done.status, done.output, done.agent) == ("completed", "from b", agents[1].ref)
+        assert [i.content for i in await a.store.list_items(key)] == ["three", "from b"]
+
+
+def _logged(calls: list[str], name: str, fn: Any) -> Any:
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(name)
+        return await fn(*args, **kwargs)
+
+    return counted
 
 
 async def test_a_handed_turn_behind_one_accepted_elsewhere_waits_its_turn(
@@ -975,3 +1115,45 @@ async def test_on_sqlite_a_cancel_asked_before_the_turn_is_registered_still_land
         async with asyncio.timeout(10):
             done = await a.scheduler.wait(key, turn.id)
         assert (done.status, done.reason) == ("cancelled", "caller_cancelled")
+
+
+async def test_a_cancel_asked_here_before_a_started_turn_registers_lands_at_once(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn started with its admission shows running in the store before its worker has
+    registered it here: a cancel asked in this process meanwhile goes to the store (nothing to
+    tell here yet) and is noted, and the turn honours it as it registers, rather than at the
+    cancel watcher's safety look (a minute here)."""
+    if not isinstance(store, StartingQueue):
+        pytest.skip("this store starts turns by start_turn only")
+    from tether.scheduler import core, news
+
+    for module, name in (
+        (core, "CANCEL_POLL"),
+        (core, "CANCEL_FALLBACK"),
+        (core, "LOCAL_SAFETY"),
+        (news, "FALLBACK"),
+    ):
+        monkeypatch.setattr(module, name, 60.0)
+    model = ScriptedModel("warm", default=Slow("w " * 500, delay=0.02, forever=True))
+    async with Runtime(store, agents=[Agent(name="a", model=model)]) as rt:
+        rt.scheduler.linger = 60.0
+        key = SessionKey("local", "local", "cancelled-early")
+        await rt.sessions.create(key, "a")
+        await rt.scheduler.wait(key, (await rt.scheduler.submit(key, "warm")).id)
+        started = rt.scheduler.local.started
+        wake = rt.scheduler.workers.wake
+
+        def held(key: SessionKey) -> None:
+            return None  # the worker is not woken until the cancel has been asked
+
+        monkeypatch.setattr(rt.scheduler.workers, "wake", held)
+        turn = await rt.scheduler.submit(key, "a long one")
+        assert turn.status == "running" and key in started
+        cancel = asyncio.ensure_future(rt.scheduler.cancel(key, turn.id))
+        await wait_until(lambda: turn.id in rt.scheduler.local.asked)
+        wake(key)
+        async with asyncio.timeout(10):
+            done = await cancel
+        assert (done.status, done.reason) == ("cancelled", "cancelled")
+        assert turn.id not in rt.scheduler.local.asked

@@ -19,11 +19,20 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
-from tether.errors import InvalidInput, QueueFull, ShuttingDown, TurnNotFound
+from tether.errors import (
+    InvalidInput,
+    QueueFull,
+    SessionNotFound,
+    ShuttingDown,
+    StaleLease,
+    TurnNotFound,
+)
+from tether.events import TURN_STARTED
 from tether.memory.service import MemoryService
 from tether.records import (
     POLICIES,
@@ -33,7 +42,10 @@ from tether.records import (
     DecisionStatus,
     Event,
     Idempotency,
+    Item,
     Lease,
+    NewEvent,
+    NewItem,
     Policy,
     Principal,
     PrincipalLimits,
@@ -50,7 +62,7 @@ from tether.scheduler.news import StoreNews
 from tether.scheduler.owners import new_owner_id
 from tether.scheduler.runner import AgentResolver, AutoNotes, TurnRunner, TurnStore
 from tether.scheduler.worker import Workers, WorkerStore
-from tether.store.capabilities import ChangeCounter, LeasingQueue
+from tether.store.capabilities import ChangeCounter, LeasingQueue, StartingQueue
 from tether.store.protocol import DecisionStore, Maintenance, TurnLog
 from tether.store.rules import DEFAULT_MAX_QUEUE, request_digest
 from tether.tools import workspace
@@ -104,6 +116,7 @@ class Scheduler:
         # Looked up once: a Protocol isinstance check walks its members, on every turn.
         self._counter = store if isinstance(store, ChangeCounter) else None
         self._leasing = store if isinstance(store, LeasingQueue) else None
+        self._starting = store if isinstance(store, StartingQueue) else None
         self.owner = new_owner_id(node)
         self.lease_ttl = lease_ttl
         self.max_queue = max_queue
@@ -234,8 +247,15 @@ class Scheduler:
         wait_for_slot: float = 0.0,
         agent: AgentRef | None = None,
         idempotency_key: str | None = None,
+        own_agent: Callable[[str], AgentRef] | None = None,
     ) -> Turn:
         """Queue a turn for ``agent`` (None: the session's own agent, as served here).
+
+        ``own_agent`` (with ``agent`` None): the turn is for the session's own agent, pinned
+        as this maps its name (a fingerprint, AgentNotFound when it is not served). The name
+        is read from the session, unless the worker here holds the session's lease and knows
+        it already, and the turn is admitted under that lease (a session deleted and made
+        anew since fails the lease's fence, and is read).
 
         When the session's queue is full, a caller that is going to wait for the turn anyway
         may wait up to ``wait_for_slot`` seconds for room (backpressure) instead of getting
@@ -255,18 +275,21 @@ class Scheduler:
             raise InvalidInput(f"policy {policy!r}: use one of {', '.join(POLICIES)}")
         if principal is not None:
             self.local.principals[key] = principal
-        asked = (
-            Idempotency(idempotency_key, request_digest(input, policy, agent))
-            if idempotency_key is not None
-            else None
-        )
         turn_id = new_turn_id()
         counter = self._counter
         before = (counter.seen_version(), counter.heard()) if counter is not None else None
         news = self.workers.news()
-        turn, lease = await self._enqueue(key, input, policy, wait_for_slot, agent, turn_id, asked)
+        asked = _Asked(key, input, policy, agent, own_agent, idempotency_key)
+        turn, lease = await self._enqueue(asked, wait_for_slot, turn_id)
         if turn.id != turn_id:
             return turn  # a retry of a submission: the turn its key made, as it stands
+        if turn.status == "running":
+            # Started as it was admitted, under the lease its worker holds here: the worker
+            # was told as the write settled (and the turn's waiters noted then, before it could
+            # end), so there is nothing to kick; it may even have ended by now.
+            if before is not None and turn.id in self.local.waiters:
+                self.local.accepted_at[turn.id] = before
+            return turn
         self.local.waiters.setdefault(turn.id, (key, []))
         if before is not None:
             self.local.accepted_at[turn.id] = before
@@ -279,24 +302,35 @@ class Scheduler:
             self.workers.kick(key, turn, lease, news)
         return turn
 
-    async def _enqueue(
-        self,
-        key: SessionKey,
-        input: str,
-        policy: Policy,
-        wait: float,
-        agent: AgentRef | None,
-        turn_id: str,
-        idempotency: Idempotency | None,
-    ) -> tuple[Turn, Lease | None]:
+    async def _enqueue(self, asked: _Asked, wait: float, turn_id: str) -> tuple[Turn, Lease | None]:
         """The admitted turn, and the session's lease when the store took it for this
         process as it admitted the turn (the session was idle)."""
-        local = self.local
+        local, key, input, policy = self.local, asked.key, asked.input, asked.policy
         deadline = time.monotonic() + wait
         waiting = False
         try:
             while True:
                 try:
+                    lease = local.leases.get(key)
+                    read: _Agent | None = None  # the session read for its agent: good anywhere
+                    if lease is not None and self._may_start(key, lease, policy):
+                        known = asked.agent_under(lease, local)
+                        if known is None:
+                            known = read = await self._agent(asked)
+                        if self._may_start(key, lease, policy):
+                            # The session's worker holds the lease here: admitted under that
+                            # lease, the turn starts in the same write when nothing is ahead of
+                            # it, without the worker's own start (or is queued behind, as
+                            # usual). What was known of the session under the lease holds if
+                            # the lease does.
+                            try:
+                                return await self._enqueue_started(
+                                    lease, asked, known.ref, turn_id
+                                ), None
+                            except StaleLease:
+                                local.agents.pop(key, None)  # then as usual, below
+                    agent = read if read is not None else await self._agent(asked)
+                    idempotency = asked.idempotency(agent.ref)
                     if self._leasing is not None:
                         return await self._leasing.enqueue_turn_leased(
                             key,
@@ -306,7 +340,7 @@ class Scheduler:
                             input=input,
                             policy=policy,
                             max_queue=self.max_queue,
-                            agent=agent,
+                            agent=agent.ref,
                             limits=self.limits,
                             idempotency=idempotency,
                         )
@@ -316,7 +350,7 @@ class Scheduler:
                         input=input,
                         policy=policy,
                         max_queue=self.max_queue,
-                        agent=agent,
+                        agent=agent.ref,
                         limits=self.limits,
                         idempotency=idempotency,
                         by=self.owner,
@@ -344,6 +378,73 @@ class Scheduler:
                 else:
                     del local.slot_waiters[key]
 
+    async def _agent(self, asked: _Asked) -> _Agent:
+        """The turn's agent, the session's read for it when the caller named none (noted for
+        the lease held here, if one is held throughout the read)."""
+        if asked.agent is not None or asked.own_agent is None:
+            return _Agent(asked.agent)
+        lease = self.local.leases.get(asked.key)
+        record = await self.store.get_session(asked.key)
+        if record is None or record.expired():
+            raise SessionNotFound("session not found")
+        if lease is not None and self.local.leases.get(asked.key) is lease:
+            self.local.agents[asked.key] = (lease, record.agent)
+        return _Agent(asked.own_agent(record.agent))
+
+    def _may_start(self, key: SessionKey, lease: Lease | None, policy: Policy) -> bool:
+        """Whether a turn on ``key`` may be admitted under ``lease``, to start at once when
+        nothing is ahead of it: the store can, the session's worker here holds that lease, and
+        no other such admission is in flight. (Interrupt and rollback go the usual way, with
+        their preemption.)"""
+        local = self.local
+        return (
+            self._starting is not None
+            and lease is not None
+            and local.leases.get(key) is lease
+            and key not in local.claims
+            and policy in ("enqueue", "reject")
+        )
+
+    async def _enqueue_started(
+        self, lease: Lease, asked: _Asked, agent: AgentRef | None, turn_id: str
+    ) -> Turn:
+        """:meth:`StartingQueue.enqueue_turn_started` under the worker's ``lease``, which the
+        worker keeps until the write has settled, and then runs the turn if it started."""
+        local, key, starting = self.local, lease.key, self._starting
+        assert starting is not None
+        claim = local.claims[key] = asyncio.Event()
+        write = asyncio.ensure_future(
+            starting.enqueue_turn_started(
+                lease,
+                turn_id=turn_id,
+                input=asked.input,
+                policy=asked.policy,
+                items=[NewItem("user", asked.input)],
+                events=[NewEvent(2, TURN_STARTED, {"turn_id": turn_id})],
+                max_queue=self.max_queue,
+                agent=agent,
+                limits=self.limits,
+                idempotency=asked.idempotency(agent),
+            )
+        )
+
+        def settled(done: asyncio.Future[tuple[Turn, list[Item] | None]]) -> None:
+            # In a callback, not after the await: a caller that goes away meanwhile (a client
+            # disconnecting cancels its request) must not leave a started turn nobody runs.
+            if not done.cancelled() and done.exception() is None:
+                turn, items = done.result()
+                if items is not None and turn.id == turn_id:
+                    local.waiters.setdefault(turn.id, (key, []))
+                    local.started[key] = (turn, items[0])
+            if local.claims.get(key) is claim:
+                del local.claims[key]
+            claim.set()
+            self.workers.wake(key)
+
+        write.add_done_callback(settled)
+        turn, _ = await asyncio.shield(write)
+        return turn
+
     async def _preempt(self, key: SessionKey, policy: Literal["interrupt", "rollback"]) -> None:
         """End the session's turn under way for a newer one (policy interrupt or rollback):
         the running one, or one parked on a decision (which nobody runs, so it ends here).
@@ -366,6 +467,8 @@ class Scheduler:
                 here = self.local.running.get(turn.id)
                 if here is not None:
                     here.ctx.request_cancel(status, reason)
+                elif key in self.local.leases:  # it is about to register here
+                    self.local.asked[turn.id] = (status, reason)
             elif turn.started_at is not None:  # parked, or decided and not yet resumed
                 ended = await self.store.end_waiting_turn(key, turn.id, reason, status=status)
                 if ended is not None:
@@ -479,6 +582,10 @@ class Scheduler:
                 running = self.local.running.get(turn_id)
                 if running is not None:
                     running.ctx.request_cancel("cancelled", reason)
+                elif key in self.local.leases:
+                    # Started here and not registered yet (started as it was admitted, say):
+                    # it reads this as it registers, or is resolved here as it ends.
+                    self.local.asked[turn_id] = ("cancelled", reason)
             done = await self.wait(key, turn_id, until_input=True)
             if done.ended:
                 return done
@@ -539,3 +646,37 @@ class Scheduler:
 
     def running_turns(self) -> list[Turn]:
         return [r.turn for r in self.local.running.values()]
+
+
+@dataclass(frozen=True, slots=True)
+class _Agent:
+    """The agent a turn is admitted for (None: the session's, resolved where it runs)."""
+
+    ref: AgentRef | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Asked:
+    """What a submission asks, as :meth:`Scheduler.submit` took it."""
+
+    key: SessionKey
+    input: str
+    policy: Policy
+    agent: AgentRef | None
+    own_agent: Callable[[str], AgentRef] | None
+    idempotency_key: str | None
+
+    def agent_under(self, lease: Lease, local: Local) -> _Agent | None:
+        """The turn's agent if it is known without a read while ``lease`` is held; None if
+        the session must be read for it."""
+        if self.agent is not None or self.own_agent is None:
+            return _Agent(self.agent)
+        known = local.agents.get(self.key)
+        if known is None or known[0] is not lease:
+            return None
+        return _Agent(self.own_agent(known[1]))
+
+    def idempotency(self, agent: AgentRef | None) -> Idempotency | None:
+        if self.idempotency_key is None:
+            return None
+        return Idempotency(self.idempotency_key, request_digest(self.input, self.policy, agent))

@@ -11,7 +11,16 @@ import asyncio
 from dataclasses import dataclass, field
 
 from tether.loop.context import TurnContext
-from tether.records import LOCAL_PRINCIPAL, Lease, Principal, SessionKey, Turn
+from tether.records import (
+    LOCAL_PRINCIPAL,
+    CancelStatus,
+    Item,
+    Lease,
+    Principal,
+    Reason,
+    SessionKey,
+    Turn,
+)
 from tether.scheduler.feeds import Feeds
 from tether.scheduler.history import HistoryCache
 
@@ -58,6 +67,20 @@ class Local:
     """Leases taken with a turn's admission (:class:`~tether.store.capabilities.LeasingQueue`) for
     the session's worker to run it under, with the store's news from before the admission."""
     leases: dict[SessionKey, Lease] = field(default_factory=dict)
+    agents: dict[SessionKey, tuple[Lease, str]] = field(default_factory=dict)
+    """The agent each session was made with, as read while this process held the lease (it
+    counts under that lease only, for turns admitted under it)."""
+    claims: dict[SessionKey, asyncio.Event] = field(default_factory=dict)
+    """Sessions whose next turn is being admitted under the lease their worker holds here,
+    to be started in the same write if nothing is ahead of it
+    (:class:`~tether.store.capabilities.StartingQueue`); set once the write has settled. The
+    worker does not give the lease up before."""
+    started: dict[SessionKey, tuple[Turn, Item]] = field(default_factory=dict)
+    """A turn started as it was admitted, with its user item, for the session's worker to run
+    first (the store shows it running from its admission on)."""
+    asked: dict[str, tuple[CancelStatus, Reason]] = field(default_factory=dict)
+    """Cancels asked here for turns running in the store but not yet registered here (started
+    a moment ago): the turn reads its own as it registers, without waiting for the watcher."""
     history: HistoryCache = field(default_factory=HistoryCache)
     """What the holder of each lease here knows of its session's history (windows unread)."""
     running: Running = field(default_factory=Running)
@@ -82,6 +105,7 @@ class Local:
         """Hand an ended turn to every local caller waiting for it."""
         _, futures = self.waiters.pop(turn.id, (turn.key, []))
         self.accepted_at.pop(turn.id, None)
+        self.asked.pop(turn.id, None)
         for fut in futures:
             if not fut.done():
                 fut.set_result(turn)

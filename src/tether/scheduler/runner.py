@@ -104,9 +104,11 @@ class TurnRunner:
         """The sessions' MCP connections in this process (None: agents' MCP servers unused)."""
         self._counter = store if isinstance(store, ChangeCounter) else None
 
-    async def run(self, lease: Lease, turn: Turn, agent_name: str | None) -> None:
+    async def run(
+        self, lease: Lease, turn: Turn, agent_name: str | None, started: Item | None = None
+    ) -> None:
         """Run ``turn`` to its ending (or until it parks on a decision) and hand it to whoever
-        waits for it.
+        waits for it. ``started``: the turn was started as it was admitted, with this user item.
 
         Raises :class:`StaleLease` when the session was lost meanwhile: nothing more was written;
         :class:`TurnNotNext` when an earlier turn of the session is active: nothing was written.
@@ -115,8 +117,12 @@ class TurnRunner:
         self._local.feeds.open(feed)
         sink: FencedSink | None = None
         try:
-            sink, started = await self._sink(lease, turn, feed)
-            done = await self._run(sink, turn, agent_name, started)
+            if started is not None:
+                sink = FencedSink(self._store, lease, turn.id, feed, history=self._local.history)
+                done = await self._run(sink, turn, agent_name, frozenset(), started)
+            else:
+                sink, called = await self._sink(lease, turn, feed)
+                done = await self._run(sink, turn, agent_name, called)
         finally:
             if sink is not None:
                 sink.close()
@@ -144,10 +150,13 @@ class TurnRunner:
         return ended if ended is not None else parked
 
     async def _asked_meanwhile(self, turn: Turn, ctx: TurnContext, rings: int | None) -> None:
-        """Another process may have asked to end the turn once it was running, with the ring of
-        that request heard before the turn was registered here (the cancel watcher then read
-        the requests without it, and would find this one only at its safety look a second
-        later): read them for this turn once, and only then."""
+        """A cancel asked before the turn was registered here is honoured as it registers:
+        one asked in this process is in ``asked``; one asked by another process, whose ring
+        was heard meanwhile (the cancel watcher then read the requests without this turn, and
+        would find it only at its safety look a second later), is read for this turn once."""
+        asked_here = self._local.asked.pop(turn.id, None)
+        if asked_here is not None:
+            ctx.request_cancel(*asked_here)  # asked in this process before it registered
         counter = self._counter
         if rings is None or counter is None or counter.heard() == rings:
             return
@@ -177,14 +186,21 @@ class TurnRunner:
         return sink, frozenset(started)
 
     async def _run(
-        self, sink: FencedSink, turn: Turn, agent_name: str | None, started: frozenset[str]
+        self,
+        sink: FencedSink,
+        turn: Turn,
+        agent_name: str | None,
+        started: frozenset[str],
+        admitted: Item | None = None,
     ) -> Turn:
         resumed: Resumed | None = None
         held: MemoryWrites | None = None
         items: list[Item] = []
         rings = self._counter.heard() if self._counter is not None else None
         try:
-            if turn.started_at is None:
+            if admitted is not None:
+                user_item = sink.started_with_admission(admitted)
+            elif turn.started_at is None:
                 user_item = await sink.start(turn.input)
             else:
                 items, held = await sink.resume()
@@ -199,7 +215,7 @@ class TurnRunner:
             if now is None or not now.ended:
                 raise
             return now
-        if turn.started_at is not None:
+        if turn.started_at is not None and admitted is None:
             decided = await self._store.list_decisions(turn.key, turn_id=turn.id)
             resumed = Resumed(
                 items,

@@ -140,6 +140,15 @@ class FencedSink:
         self._started = True
         return items[0]
 
+    def started_with_admission(self, item: Item) -> Item:
+        """The turn was started as it was admitted (``turn.started`` written then, seq 2, with
+        the user's ``item``): take it up from there, as :meth:`start` would have left it."""
+        self._next_seq = max(self._next_seq, 3)
+        self._history.wrote(self.lease, [item])
+        self._feed.publish(NewEvent(2, TURN_STARTED, {"turn_id": self._turn_id}), time.time())
+        self._started = True
+        return item
+
     async def resume(self) -> tuple[list[Item], MemoryWrites | None]:
         """Take a decided turn up again: ``turn.resumed``, the turn back to running; returns
         its items so far (whose unanswered calls are then open) and the memory it held.

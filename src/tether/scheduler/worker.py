@@ -228,6 +228,7 @@ class Workers:
                     local.dirty.add(key)
                 finally:
                     local.leases.pop(key, None)
+                    local.agents.pop(key, None)
                     self._agent_of.pop(key, None)
                     self._looked.pop(key, None)  # a new lease reads its queue afresh
                     if kept:
@@ -255,6 +256,7 @@ class Workers:
         lease taken for it and not used, after a failure, runs out by itself)."""
         self._local.workers.pop(key, None)
         self._local.granted.pop(key, None)
+        self._local.started.pop(key, None)
         self._local.handed.pop(key, None)
         self._ran_to.pop(key, None)
 
@@ -318,6 +320,14 @@ class Workers:
         while True:
             dirty = key in local.dirty
             local.dirty.discard(key)
+            started = local.started.pop(key, None)
+            if started is not None:
+                # Started as it was admitted, under this lease: it runs first, even when the
+                # process is closing (it shows running; left so, it would end owner_lost).
+                first, item = started
+                self._ran_to[key] = max(first.seq, self._ran_to.get(key, 0))
+                await self._runner.run(lease, first, await self._agent(key, first), item)
+                continue
             # A turn submitted here is most often the next one: start it without reading the
             # queue. The store refuses the start if an earlier turn (accepted by another
             # process, or parked) is still active, and then the queue says what comes first.
@@ -334,15 +344,20 @@ class Workers:
             if turn is None or local.closing:
                 return
             self._ran_to[key] = max(turn.seq, self._ran_to.get(key, 0))
-            if turn.agent is None and key not in self._agent_of:
-                # Read once per lease: a session's own agent does not change under it.
-                record = await self._store.get_session(key)
-                self._agent_of[key] = record.agent if record is not None else ""
-            agent = turn.agent.name if turn.agent else self._agent_of[key]
             try:
-                await self._runner.run(lease, turn, agent)
+                await self._runner.run(lease, turn, await self._agent(key, turn))
             except TurnNotNext:
                 self._looked.pop(key, None)  # an earlier turn is active: the queue says which
+
+    async def _agent(self, key: SessionKey, turn: Turn) -> str:
+        """The name of the agent ``turn`` was sent to: its own, or the session's."""
+        if turn.agent is not None:
+            return turn.agent.name
+        if key not in self._agent_of:
+            # Read once per lease: a session's own agent does not change under it.
+            record = await self._store.get_session(key)
+            self._agent_of[key] = record.agent if record is not None else ""
+        return self._agent_of[key]
 
     def _closing(self) -> bool:
         # A call, not the attribute: close() flips it while _linger awaits, and a type checker
@@ -350,6 +365,25 @@ class Workers:
         return self._local.closing
 
     async def _linger(self, key: SessionKey) -> bool:
+        """:meth:`_wait_linger`; then, if a turn is being admitted under this lease to start
+        at once (:attr:`Local.claims`), wait until it has settled. True if a turn came in.
+
+        The caller gives the lease up (``local.leases``) with no await after this returns, so
+        a submit that comes later finds no lease held here and queues its turn the usual way.
+        """
+        local = self._local
+        kept = await self._wait_linger(key)
+        while (claim := local.claims.get(key)) is not None:
+            await claim.wait()
+        return kept or key in local.started
+
+    def wake(self, key: SessionKey) -> None:
+        """Wake ``key``'s worker if it lingers (an admission made under its lease settled)."""
+        kicked = self._local.kicked.get(key)
+        if kicked is not None:
+            kicked.set()
+
+    async def _wait_linger(self, key: SessionKey) -> bool:
         """Keep the lease a moment after the queue empties; True if a new turn came in.
 
         A conversation's next turn often follows within moments: holding on saves taking and
@@ -363,7 +397,7 @@ class Workers:
         local = self._local
         if local.closing or self.linger <= 0:
             return False
-        if key in local.dirty:
+        if key in local.dirty or key in local.claims or key in local.started:
             return True
         kicked = local.kicked[key] = asyncio.Event()
         deadline = time.monotonic() + self.linger
@@ -393,6 +427,8 @@ class Workers:
                     ):
                         await kicked.wait()
                 kicked.clear()
+                if key in local.claims or key in local.started:
+                    return True  # a turn submitted here under this lease: _linger waits for it
                 closing = self._closing()  # re-read: close() may have run while we waited
                 if key in local.dirty:
                     return not closing
