@@ -72,6 +72,25 @@ async def owned(request: Request, sid: SessionIdPath) -> Owned:
 OwnedSession = Annotated[Owned, Depends(owned)]
 
 
+@dataclass(frozen=True, slots=True)
+class Asking:
+    """The caller and the key of its session, unread: for a route whose store write finds
+    the session itself (unknown, foreign and expired fail there with the same 404)."""
+
+    st: ServerState
+    caller: Principal
+    key: SessionKey
+
+
+async def asking(request: Request, sid: SessionIdPath) -> Asking:
+    st = await state_of(request)
+    caller = await principal(request, st)
+    return Asking(st, caller, await session_key(caller, sid))
+
+
+AskingSession = Annotated[Asking, Depends(asking)]
+
+
 def check_message(st: ServerState, text: str) -> None:
     limit = st.settings.limits.max_message_chars
     if len(text) > limit:

@@ -12,9 +12,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from tether.errors import Conflict, TurnNotFound
 from tether.events import TURN_ENDED
-from tether.records import Event, SessionKey, Turn
+from tether.records import AgentRef, Event, SessionKey, Turn
 from tether.server import sse
-from tether.server.deps import Caller, Key, OwnedSession, OwnSession, State, check_message
+from tether.server.deps import AskingSession, Caller, Key, OwnSession, State, check_message
 from tether.server.routes.outcomes import turn_response
 from tether.server.schemas import (
     IDEMPOTENCY_KEY,
@@ -113,7 +113,8 @@ IdempotencyHeader = Annotated[
     responses={
         200: {"description": "the completed turn (wait=true)", "content": SSE},
         202: {
-            "description": "queued (wait=false); or (wait=true) waiting for a human decision: "
+            "description": "accepted (wait=false): queued, or started already; or (wait=true) "
+            "waiting for a human decision: "
             "status awaiting_input with its decisions, or queued behind a turn awaiting input "
             "(behind) with that turn's decisions",
             "model": TurnOut,
@@ -130,20 +131,25 @@ IdempotencyHeader = Annotated[
 async def create_turn(
     body: TurnCreate,
     request: Request,
-    owned: OwnedSession,
+    asking: AskingSession,
     idempotency_key: IdempotencyHeader = None,
 ) -> Response:
     """Run a turn. ``wait`` (default) answers with the ended turn; ``stream`` with its SSE
-    events; ``wait=false`` with 202 and the queued turn. A retry with the same idempotency key
+    events; ``wait=false`` with 202 and the accepted turn (queued, or running already). A retry with the same idempotency key
     gets the turn the first request made, in the same form."""
-    st, caller, key, record = owned.st, owned.caller, owned.key, owned.record
+    st, caller, key = asking.st, asking.caller, asking.key
     check_message(st, body.input)
     if idempotency_key and body.idempotency_key and idempotency_key != body.idempotency_key:
         # As with If-Match and a body revision that disagree: the request contradicts itself.
         raise Conflict("the Idempotency-Key header and idempotency_key differ; send one")
     # A session made by the Python API before any agent names none: the app's first answers.
     first = st.agents[0].name if st.agents else ""
-    agent = st.runtime.served(body.agent or record.agent or first)
+
+    def own_agent(name: str) -> AgentRef:
+        return st.runtime.served(name or first).ref
+
+    # The session is not read here: the admission finds it (404 when it is not the caller's
+    # or has expired), and its agent is read by the scheduler only when not known already.
     # A caller that waits for the outcome anyway may wait for room in a full queue
     # (backpressure); a fire-and-forget submission gets 429 at once.
     turn = await st.runtime.scheduler.submit(
@@ -152,7 +158,8 @@ async def create_turn(
         policy=body.policy,
         principal=caller,
         wait_for_slot=st.settings.admission_wait if body.wait or body.stream else 0.0,
-        agent=agent.ref,
+        agent=st.runtime.served(body.agent).ref if body.agent else None,
+        own_agent=own_agent,
         idempotency_key=idempotency_key or body.idempotency_key,
     )
     if body.stream:
