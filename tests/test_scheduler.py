@@ -1148,6 +1148,8 @@ async def test_a_cancel_asked_here_before_a_started_turn_registers_lands_at_once
             return None  # the worker is not woken until the cancel has been asked
 
         monkeypatch.setattr(rt.scheduler.workers, "wake", held)
+        # The worker lingers (otherwise it takes the turn up by itself as it goes on).
+        await wait_until(lambda: key in rt.scheduler.local.kicked)
         turn = await rt.scheduler.submit(key, "a long one")
         assert turn.status == "running" and key in started
         cancel = asyncio.ensure_future(rt.scheduler.cancel(key, turn.id))
