@@ -15,6 +15,7 @@ import pytest
 
 from tests.helpers import StoreFactory, all_items, wait_until
 from tether import Agent, QueueFull
+from tether.errors import SessionNotFound, StaleLease
 from tether.events import TURN_ENDED, TURN_QUEUED, TURN_STARTED
 from tether.models.base import Finish, ModelEvent, ModelRequest, TextDelta, Usage
 from tether.records import (
@@ -24,6 +25,7 @@ from tether.records import (
     Lease,
     NewEvent,
     NewItem,
+    Principal,
     SessionKey,
     Turn,
 )
@@ -978,9 +980,33 @@ async def test_a_session_made_anew_elsewhere_under_a_lingering_lease_runs_its_ow
             turn = await a.scheduler.submit(key, text, own_agent=own)
             assert (await a.scheduler.wait(key, turn.id)).output == "from a"
         assert a.scheduler.lease_of(key) is not None
+        # A's lingering worker looks at its queue when B's writes ring it: held until B has
+        # made the session anew, that look finds it (with no turn), and the lease lingers on,
+        # stale, so the next turn goes through the fence.
+        b_done = asyncio.Event()
+        active_turns = a.store.active_turns
+
+        async def after_b(k: SessionKey) -> list[Turn]:
+            await b_done.wait()
+            return await active_turns(k)
+
+        refused: list[type[BaseException]] = []
+        started = a.store.enqueue_turn_started  # type: ignore[attr-defined]
+
+        async def fenced(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await started(*args, **kwargs)
+            except Exception as exc:
+                refused.append(type(exc))
+                raise
+
+        a.store.active_turns = after_b  # type: ignore[method-assign,assignment]
+        a.store.enqueue_turn_started = fenced  # type: ignore[attr-defined]
         assert await b.sessions.delete(key)
         await b.sessions.create(key, "b")
+        b_done.set()
         turn = await a.scheduler.submit(key, "three", own_agent=own)
+        assert refused == [StaleLease]
         async with asyncio.timeout(10):
             done = await a.scheduler.wait(key, turn.id)
         assert (done.status, done.output, done.agent) == ("completed", "from b", agents[1].ref)
@@ -1159,3 +1185,16 @@ async def test_a_cancel_asked_here_before_a_started_turn_registers_lands_at_once
             done = await cancel
         assert (done.status, done.reason) == ("cancelled", "cancelled")
         assert turn.id not in rt.scheduler.local.asked
+
+
+async def test_a_turn_refused_for_want_of_a_session_leaves_no_principal_behind(
+    store: Store,
+) -> None:
+    """The turn route reads no session before submitting: a caller sending turns to ids of
+    no session must not leave an entry per id in this process."""
+    async with Runtime(store, agents=[Agent(name="a", model=ScriptedModel(default="ok"))]) as rt:
+        for n in range(20):
+            key = SessionKey("acme", "mallory", f"none-{n}")
+            with pytest.raises(SessionNotFound):
+                await rt.scheduler.submit(key, "hi", principal=Principal("acme", "mallory"))
+        assert not [k for k in rt.scheduler.local.principals if k.owner == "mallory"]

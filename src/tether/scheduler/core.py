@@ -273,14 +273,26 @@ class Scheduler:
             raise InvalidInput(f"a message is text (str), not {type(input).__name__}")
         if policy not in POLICIES:
             raise InvalidInput(f"policy {policy!r}: use one of {', '.join(POLICIES)}")
-        if principal is not None:
-            self.local.principals[key] = principal
         turn_id = new_turn_id()
         counter = self._counter
         before = (counter.seen_version(), counter.heard()) if counter is not None else None
         news = self.workers.news()
         asked = _Asked(key, input, policy, agent, own_agent, idempotency_key)
-        turn, lease = await self._enqueue(asked, wait_for_slot, turn_id)
+        # Noted before the admission (a turn started with it may run before this goes on),
+        # and dropped with a refused one when no worker here would ever drop it (a key of
+        # no session's costs nothing to keep then).
+        known = self.local.principals.get(key)
+        if principal is not None:
+            self.local.principals[key] = principal
+        try:
+            turn, lease = await self._enqueue(asked, wait_for_slot, turn_id)
+        except BaseException:
+            if principal is not None and key not in self.local.workers:
+                if known is None:
+                    self.local.principals.pop(key, None)
+                else:
+                    self.local.principals[key] = known
+            raise
         if turn.id != turn_id:
             return turn  # a retry of a submission: the turn its key made, as it stands
         if turn.status == "running":
@@ -328,7 +340,10 @@ class Scheduler:
                                     lease, asked, known.ref, turn_id
                                 ), None
                             except StaleLease:
-                                local.agents.pop(key, None)  # then as usual, below
+                                # Then as usual, below, reading the session afresh: it may
+                                # have been deleted and made anew since the read above.
+                                local.agents.pop(key, None)
+                                read = None
                     agent = read if read is not None else await self._agent(asked)
                     idempotency = asked.idempotency(agent.ref)
                     if self._leasing is not None:
@@ -428,6 +443,8 @@ class Scheduler:
             )
         )
 
+        gone = False  # the caller was cancelled before it had the outcome
+
         def settled(done: asyncio.Future[tuple[Turn, list[Item] | None]]) -> None:
             # In a callback, not after the await: a caller that goes away meanwhile (a client
             # disconnecting cancels its request) must not leave a started turn nobody runs.
@@ -435,14 +452,24 @@ class Scheduler:
                 turn, items = done.result()
                 if items is not None and turn.id == turn_id:
                     local.waiters.setdefault(turn.id, (key, []))
-                    local.started[key] = (turn, items[0])
+                    local.started[key] = (turn, items[0], lease)
+                elif gone and turn.id == turn_id:
+                    self.workers.kick(key, turn)  # queued behind another: as submit would
             if local.claims.get(key) is claim:
                 del local.claims[key]
             claim.set()
             self.workers.wake(key)
 
         write.add_done_callback(settled)
-        turn, _ = await asyncio.shield(write)
+        try:
+            turn, _ = await asyncio.shield(write)
+        except asyncio.CancelledError:
+            gone = True
+            if write.done() and not write.cancelled() and write.exception() is None:
+                queued, items = write.result()
+                if items is None and queued.id == turn_id:
+                    self.workers.kick(key, queued)  # settled before the caller went away
+            raise
         return turn
 
     async def _preempt(self, key: SessionKey, policy: Literal["interrupt", "rollback"]) -> None:
@@ -468,7 +495,7 @@ class Scheduler:
                 if here is not None:
                     here.ctx.request_cancel(status, reason)
                 elif key in self.local.leases:  # it is about to register here
-                    self.local.asked[turn.id] = (status, reason)
+                    self.local.asked[turn.id] = (key, status, reason)
             elif turn.started_at is not None:  # parked, or decided and not yet resumed
                 ended = await self.store.end_waiting_turn(key, turn.id, reason, status=status)
                 if ended is not None:
@@ -585,7 +612,7 @@ class Scheduler:
                 elif key in self.local.leases:
                     # Started here and not registered yet (started as it was admitted, say):
                     # it reads this as it registers, or is resolved here as it ends.
-                    self.local.asked[turn_id] = ("cancelled", reason)
+                    self.local.asked[turn_id] = (key, "cancelled", reason)
             done = await self.wait(key, turn_id, until_input=True)
             if done.ended:
                 return done

@@ -75,12 +75,13 @@ class Local:
     to be started in the same write if nothing is ahead of it
     (:class:`~tether.store.capabilities.StartingQueue`); set once the write has settled. The
     worker does not give the lease up before."""
-    started: dict[SessionKey, tuple[Turn, Item]] = field(default_factory=dict)
-    """A turn started as it was admitted, with its user item, for the session's worker to run
-    first (the store shows it running from its admission on)."""
-    asked: dict[str, tuple[CancelStatus, Reason]] = field(default_factory=dict)
+    started: dict[SessionKey, tuple[Turn, Item, Lease]] = field(default_factory=dict)
+    """A turn started as it was admitted, with its user item and the lease it was admitted
+    under, for the session's worker to run first (the store shows it running from then on)."""
+    asked: dict[str, tuple[SessionKey, CancelStatus, Reason]] = field(default_factory=dict)
     """Cancels asked here for turns running in the store but not yet registered here (started
-    a moment ago): the turn reads its own as it registers, without waiting for the watcher."""
+    a moment ago), by turn: the turn reads its own as it registers, without waiting for the
+    watcher. Dropped when the turn ends here or its session's worker here ends."""
     history: HistoryCache = field(default_factory=HistoryCache)
     """What the holder of each lease here knows of its session's history (windows unread)."""
     running: Running = field(default_factory=Running)

@@ -156,7 +156,7 @@ class TurnRunner:
         would find it only at its safety look a second later), is read for this turn once."""
         asked_here = self._local.asked.pop(turn.id, None)
         if asked_here is not None:
-            ctx.request_cancel(*asked_here)  # asked in this process before it registered
+            ctx.request_cancel(*asked_here[1:])  # asked in this process before it registered
         counter = self._counter
         if rings is None or counter is None or counter.heard() == rings:
             return

@@ -228,6 +228,10 @@ class Workers:
                     local.dirty.add(key)
                 finally:
                     local.leases.pop(key, None)
+                    # An admission made under the lease (Local.claims) settles before the lease
+                    # goes (after _linger that is done; after a failure it may be in flight).
+                    while (claim := local.claims.get(key)) is not None:
+                        await claim.wait()
                     local.agents.pop(key, None)
                     self._agent_of.pop(key, None)
                     self._looked.pop(key, None)  # a new lease reads its queue afresh
@@ -254,10 +258,13 @@ class Workers:
     def _gone(self, key: SessionKey) -> None:
         """This process's worker of ``key`` has ended: forget what it knew of the session (a
         lease taken for it and not used, after a failure, runs out by itself)."""
-        self._local.workers.pop(key, None)
-        self._local.granted.pop(key, None)
-        self._local.started.pop(key, None)
-        self._local.handed.pop(key, None)
+        local = self._local
+        local.workers.pop(key, None)
+        local.granted.pop(key, None)
+        local.started.pop(key, None)
+        for turn_id in [t for t, (k, _, _) in local.asked.items() if k == key]:
+            del local.asked[turn_id]
+        local.handed.pop(key, None)
         self._ran_to.pop(key, None)
 
     async def _acquire(self, key: SessionKey) -> Lease | None:
@@ -321,10 +328,10 @@ class Workers:
             dirty = key in local.dirty
             local.dirty.discard(key)
             started = local.started.pop(key, None)
-            if started is not None:
+            if started is not None and started[2] is lease:
                 # Started as it was admitted, under this lease: it runs first, even when the
                 # process is closing (it shows running; left so, it would end owner_lost).
-                first, item = started
+                first, item, _ = started
                 self._ran_to[key] = max(first.seq, self._ran_to.get(key, 0))
                 await self._runner.run(lease, first, await self._agent(key, first), item)
                 continue

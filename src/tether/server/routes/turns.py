@@ -135,8 +135,9 @@ async def create_turn(
     idempotency_key: IdempotencyHeader = None,
 ) -> Response:
     """Run a turn. ``wait`` (default) answers with the ended turn; ``stream`` with its SSE
-    events; ``wait=false`` with 202 and the accepted turn (queued, or running already). A retry with the same idempotency key
-    gets the turn the first request made, in the same form."""
+    events; ``wait=false`` with 202 and the accepted turn (queued, or running already). A
+    retry with the same idempotency key gets the turn the first request made, in the same
+    form."""
     st, caller, key = asking.st, asking.caller, asking.key
     check_message(st, body.input)
     if idempotency_key and body.idempotency_key and idempotency_key != body.idempotency_key:

@@ -240,7 +240,8 @@ class LeasesConformance:
         assert stored is not None and (stored.status, stored.seq) == ("running", first.seq)
         events = await store.list_events(k, "t1")
         assert [(e.seq, e.type) for e in events] == [(1, TURN_QUEUED), (2, TURN_STARTED)]
-        assert [i.content for i in await store.list_items(k)] == ["one"]
+        stored_items = await store.list_items(k)
+        assert [(i.seq, i.content) for i in stored_items] == [(written[0].seq, "one")]
         # Behind a running turn the next one is only queued, and writes nothing of its own.
         second, none = await store.enqueue_turn_started(
             lease,
