@@ -1198,3 +1198,48 @@ async def test_a_turn_refused_for_want_of_a_session_leaves_no_principal_behind(
             with pytest.raises(SessionNotFound):
                 await rt.scheduler.submit(key, "hi", principal=Principal("acme", "mallory"))
         assert not [k for k in rt.scheduler.local.principals if k.owner == "mallory"]
+
+
+async def test_on_sqlite_a_cancel_from_elsewhere_before_a_started_turn_registers_lands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same, asked by another process: its ring comes before the turn registers here,
+    and the turn reads its requests as it registers because it counts rings from its
+    admission (it ran in the store from then on), not from when its worker took it up."""
+    from tether.scheduler import core, news
+
+    for module, name in (
+        (core, "CANCEL_POLL"),
+        (core, "CANCEL_FALLBACK"),
+        (core, "LOCAL_SAFETY"),
+        (news, "FALLBACK"),
+    ):
+        monkeypatch.setattr(module, name, 60.0)
+    model = ScriptedModel("warm", default=Slow("w " * 500, delay=0.02, forever=True))
+    path = tmp_path / "tether.db"
+    mine = SQLiteStore(path)
+    a = Runtime(mine, agents=[Agent(name="a", model=model)])
+    b = Runtime(SQLiteStore(path), agents=[Agent(name="a", model=model)])
+    async with a, b:
+        a.scheduler.linger = 60.0
+        key = SessionKey("local", "local", "cancelled-elsewhere")
+        await a.sessions.create(key, "a")
+        await a.scheduler.wait(key, (await a.scheduler.submit(key, "warm")).id)
+        wake = a.scheduler.workers.wake
+
+        def held(key: SessionKey) -> None:
+            return None  # the worker is not woken until the ring has been heard
+
+        monkeypatch.setattr(a.scheduler.workers, "wake", held)
+        await wait_until(lambda: key in a.scheduler.local.kicked)
+        turn = await a.scheduler.submit(key, "a long one")
+        assert turn.status == "running" and key in a.scheduler.local.started
+        heard = mine.heard()
+        assert heard is not None
+        assert await b.store.request_cancel(key, turn.id, "cancelled", "caller_cancelled")
+        async with asyncio.timeout(5):
+            await mine.hear(heard)
+        wake(key)
+        async with asyncio.timeout(10):
+            done = await a.scheduler.wait(key, turn.id)
+        assert (done.status, done.reason) == ("cancelled", "caller_cancelled")

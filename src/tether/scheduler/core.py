@@ -57,7 +57,7 @@ from tether.records import (
 )
 from tether.scheduler import chores
 from tether.scheduler.feeds import follow_turn
-from tether.scheduler.local import Local
+from tether.scheduler.local import Admitted, Local
 from tether.scheduler.news import StoreNews
 from tether.scheduler.owners import new_owner_id
 from tether.scheduler.runner import AgentResolver, AutoNotes, TurnRunner, TurnStore
@@ -427,6 +427,8 @@ class Scheduler:
         worker keeps until the write has settled, and then runs the turn if it started."""
         local, key, starting = self.local, lease.key, self._starting
         assert starting is not None
+        # Before the write: a cancel from another process rings after the turn is running.
+        rings = self._counter.heard() if self._counter is not None else None
         claim = local.claims[key] = asyncio.Event()
         write = asyncio.ensure_future(
             starting.enqueue_turn_started(
@@ -452,7 +454,7 @@ class Scheduler:
                 turn, items = done.result()
                 if items is not None and turn.id == turn_id:
                     local.waiters.setdefault(turn.id, (key, []))
-                    local.started[key] = (turn, items[0], lease)
+                    local.started[key] = (turn, Admitted(items[0], lease, rings))
                 elif gone and turn.id == turn_id:
                     self.workers.kick(key, turn)  # queued behind another: as submit would
             if local.claims.get(key) is claim:

@@ -52,6 +52,16 @@ class Running(dict[str, RunningTurn]):
             await self._started.wait()
 
 
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """How a turn started as it was admitted: its user item, the lease it was admitted under,
+    and the rings the store had heard before the admission (None: nobody rings it)."""
+
+    item: Item
+    lease: Lease
+    rings: int | None
+
+
 @dataclass
 class Local:
     workers: dict[SessionKey, asyncio.Task[None]] = field(default_factory=dict)
@@ -75,9 +85,9 @@ class Local:
     to be started in the same write if nothing is ahead of it
     (:class:`~tether.store.capabilities.StartingQueue`); set once the write has settled. The
     worker does not give the lease up before."""
-    started: dict[SessionKey, tuple[Turn, Item, Lease]] = field(default_factory=dict)
-    """A turn started as it was admitted, with its user item and the lease it was admitted
-    under, for the session's worker to run first (the store shows it running from then on)."""
+    started: dict[SessionKey, tuple[Turn, Admitted]] = field(default_factory=dict)
+    """A turn started as it was admitted, for the session's worker to run first (the store
+    shows it running from then on)."""
     asked: dict[str, tuple[SessionKey, CancelStatus, Reason]] = field(default_factory=dict)
     """Cancels asked here for turns running in the store but not yet registered here (started
     a moment ago), by turn: the turn reads its own as it registers, without waiting for the

@@ -30,7 +30,7 @@ from tether.models import resolve_model
 from tether.records import Item, Lease, MemoryWrites, NewItem, Principal, Turn, TurnEnding
 from tether.scheduler.feeds import TurnFeed
 from tether.scheduler.history import CachedHistory
-from tether.scheduler.local import Local, RunningTurn
+from tether.scheduler.local import Admitted, Local, RunningTurn
 from tether.scheduler.sink import FencedSink
 from tether.scheduler.skills import SessionSkills
 from tether.skills import activate_skill
@@ -105,10 +105,10 @@ class TurnRunner:
         self._counter = store if isinstance(store, ChangeCounter) else None
 
     async def run(
-        self, lease: Lease, turn: Turn, agent_name: str | None, started: Item | None = None
+        self, lease: Lease, turn: Turn, agent_name: str | None, started: Admitted | None = None
     ) -> None:
         """Run ``turn`` to its ending (or until it parks on a decision) and hand it to whoever
-        waits for it. ``started``: the turn was started as it was admitted, with this user item.
+        waits for it. ``started``: the turn was started as it was admitted, so.
 
         Raises :class:`StaleLease` when the session was lost meanwhile: nothing more was written;
         :class:`TurnNotNext` when an earlier turn of the session is active: nothing was written.
@@ -148,6 +148,9 @@ class TurnRunner:
             return parked
         ended = await self._store.end_waiting_turn(parked.key, parked.id, reason, status=status)
         return ended if ended is not None else parked
+
+    def _heard(self) -> int | None:
+        return self._counter.heard() if self._counter is not None else None
 
     async def _asked_meanwhile(self, turn: Turn, ctx: TurnContext, rings: int | None) -> None:
         """A cancel asked before the turn was registered here is honoured as it registers:
@@ -191,15 +194,17 @@ class TurnRunner:
         turn: Turn,
         agent_name: str | None,
         started: frozenset[str],
-        admitted: Item | None = None,
+        admitted: Admitted | None = None,
     ) -> Turn:
         resumed: Resumed | None = None
         held: MemoryWrites | None = None
         items: list[Item] = []
-        rings = self._counter.heard() if self._counter is not None else None
+        # Started with its admission, it ran in the store from then on: rings heard since
+        # may be its cancels.
+        rings = admitted.rings if admitted is not None else self._heard()
         try:
             if admitted is not None:
-                user_item = sink.started_with_admission(admitted)
+                user_item = sink.started_with_admission(admitted.item)
             elif turn.started_at is None:
                 user_item = await sink.start(turn.input)
             else:

@@ -328,12 +328,12 @@ class Workers:
             dirty = key in local.dirty
             local.dirty.discard(key)
             started = local.started.pop(key, None)
-            if started is not None and started[2] is lease:
+            if started is not None and started[1].lease is lease:
                 # Started as it was admitted, under this lease: it runs first, even when the
                 # process is closing (it shows running; left so, it would end owner_lost).
-                first, item, _ = started
+                first, admitted = started
                 self._ran_to[key] = max(first.seq, self._ran_to.get(key, 0))
-                await self._runner.run(lease, first, await self._agent(key, first), item)
+                await self._runner.run(lease, first, await self._agent(key, first), admitted)
                 continue
             # A turn submitted here is most often the next one: start it without reading the
             # queue. The store refuses the start if an earlier turn (accepted by another
