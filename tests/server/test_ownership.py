@@ -263,6 +263,10 @@ def test_an_expired_session_is_gone_for_its_owner_too(alice: httpx.Client) -> No
         time.sleep(0.05)
     gone = alice.get(f"/v1/sessions/{sid}")
     assert gone.content == unknown.content
+    # A turn sent to it is refused as one sent to no session (the admission finds it expired).
+    turn_gone = alice.post(f"/v1/sessions/{sid}/turns", json={"input": "again"})
+    turn_unknown = alice.post(f"/v1/sessions/{new_id('nobody')}/turns", json={"input": "again"})
+    assert turn_gone.status_code == 404 and turn_gone.content == turn_unknown.content
     assert sid not in {s["session_id"] for s in alice.get("/v1/sessions").json()["data"]}
     # Reusing the id starts afresh: the expired history is not revived.
     r = alice.post("/api/chat", json={"message": "new", "session_id": sid})
