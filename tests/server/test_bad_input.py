@@ -91,6 +91,8 @@ WRONG: list[tuple[str, str, Body]] = [
     ("PATCH", "", {"state": [1, 2]}),
     ("PATCH", "", {"ttl_seconds": -1}),
     ("PATCH", "", {"ttl_seconds": "soon"}),
+    ("PATCH", "", {"ttl_seconds": True}),  # a number, not a flag (lax pydantic took it as 1)
+    ("PATCH", "", {"ttl_seconds": "30"}),
     ("PATCH", "", {"expected_revision": -1}),
     ("PATCH", "", {"agent": "slow"}),
     ("PATCH", "", {"session_id": "other"}),

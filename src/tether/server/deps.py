@@ -49,33 +49,11 @@ OwnSession = Annotated[SessionRecord, Depends(own_session)]
 
 
 @dataclass(frozen=True, slots=True)
-class Owned:
-    """The caller, the key of its session and the session: what :data:`State`, :data:`Caller`,
-    :data:`Key` and :data:`OwnSession` give, from one dependency."""
-
-    st: ServerState
-    caller: Principal
-    key: SessionKey
-    record: SessionRecord
-
-
-async def owned(request: Request, sid: SessionIdPath) -> Owned:
-    """The same checks in the same order as the four dependencies, for the routes every turn
-    goes through: FastAPI solves each dependency with a walk of its own (sub-dependencies,
-    caches, parameters), and the four cost more than the checks themselves."""
-    st = await state_of(request)
-    caller = await principal(request, st)
-    key = await session_key(caller, sid)
-    return Owned(st, caller, key, await own_session(st, key))
-
-
-OwnedSession = Annotated[Owned, Depends(owned)]
-
-
-@dataclass(frozen=True, slots=True)
 class Asking:
-    """The caller and the key of its session, unread: for a route whose store write finds
-    the session itself (unknown, foreign and expired fail there with the same 404)."""
+    """The caller and the key of its session, unread, from one dependency (FastAPI solves
+    each dependency with a walk of its own, and three cost more than the checks): for a route
+    whose store write finds the session itself (unknown, foreign and expired fail there with
+    the same 404)."""
 
     st: ServerState
     caller: Principal

@@ -282,10 +282,7 @@ def _uses(dependant: Dependant, names: set[str]) -> set[str]:
 def _implied(route: APIRoute) -> set[int]:
     """The errors every route of this shape can answer, whatever its decorator says."""
     dependant = route.dependant
-    names = {"principal", "state_of", "session_key", "own_session", "owned", "asking"}
-    uses = _uses(dependant, names)
-    if "owned" in uses:  # the four in one (deps.owned)
-        uses |= {"principal", "state_of", "session_key", "own_session"}
+    uses = _uses(dependant, {"principal", "state_of", "session_key", "own_session", "asking"})
     if "asking" in uses:  # three of them (deps.asking: the session is found by its write)
         uses |= {"principal", "state_of", "session_key"}
     codes: set[int] = set()

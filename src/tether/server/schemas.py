@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 
 from tether.records import Decision, Item, Policy, SessionRecord, SessionStatus, Turn, Verdict
 from tether.store.rules import decision_data
@@ -63,6 +63,11 @@ class AgentList(BaseModel):
     data: list[AgentOut]
 
 
+Seconds = Annotated[float, Strict()]
+"""A number of seconds: a JSON number, never ``true`` or ``"30"`` (pydantic's lax mode takes
+both for a float, where the documented schema says number)."""
+
+
 class SessionCreate(Wire):
     agent: str | None = Field(None, description="Agent name; default: the only or first agent.")
     session_id: str | None = Field(
@@ -71,13 +76,13 @@ class SessionCreate(Wire):
         json_schema_extra=_SESSION_ID_DOC,
     )
     metadata: dict[str, Any] = Field(default_factory=dict)
-    ttl_seconds: float | None = Field(None, gt=0, le=10 * 365 * 86400)
+    ttl_seconds: Seconds | None = Field(None, gt=0, le=10 * 365 * 86400)
 
 
 class SessionPatch(Wire):
     metadata: dict[str, Any] | None = None
     state: dict[str, Any] | None = None
-    ttl_seconds: float | None = Field(None, gt=0, le=10 * 365 * 86400)
+    ttl_seconds: Seconds | None = Field(None, gt=0, le=10 * 365 * 86400)
     expected_revision: int | None = Field(None, ge=0, le=MAX_INT64)
 
 
