@@ -120,7 +120,7 @@ def admit(
     lock, a transaction, no await in between).
     """
     if is_expired(expires_at, now):
-        raise SessionNotFound("session not found")  # as unknown and foreign ones say
+        raise SessionNotFound("the session has expired")
     if policy == "reject":
         refuse_if_busy(active[0][0] if active else None)
     queued = [turn_id for turn_id, status in active if status == "queued"]
