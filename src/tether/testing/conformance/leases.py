@@ -14,7 +14,7 @@ import pytest
 
 from tether.errors import SessionBusy, StaleLease
 from tether.events import TURN_QUEUED, TURN_STARTED
-from tether.records import Idempotency, Lease, NewItem, TurnEnding
+from tether.records import Idempotency, Item, Lease, NewItem, Policy, Turn, TurnEnding
 from tether.store.capabilities import LeasingQueue, StartingQueue
 from tether.store.protocol import Store
 from tether.store.rules import request_digest
@@ -226,14 +226,26 @@ class LeasesConformance:
         k = await new_session(store)
         lease = await acquire(store, k, "node-a")
 
-        first, written = await store.enqueue_turn_started(
-            lease,
-            turn_id="t1",
-            input="one",
-            policy="enqueue",
-            items=[NewItem("user", "one")],
-            events=[ev(2, TURN_STARTED, turn_id="t1")],
-        )
+        async def send(
+            held: Lease,
+            turn_id: str,
+            text: str,
+            *,
+            policy: Policy = "enqueue",
+            idempotency: Idempotency | None = None,
+        ) -> tuple[Turn, list[Item] | None]:
+            assert isinstance(store, StartingQueue)
+            return await store.enqueue_turn_started(
+                held,
+                turn_id=turn_id,
+                input=text,
+                policy=policy,
+                items=[NewItem("user", text)],
+                events=[ev(2, TURN_STARTED, turn_id=turn_id)],
+                idempotency=idempotency,
+            )
+
+        first, written = await send(lease, "t1", "one")
         assert first.status == "running" and first.started_at is not None
         assert written is not None and [(i.kind, i.content) for i in written] == [("user", "one")]
         stored = await store.get_turn(k, "t1")
@@ -243,64 +255,27 @@ class LeasesConformance:
         stored_items = await store.list_items(k)
         assert [(i.seq, i.content) for i in stored_items] == [(written[0].seq, "one")]
         # Behind a running turn the next one is only queued, and writes nothing of its own.
-        second, none = await store.enqueue_turn_started(
-            lease,
-            turn_id="t2",
-            input="two",
-            policy="enqueue",
-            items=[NewItem("user", "two")],
-            events=[ev(2, TURN_STARTED, turn_id="t2")],
-        )
+        second, none = await send(lease, "t2", "two")
         assert none is None and second.status == "queued" and second.seq == first.seq + 1
         assert [i.content for i in await store.list_items(k)] == ["one"]
         assert [e.type for e in await store.list_events(k, "t2")] == [TURN_QUEUED]
         # A refused admission writes nothing.
         before = await snapshot(store, k)
         with pytest.raises(SessionBusy):
-            await store.enqueue_turn_started(
-                lease,
-                turn_id="t3",
-                input="three",
-                policy="reject",
-                items=[NewItem("user", "three")],
-                events=[ev(2, TURN_STARTED, turn_id="t3")],
-            )
+            await send(lease, "t3", "three", policy="reject")
         assert await snapshot(store, k) == before
         await store.end_turn(lease, "t1", TurnEnding("completed", "answered"), [], [ev(3)])
         # t2 is first now (queued): a new turn waits behind it rather than overtake it.
-        third, none = await store.enqueue_turn_started(
-            lease,
-            turn_id="t3",
-            input="three",
-            policy="enqueue",
-            items=[NewItem("user", "three")],
-            events=[ev(2, TURN_STARTED, turn_id="t3")],
-        )
+        third, none = await send(lease, "t3", "three")
         assert none is None and third.status == "queued"
         # A retry of a submission gets its first turn as it stands, and starts nothing.
         asked = Idempotency("key-1", request_digest("three", "enqueue", None))
         k2 = await new_session(store, key("s2"))
         lease2 = await acquire(store, k2, "node-a")
-        made, started = await store.enqueue_turn_started(
-            lease2,
-            turn_id="u1",
-            input="three",
-            policy="enqueue",
-            items=[NewItem("user", "three")],
-            events=[ev(2, TURN_STARTED, turn_id="u1")],
-            idempotency=asked,
-        )
+        made, started = await send(lease2, "u1", "three", idempotency=asked)
         assert started is not None and made.status == "running"
         await store.end_turn(lease2, "u1", TurnEnding("completed", "answered"), [], [ev(3)])
-        again, none = await store.enqueue_turn_started(
-            lease2,
-            turn_id="u2",
-            input="three",
-            policy="enqueue",
-            items=[NewItem("user", "three")],
-            events=[ev(2, TURN_STARTED, turn_id="u2")],
-            idempotency=asked,
-        )
+        again, none = await send(lease2, "u2", "three", idempotency=asked)
         assert none is None and again.id == "u1" and again.status == "completed"
         assert [i.content for i in await store.list_items(k2)] == ["three"]
         # Under a lost lease nothing is written at all: not even the admission.
@@ -308,14 +283,7 @@ class LeasesConformance:
         await acquire(store, k2, "node-b")
         before = await snapshot(store, k2)
         with pytest.raises(StaleLease):
-            await store.enqueue_turn_started(
-                lease2,
-                turn_id="u3",
-                input="four",
-                policy="enqueue",
-                items=[NewItem("user", "four")],
-                events=[ev(2, TURN_STARTED, turn_id="u3")],
-            )
+            await send(lease2, "u3", "four")
         assert await snapshot(store, k2) == before
 
     async def test_take_over_lease(self, store: Store) -> None:
