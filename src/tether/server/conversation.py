@@ -13,8 +13,16 @@ from dataclasses import dataclass
 from starlette.requests import Request
 
 from tether.agent import Agent
-from tether.errors import InvalidInput
-from tether.records import Policy, Principal, SessionKey, SessionRecord, Turn, new_session_id
+from tether.errors import InvalidInput, SessionNotFound
+from tether.records import (
+    AgentRef,
+    Policy,
+    Principal,
+    SessionKey,
+    SessionRecord,
+    Turn,
+    new_session_id,
+)
 from tether.server.deps import check_message
 from tether.server.routes.turns import wait_for_turn
 from tether.server.state import ServerState
@@ -97,6 +105,69 @@ async def submit(
     )
 
 
+async def send(
+    st: ServerState,
+    caller: Principal,
+    session_id: str | None,
+    message: str,
+    agent_name: str | None = None,
+    *,
+    create: bool = True,
+    policy: Policy = "enqueue",
+    ttl: float | None = None,
+    idempotency_key: str | None = None,
+) -> Turn:
+    """Queue ``message`` on the caller's session ``session_id``: :func:`open_session` then
+    :func:`submit`, with the same outcomes, in fewer store calls.
+
+    A session that is there (a conversation's next message, the common case) is not read or
+    written first: the admission finds it, and the scheduler learns the session's agent as the
+    native turn route has it do. Only when the admission finds no session (unknown, or
+    expired) is it made, with ``create``, and the message sent again.
+    """
+    if not st.agents:
+        raise InvalidInput("this server has no agents")
+    named = st.runtime.served(agent_name) if agent_name else None
+    check_message(st, message)
+    if not session_id:  # None or "": a fresh session, as open_session makes
+        opened = await open_session(st, caller, None, agent_name, ttl=ttl)
+        return await submit(
+            st, opened, caller, message, policy=policy, idempotency_key=idempotency_key
+        )
+    key = SessionKey.of(caller, session_id)
+    first = st.agents[0].name
+
+    def own_agent(name: str) -> AgentRef:
+        # As open_session: the session's agent, or the app's first when it serves no such one.
+        return (st.runtime.agents.get(name) or st.runtime.served(first)).ref
+
+    async def attempt() -> Turn:
+        return await st.runtime.scheduler.submit(
+            key,
+            message,
+            policy=policy,
+            principal=caller,
+            wait_for_slot=st.settings.admission_wait,
+            agent=named.ref if named is not None else None,
+            own_agent=own_agent,
+            idempotency_key=idempotency_key,
+        )
+
+    try:
+        return await attempt()
+    except SessionNotFound:
+        if not create:
+            raise
+    await st.runtime.sessions.create(
+        key,
+        named.name if named is not None else first,
+        exist_ok=True,
+        replace_expired=True,
+        ttl_seconds=ttl,
+    )
+    return await attempt()
+
+
 async def run_turn(
     st: ServerState,
     request: Request,
@@ -107,9 +178,9 @@ async def run_turn(
     *,
     create: bool = True,
     policy: Policy = "enqueue",
-) -> tuple[Opened, Turn | None]:
-    """Open, submit and wait: the turn when it ended or waits for a human decision, None when
-    the client went away first (the turn goes on: a request's end is not a cancel)."""
-    opened = await open_session(st, caller, session_id, agent_name, create=create, message=message)
-    turn = await submit(st, opened, caller, message, policy=policy)
-    return opened, await wait_for_turn(st, request, turn, "continue")
+) -> tuple[Turn, Turn | None]:
+    """Send and wait: the turn as accepted, and as it ended or waits for a human decision
+    (None when the client went away first: a request's end is not a cancel, the turn goes
+    on)."""
+    turn = await send(st, caller, session_id, message, agent_name, create=create, policy=policy)
+    return turn, await wait_for_turn(st, request, turn, "continue")

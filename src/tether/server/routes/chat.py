@@ -156,13 +156,14 @@ async def _turn(
     response to give instead (499 gone, 202 waiting for a human, a problem)."""
     # A session may be served by several of the app's agents: the turn names its own, and one
     # that names none runs the session's own agent (the app's first for a new session).
-    opened, done = await run_turn(st, request, caller, message, session_id, agent_name)
+    sent, done = await run_turn(st, request, caller, message, session_id, agent_name)
     if done is None:
         return Response(status_code=499)
     if not done.ended:
         return done  # waiting for a human: each route answers 202 in its own shape
     if done.status != "completed":
-        return turn_problem(done, agent_name=opened.agent.name, session_id=opened.key.session_id)
+        asked = sent.agent.name if sent.agent is not None else done.agent_name
+        return turn_problem(done, agent_name=asked, session_id=sent.key.session_id)
     return done
 
 

@@ -27,7 +27,7 @@ from tether.errors import AgentNotFound, SessionNotFound, TetherError
 from tether.events import MESSAGE_DELTA, TURN_AWAITING_INPUT, TURN_ENDED
 from tether.records import Principal, SessionKey, Turn
 from tether.server import sse
-from tether.server.conversation import Opened, agent_named, open_session, submit
+from tether.server.conversation import Opened, agent_named, open_session, send
 from tether.server.deps import State
 from tether.server.faces.openai.errors import (
     SESSION_HEADER,
@@ -150,6 +150,21 @@ async def models(request: Request, st: State) -> Response:
     return JSONResponse({"object": "list", "data": data})
 
 
+def _known_model(st: ServerState, model: str) -> None:
+    try:
+        agent_named(st, model)
+    except AgentNotFound:
+        message = f"the model {model!r} does not exist"
+        raise FaceError(404, message, "model_not_found", "model") from None
+
+
+def _no_session(session_id: str | None, missing: FaceError | None) -> FaceError:
+    if missing is not None:
+        return missing
+    message = f"no session {session_id!r}: omit {SESSION_HEADER} to start one"
+    return FaceError(404, message, "session_not_found")
+
+
 async def open_for(
     st: ServerState,
     caller: Principal,
@@ -159,11 +174,7 @@ async def open_for(
     missing: FaceError | None = None,
 ) -> Opened:
     """The caller's session for a turn of ``model``, in OpenAI's words when it is not there."""
-    try:
-        agent_named(st, model)
-    except AgentNotFound:
-        message = f"the model {model!r} does not exist"
-        raise FaceError(404, message, "model_not_found", "model") from None
+    _known_model(st, model)
     try:
         # A call without a session is a one-off: its session is kept a while, not for ever.
         ttl = st.settings.one_off_ttl if session_id is None else None
@@ -171,10 +182,33 @@ async def open_for(
             st, caller, session_id, model, create=False, message=text, ttl=ttl
         )
     except SessionNotFound:
-        if missing is not None:
-            raise missing from None
-        message = f"no session {session_id!r}: omit {SESSION_HEADER} to start one"
-        raise FaceError(404, message, "session_not_found") from None
+        raise _no_session(session_id, missing) from None
+
+
+async def send_for(
+    st: ServerState,
+    caller: Principal,
+    model: str,
+    session_id: str | None,
+    text: str,
+    idempotency_key: str | None,
+) -> Turn:
+    """:func:`open_for` and submit, without a store call first for a session that is there."""
+    _known_model(st, model)
+    try:
+        ttl = st.settings.one_off_ttl if session_id is None else None
+        return await send(
+            st,
+            caller,
+            session_id,
+            text,
+            model,
+            create=False,
+            ttl=ttl,
+            idempotency_key=idempotency_key,
+        )
+    except SessionNotFound:
+        raise _no_session(session_id, None) from None
 
 
 @router.post(
@@ -200,11 +234,10 @@ async def chat_completions(request: Request, st: State) -> Response:
         stream = flag(body, "stream")
         usage = _include_usage(body)
         no_client_tools(body)
-        opened = await open_for(st, caller, model, session_id, text)
-        turn = await submit(st, opened, caller, text, idempotency_key=idempotency_key(request))
+        turn = await send_for(st, caller, model, session_id, text, idempotency_key(request))
     except (FaceError, TetherError, Problem) as exc:
         return refusal(exc, _sid(session_id))
-    headers = {SESSION_HEADER: opened.key.session_id}
+    headers = {SESSION_HEADER: turn.key.session_id}
     if stream:
         return StreamingResponse(
             sse.encoded(_chunks(st, turn, model, usage), _data_frame),

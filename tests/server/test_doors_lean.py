@@ -1,0 +1,157 @@
+"""The doors that open a session as they send (``/api/chat``, ``POST /agent``, OpenAI's chat
+completions): a conversation's next message costs the store what a native turn does, and the
+outcomes are those of opening the session first (made when missing, afresh when expired, the
+app's first agent for a session whose agent is not served here, a 404 where the door makes
+no sessions)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+
+from tether.agent import Agent
+from tether.records import LOCAL_PRINCIPAL, SessionKey
+from tether.runtime import Runtime
+from tether.server.app import create_app
+from tether.server.settings import Settings
+from tether.testing import ScriptedModel
+
+T = TypeVar("T")
+
+
+def seen(request: Any) -> str:
+    """What the model saw: the earlier user and assistant messages, then the new one."""
+    said = [m.content for m in request.messages if m.role in ("user", "assistant")]
+    return f"saw {said[:-1]} then {said[-1]}"
+
+
+@asynccontextmanager
+async def serving(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Runtime]]:
+    agents = [
+        Agent(name="first", model=ScriptedModel(default=seen)),
+        Agent(name="second", model=ScriptedModel(default=lambda r: "from second")),
+    ]
+    app = create_app(Settings(data_dir=tmp_path), agents=agents)
+    runtime: Runtime = app.state.tether.runtime
+    async with app.router.lifespan_context(app):
+        # A lease lingers for the whole test: each next message comes while it is held.
+        runtime.scheduler.linger = 60.0
+        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+            yield c, runtime
+
+
+def counting(runtime: Runtime, calls: list[str], *names: str) -> None:
+    store = runtime.store
+    for name in names:
+        method: Callable[..., Awaitable[Any]] = getattr(store, name)
+
+        def logged(
+            *args: Any, _m: Callable[..., Awaitable[T]] = method, _n: str = name, **kwargs: Any
+        ) -> Awaitable[T]:
+            calls.append(_n)
+            return _m(*args, **kwargs)
+
+        setattr(store, name, logged)
+
+
+def key(sid: str) -> SessionKey:
+    return SessionKey.of(LOCAL_PRINCIPAL, sid)
+
+
+async def history(runtime: Runtime, sid: str) -> list[str]:
+    return [i.content for i in await runtime.store.list_items(key(sid))]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/api/chat", lambda text: {"message": text, "session_id": "lean"}),
+        ("/agent", lambda text: {"message": text, "session_id": "lean"}),
+    ],
+)
+async def test_a_conversations_next_message_neither_reads_nor_writes_its_session_first(
+    tmp_path: Path, path: str, body: Callable[[str], dict[str, Any]]
+) -> None:
+    async with serving(tmp_path) as (c, runtime):
+        calls: list[str] = []
+        counting(runtime, calls, "get_session", "create_session")
+        per_message: list[list[str]] = []
+        for text in ("one", "two", "three"):
+            calls.clear()
+            r = await c.post(path, json=body(text))
+            assert r.status_code == 200, r.text
+            per_message.append(list(calls))
+        # The first message makes the session; the second reads its agent once for the
+        # lease that lingers; the third costs neither a read nor a write of the session.
+        assert per_message[0].count("create_session") == 1
+        assert "create_session" not in per_message[1] + per_message[2]
+        assert per_message[1].count("get_session") <= 1
+        assert per_message[2] == []
+        assert await history(runtime, "lean") == [
+            "one",
+            "saw [] then one",
+            "two",
+            "saw ['one', 'saw [] then one'] then two",
+            "three",
+            "saw ['one', 'saw [] then one', 'two', "
+            "\"saw ['one', 'saw [] then one'] then two\"] then three",
+        ]
+
+
+async def test_an_expired_sessions_id_on_api_chat_starts_afresh(tmp_path: Path) -> None:
+    async with serving(tmp_path) as (c, runtime):
+        await runtime.sessions.create(key("old"), "first", ttl_seconds=0.2)
+        turn = await runtime.scheduler.submit(key("old"), "my secret is 42")
+        assert (await runtime.scheduler.wait(key("old"), turn.id)).status == "completed"
+        await asyncio.sleep(0.3)
+        r = await c.post("/api/chat", json={"message": "what is my secret?", "session_id": "old"})
+        assert r.status_code == 200, r.text
+        assert r.json()["response"] == "saw [] then what is my secret?"
+        assert await history(runtime, "old") == ["what is my secret?", r.json()["response"]]
+
+
+async def test_a_session_whose_agent_is_not_served_here_is_answered_by_the_first(
+    tmp_path: Path,
+) -> None:
+    async with serving(tmp_path) as (c, runtime):
+        await runtime.sessions.create(key("retired"), "retired-agent")
+        r = await c.post("/api/chat", json={"message": "hello", "session_id": "retired"})
+        assert r.status_code == 200, r.text
+        assert (r.json()["agent_name"], r.json()["response"]) == ("first", "saw [] then hello")
+        # A message that names an agent gets that one, on the same session.
+        named = {"message": "and you?", "session_id": "retired", "agent_name": "second"}
+        r = await c.post("/api/chat", json=named)
+        assert (r.json()["agent_name"], r.json()["response"]) == ("second", "from second")
+
+
+async def test_openai_chat_completions_on_a_session_reads_nothing_first(tmp_path: Path) -> None:
+    async with serving(tmp_path) as (c, runtime):
+        calls: list[str] = []
+        counting(runtime, calls, "get_session", "create_session")
+
+        def completion(text: str, sid: str) -> Awaitable[httpx.Response]:
+            body = {"model": "first", "messages": [{"role": "user", "content": text}]}
+            return c.post("/v1/chat/completions", json=body, headers={"X-Tether-Session": sid})
+
+        # The face makes no session for an id that is not there: a 404, and nothing made.
+        r = await completion("hello", "nobody")
+        assert r.status_code == 404, r.text
+        assert r.json()["error"]["code"] == "session_not_found"
+        assert await runtime.store.get_session(key("nobody")) is None
+        await runtime.sessions.create(key("chat"), "first")
+        answers = []
+        for text in ("one", "two", "three"):
+            calls.clear()
+            r = await completion(text, "chat")
+            assert r.status_code == 200, r.text
+            assert r.headers["X-Tether-Session"] == "chat"
+            answers.append(r.json()["choices"][0]["message"]["content"])
+        assert calls == []  # the third message, as the lease lingers: no read
+        assert answers[1] == "saw ['one', 'saw [] then one'] then two"
