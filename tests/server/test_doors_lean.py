@@ -155,3 +155,41 @@ async def test_openai_chat_completions_on_a_session_reads_nothing_first(tmp_path
             answers.append(r.json()["choices"][0]["message"]["content"])
         assert calls == []  # the third message, as the lease lingers: no read
         assert answers[1] == "saw ['one', 'saw [] then one'] then two"
+
+
+def a2a_send(text: str, context: str) -> dict[str, Any]:
+    message = {"messageId": f"m-{text}", "role": "ROLE_USER", "parts": [{"text": text}]}
+    params = {"message": {**message, "contextId": context}}
+    return {"jsonrpc": "2.0", "id": text, "method": "SendMessage", "params": params}
+
+
+async def test_the_faces_continuing_a_conversation_read_nothing_first(tmp_path: Path) -> None:
+    """A2A's SendMessage with a contextId and the Responses API with a conversation: the
+    admission finds the session; a context or conversation that is not there is refused in
+    each protocol's words, and none is made."""
+    async with serving(tmp_path) as (c, runtime):
+        calls: list[str] = []
+        counting(runtime, calls, "get_session", "create_session")
+
+        r = await c.post("/a2a/first", json=a2a_send("hi", "no-such-context"))
+        assert r.json()["error"]["code"] == -32001, r.text  # TaskNotFoundError
+        body = {"model": "first", "input": "hi", "conversation": "no-such-conversation"}
+        r = await c.post("/v1/responses", json=body)
+        assert (r.status_code, r.json()["error"]["code"]) == (404, "conversation_not_found")
+        for sid in ("no-such-context", "no-such-conversation"):
+            assert await runtime.store.get_session(key(sid)) is None
+
+        await runtime.sessions.create(key("a2a"), "first")
+        await runtime.sessions.create(key("responses"), "first")
+        for text in ("one", "two", "three"):
+            calls.clear()
+            r = await c.post("/a2a/first", json=a2a_send(text, "a2a"))
+            task = r.json()["result"]["task"]
+            assert task["status"]["state"] == "TASK_STATE_COMPLETED", r.text
+            body = {"model": "first", "input": text, "conversation": "responses"}
+            r = await c.post("/v1/responses", json=body)
+            assert r.status_code == 200, r.text
+        assert calls == []  # the third messages, as the leases linger: no read, no write
+        for sid in ("a2a", "responses"):
+            said = await history(runtime, sid)
+            assert said[-2:] == ["three", f"saw {said[:-2]} then three"]

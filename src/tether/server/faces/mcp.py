@@ -58,7 +58,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from tether.errors import SessionNotFound, TetherError
 from tether.records import SESSION_ID_PATTERN, Principal, SessionKey, Turn
-from tether.server.conversation import open_session, submit
+from tether.server.conversation import send
 from tether.server.faces.endings import ended_code, ended_message, refusal, waiting
 from tether.server.problems import Problem
 from tether.server.state import ServerState
@@ -201,15 +201,12 @@ class McpFace:
     ) -> types.CallToolResult:
         message, session_id = _arguments(params.arguments)
         try:
-            opened = await open_session(
-                self.st, caller, session_id, params.name, create=False, message=message
-            )
+            # Shielded: a cancel that lands mid-submission must still learn the turn to cancel.
+            with anyio.CancelScope(shield=True):
+                turn = await send(self.st, caller, session_id, message, params.name, create=False)
         except SessionNotFound:
             text = f"no session {session_id!r}: omit session_id to start a new conversation"
             return _error("session_not_found", text)
-        # Shielded: a cancel that lands mid-submission must still learn the turn to cancel.
-        with anyio.CancelScope(shield=True):
-            turn = await submit(self.st, opened, caller, message)
         with self.calls.track(caller, ctx.request_id, turn):
             try:
                 done = await self.st.runtime.scheduler.wait(turn.key, turn.id, until_input=True)

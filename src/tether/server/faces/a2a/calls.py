@@ -38,7 +38,7 @@ from tether.errors import (
 )
 from tether.records import POLICIES, VERDICTS, Decision, Policy, Principal, SessionKey, Turn
 from tether.records import Verdict as VerdictWord
-from tether.server.conversation import open_session, submit
+from tether.server.conversation import open_session, send, submit
 from tether.server.faces.a2a import tasks
 from tether.server.faces.a2a.wire import error
 from tether.server.schemas import minted
@@ -74,13 +74,24 @@ async def begin(
     context = message.context_id or None
     key: SessionKey | None = None
     try:
-        opened = await open_session(
-            st, caller, context, agent, create=context is None, message=text
-        )
-        key = opened.key
-        turn = await submit(
-            st, opened, caller, text, policy=policy, idempotency_key=_idempotency(message)
-        )
+        if context is None:  # a new conversation: its session is made first, and named
+            opened = await open_session(st, caller, None, agent, message=text)
+            key = opened.key
+            turn = await submit(
+                st, opened, caller, text, policy=policy, idempotency_key=_idempotency(message)
+            )
+        else:  # the admission finds the session: nothing is read or made first
+            key = SessionKey.of(caller, context)
+            turn = await send(
+                st,
+                caller,
+                context,
+                text,
+                agent,
+                create=False,
+                policy=policy,
+                idempotency_key=_idempotency(message),
+            )
     except (SessionNotFound, InvalidSessionId):
         # A2A §3.4.1: a contextId the agent cannot accept is refused, and no new one is made.
         shown = str(context)[:128]

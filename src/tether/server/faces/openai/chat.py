@@ -192,6 +192,7 @@ async def send_for(
     session_id: str | None,
     text: str,
     idempotency_key: str | None,
+    missing: FaceError | None = None,
 ) -> Turn:
     """:func:`open_for` and submit, without a store call first for a session that is there."""
     _known_model(st, model)
@@ -208,7 +209,7 @@ async def send_for(
             idempotency_key=idempotency_key,
         )
     except SessionNotFound:
-        raise _no_session(session_id, None) from None
+        raise _no_session(session_id, missing) from None
 
 
 @router.post(

@@ -43,7 +43,12 @@ from tether.records import SESSION_ID_PATTERN, Principal, SessionKey, Turn
 from tether.server import sse
 from tether.server.conversation import Opened, submit
 from tether.server.deps import State
-from tether.server.faces.openai.chat import IDEMPOTENCY_PARAM, SESSION_ID_SCHEMA, open_for
+from tether.server.faces.openai.chat import (
+    IDEMPOTENCY_PARAM,
+    SESSION_ID_SCHEMA,
+    open_for,
+    send_for,
+)
 from tether.server.faces.openai.errors import (
     SESSION_HEADER,
     TURN_ERRORS,
@@ -285,13 +290,16 @@ async def create_response(request: Request, st: State) -> Response:
         stream, background = flag(body, "stream"), flag(body, "background")
         metadata = _metadata(body.get("metadata"))
         no_client_tools(body)
-        opened = await open_for(st, caller, model, session_id, text, _missing(previous))
+        retry = idempotency_key(request)
         if previous:
+            opened = await open_for(st, caller, model, session_id, text, _missing(previous))
             await _latest(st, opened, previous)
-        turn = await submit(st, opened, caller, text, idempotency_key=idempotency_key(request))
+            turn = await submit(st, opened, caller, text, idempotency_key=retry)
+        else:
+            turn = await send_for(st, caller, model, session_id, text, retry, _missing(None))
     except (FaceError, TetherError, Problem) as exc:
         return refusal(exc, {SESSION_HEADER: session_id} if session_id else None)
-    headers = {SESSION_HEADER: opened.key.session_id}
+    headers = {SESSION_HEADER: turn.key.session_id}
     asked = Asked(model, previous, metadata, background)
     if stream:
         return StreamingResponse(
