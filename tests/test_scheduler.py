@@ -864,7 +864,7 @@ async def test_a_turn_submitted_here_starts_without_a_read_of_the_queue(store: S
         store.start_turn = counted_start  # type: ignore[method-assign]
         if isinstance(store, StartingQueue):
             # This store starts it with its admission instead (the next test): go around that.
-            rt.scheduler._starting = None
+            rt.scheduler.admission.starting = None
         second = await rt.scheduler.submit(key, "two")
         async with asyncio.timeout(10):
             assert (await rt.scheduler.wait(key, second.id)).status == "completed"

@@ -3,7 +3,8 @@
 How it holds together:
 
 * A turn is accepted by :meth:`Scheduler.submit`, which queues it in the store (one transaction
-  that also applies the policy: reject, queue bound). Order is the turn's ``seq``.
+  that also applies the policy: reject, queue bound; :mod:`.admission`, which may also take
+  the session's lease or start the turn in it). Order is the turn's ``seq``.
 * A session with work gets a worker in this process (:mod:`.worker`) that holds the session's
   lease while it runs the queue, one turn at a time (:mod:`.turn`).
 * Background chores (:mod:`.chores`) renew the leases this process holds, apply cancel
@@ -17,22 +18,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
-import time
 from collections.abc import AsyncGenerator, Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
 from tether.errors import (
     InvalidInput,
-    QueueFull,
-    SessionNotFound,
     ShuttingDown,
-    StaleLease,
     TurnNotFound,
 )
-from tether.events import TURN_STARTED
 from tether.memory.service import MemoryService
 from tether.records import (
     POLICIES,
@@ -41,11 +35,7 @@ from tether.records import (
     Decision,
     DecisionStatus,
     Event,
-    Idempotency,
-    Item,
     Lease,
-    NewEvent,
-    NewItem,
     Policy,
     Principal,
     PrincipalLimits,
@@ -56,15 +46,16 @@ from tether.records import (
     new_turn_id,
 )
 from tether.scheduler import chores
+from tether.scheduler.admission import Admission, Asked
 from tether.scheduler.feeds import follow_turn
-from tether.scheduler.local import Admitted, Local
+from tether.scheduler.local import Local
 from tether.scheduler.news import StoreNews
 from tether.scheduler.owners import new_owner_id
 from tether.scheduler.runner import AgentResolver, AutoNotes, TurnRunner, TurnStore
 from tether.scheduler.worker import Workers, WorkerStore
-from tether.store.capabilities import ChangeCounter, LeasingQueue, StartingQueue
+from tether.store.capabilities import ChangeCounter
 from tether.store.protocol import DecisionStore, Maintenance, TurnLog
-from tether.store.rules import DEFAULT_MAX_QUEUE, request_digest
+from tether.store.rules import DEFAULT_MAX_QUEUE
 from tether.tools import workspace
 from tether.tools.mcp import McpSessions
 from tether.tools.workspace import DEFAULT_QUOTA_BYTES
@@ -85,9 +76,6 @@ NOT_HERE_POLL = 0.05
 LOCAL_SAFETY = 1.0
 """The same while this process holds the session's lease, so the turn's end comes here as a
 signal: a read now and then, in case the lease was lost."""
-SLOT_POLL = 0.5
-"""Seconds between retries of a caller waiting for room in a full queue (another node may
-free it without telling this one)."""
 
 
 class SchedulerStore(WorkerStore, TurnStore, TurnLog, DecisionStore, Maintenance, Protocol):
@@ -115,13 +103,8 @@ class Scheduler:
         self.store = store
         # Looked up once: a Protocol isinstance check walks its members, on every turn.
         self._counter = store if isinstance(store, ChangeCounter) else None
-        self._leasing = store if isinstance(store, LeasingQueue) else None
-        self._starting = store if isinstance(store, StartingQueue) else None
         self.owner = new_owner_id(node)
         self.lease_ttl = lease_ttl
-        self.max_queue = max_queue
-        self.limits = limits
-        """Per-principal bounds applied when a turn is admitted (None: unbounded)."""
         self.local = Local()
         self.workspace_root = workspace_root
         self.runner = TurnRunner(
@@ -140,6 +123,15 @@ class Scheduler:
         self.workers = Workers(
             store, self.local, self.runner, owner=self.owner, lease_ttl=lease_ttl, linger=linger
         )
+        self.admission = Admission(
+            store,
+            self.local,
+            self.workers,
+            owner=self.owner,
+            lease_ttl=lease_ttl,
+            max_queue=max_queue,
+            limits=limits,
+        )
         self.sweep_interval = 60.0
         self._chores: list[asyncio.Task[None]] = []
 
@@ -151,6 +143,16 @@ class Scheduler:
     @linger.setter
     def linger(self, seconds: float) -> None:
         self.workers.linger = seconds
+
+    @property
+    def max_queue(self) -> int:
+        """Turns a session may have waiting, the running one included."""
+        return self.admission.max_queue
+
+    @property
+    def limits(self) -> PrincipalLimits | None:
+        """Per-principal bounds applied when a turn is admitted (None: unbounded)."""
+        return self.admission.limits
 
     @property
     def closing(self) -> bool:
@@ -277,7 +279,7 @@ class Scheduler:
         counter = self._counter
         before = (counter.seen_version(), counter.heard()) if counter is not None else None
         news = self.workers.news()
-        asked = _Asked(key, input, policy, agent, own_agent, idempotency_key)
+        asked = Asked(key, input, policy, agent, own_agent, idempotency_key)
         # Noted before the admission (a turn started with it may run before this goes on),
         # and dropped with a refused one when no worker here would ever drop it (a key of
         # no session's costs nothing to keep then).
@@ -285,7 +287,7 @@ class Scheduler:
         if principal is not None:
             self.local.principals[key] = principal
         try:
-            turn, lease = await self._enqueue(asked, wait_for_slot, turn_id)
+            turn, lease = await self.admission.enqueue(asked, wait_for_slot, turn_id)
         except BaseException:
             if principal is not None and key not in self.local.workers:
                 if known is None:
@@ -312,166 +314,6 @@ class Scheduler:
             # Queued is queued: a caller that goes away while the turns ahead are ended (a
             # client disconnecting) leaves a turn that must still run.
             self.workers.kick(key, turn, lease, news)
-        return turn
-
-    async def _enqueue(self, asked: _Asked, wait: float, turn_id: str) -> tuple[Turn, Lease | None]:
-        """The admitted turn, and the session's lease when the store took it for this
-        process as it admitted the turn (the session was idle)."""
-        local, key, input, policy = self.local, asked.key, asked.input, asked.policy
-        deadline = time.monotonic() + wait
-        waiting = False
-        try:
-            while True:
-                try:
-                    lease = local.leases.get(key)
-                    read: _Agent | None = None  # the session read for its agent: good anywhere
-                    if lease is not None and self._may_start(key, lease, policy):
-                        known = asked.agent_under(lease, local)
-                        if known is None:
-                            known = read = await self._agent(asked)
-                        if self._may_start(key, lease, policy):
-                            # The session's worker holds the lease here: admitted under that
-                            # lease, the turn starts in the same write when nothing is ahead of
-                            # it, without the worker's own start (or is queued behind, as
-                            # usual). What was known of the session under the lease holds if
-                            # the lease does.
-                            try:
-                                return await self._enqueue_started(
-                                    lease, asked, known.ref, turn_id
-                                ), None
-                            except StaleLease:
-                                # Then as usual, below, reading the session afresh: it may
-                                # have been deleted and made anew since the read above.
-                                local.agents.pop(key, None)
-                                read = None
-                    agent = read if read is not None else await self._agent(asked)
-                    idempotency = asked.idempotency(agent.ref)
-                    if self._leasing is not None:
-                        return await self._leasing.enqueue_turn_leased(
-                            key,
-                            owner=self.owner,
-                            ttl=self.lease_ttl,
-                            turn_id=turn_id,
-                            input=input,
-                            policy=policy,
-                            max_queue=self.max_queue,
-                            agent=agent.ref,
-                            limits=self.limits,
-                            idempotency=idempotency,
-                        )
-                    turn = await self.store.enqueue_turn(
-                        key,
-                        turn_id=turn_id,
-                        input=input,
-                        policy=policy,
-                        max_queue=self.max_queue,
-                        agent=agent.ref,
-                        limits=self.limits,
-                        idempotency=idempotency,
-                        by=self.owner,
-                    )
-                    return turn, None
-                except QueueFull:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise
-                    if not waiting:
-                        bounded = wait != math.inf
-                        if bounded and local.slot_waiters.get(key, 0) >= self.max_queue:
-                            raise
-                        local.slot_waiters[key] = local.slot_waiters.get(key, 0) + 1
-                        waiting = True
-                    freed = local.slot_freed.setdefault(key, asyncio.Event())
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(min(remaining, SLOT_POLL)):
-                            await freed.wait()
-        finally:
-            if waiting:
-                left = local.slot_waiters[key] - 1
-                if left:
-                    local.slot_waiters[key] = left
-                else:
-                    del local.slot_waiters[key]
-
-    async def _agent(self, asked: _Asked) -> _Agent:
-        """The turn's agent, the session's read for it when the caller named none (noted for
-        the lease held here, if one is held throughout the read)."""
-        if asked.agent is not None or asked.own_agent is None:
-            return _Agent(asked.agent)
-        lease = self.local.leases.get(asked.key)
-        record = await self.store.get_session(asked.key)
-        if record is None or record.expired():
-            raise SessionNotFound("session not found")
-        if lease is not None and self.local.leases.get(asked.key) is lease:
-            self.local.agents[asked.key] = (lease, record.agent)
-        return _Agent(asked.own_agent(record.agent))
-
-    def _may_start(self, key: SessionKey, lease: Lease | None, policy: Policy) -> bool:
-        """Whether a turn on ``key`` may be admitted under ``lease``, to start at once when
-        nothing is ahead of it: the store can, the session's worker here holds that lease, and
-        no other such admission is in flight. (Interrupt and rollback go the usual way, with
-        their preemption.)"""
-        local = self.local
-        return (
-            self._starting is not None
-            and lease is not None
-            and local.leases.get(key) is lease
-            and key not in local.claims
-            and policy in ("enqueue", "reject")
-        )
-
-    async def _enqueue_started(
-        self, lease: Lease, asked: _Asked, agent: AgentRef | None, turn_id: str
-    ) -> Turn:
-        """:meth:`StartingQueue.enqueue_turn_started` under the worker's ``lease``, which the
-        worker keeps until the write has settled, and then runs the turn if it started."""
-        local, key, starting = self.local, lease.key, self._starting
-        assert starting is not None
-        # Before the write: a cancel from another process rings after the turn is running.
-        rings = self._counter.heard() if self._counter is not None else None
-        claim = local.claims[key] = asyncio.Event()
-        write = asyncio.ensure_future(
-            starting.enqueue_turn_started(
-                lease,
-                turn_id=turn_id,
-                input=asked.input,
-                policy=asked.policy,
-                items=[NewItem("user", asked.input)],
-                events=[NewEvent(2, TURN_STARTED, {"turn_id": turn_id})],
-                max_queue=self.max_queue,
-                agent=agent,
-                limits=self.limits,
-                idempotency=asked.idempotency(agent),
-            )
-        )
-
-        gone = False  # the caller was cancelled before it had the outcome
-
-        def settled(done: asyncio.Future[tuple[Turn, list[Item] | None]]) -> None:
-            # In a callback, not after the await: a caller that goes away meanwhile (a client
-            # disconnecting cancels its request) must not leave a started turn nobody runs.
-            if not done.cancelled() and done.exception() is None:
-                turn, items = done.result()
-                if items is not None and turn.id == turn_id:
-                    local.waiters.setdefault(turn.id, (key, []))
-                    local.started[key] = (turn, Admitted(items[0], lease, rings))
-                elif gone and turn.id == turn_id:
-                    self.workers.kick(key, turn)  # queued behind another: as submit would
-            if local.claims.get(key) is claim:
-                del local.claims[key]
-            claim.set()
-            self.workers.wake(key)
-
-        write.add_done_callback(settled)
-        try:
-            turn, _ = await asyncio.shield(write)
-        except asyncio.CancelledError:
-            gone = True
-            if write.done() and not write.cancelled() and write.exception() is None:
-                queued, items = write.result()
-                if items is None and queued.id == turn_id:
-                    self.workers.kick(key, queued)  # settled before the caller went away
-            raise
         return turn
 
     async def _preempt(self, key: SessionKey, policy: Literal["interrupt", "rollback"]) -> None:
@@ -675,37 +517,3 @@ class Scheduler:
 
     def running_turns(self) -> list[Turn]:
         return [r.turn for r in self.local.running.values()]
-
-
-@dataclass(frozen=True, slots=True)
-class _Agent:
-    """The agent a turn is admitted for (None: the session's, resolved where it runs)."""
-
-    ref: AgentRef | None
-
-
-@dataclass(frozen=True, slots=True)
-class _Asked:
-    """What a submission asks, as :meth:`Scheduler.submit` took it."""
-
-    key: SessionKey
-    input: str
-    policy: Policy
-    agent: AgentRef | None
-    own_agent: Callable[[str], AgentRef] | None
-    idempotency_key: str | None
-
-    def agent_under(self, lease: Lease, local: Local) -> _Agent | None:
-        """The turn's agent if it is known without a read while ``lease`` is held; None if
-        the session must be read for it."""
-        if self.agent is not None or self.own_agent is None:
-            return _Agent(self.agent)
-        known = local.agents.get(self.key)
-        if known is None or known[0] is not lease:
-            return None
-        return _Agent(self.own_agent(known[1]))
-
-    def idempotency(self, agent: AgentRef | None) -> Idempotency | None:
-        if self.idempotency_key is None:
-            return None
-        return Idempotency(self.idempotency_key, request_digest(self.input, self.policy, agent))

@@ -1,0 +1,268 @@
+"""How a submitted turn gets into the store: the admission, and what it may do at once.
+
+The plain way queues the turn (:meth:`TurnLog.enqueue_turn`), with the session's lease for
+this process when the store can grant it in the same write and the session was idle
+(:class:`LeasingQueue`). When this process's worker already holds the session's lease, the
+turn is admitted under that lease and, with nothing ahead of it, started in the same write
+(:class:`StartingQueue`); the worker keeps the lease until that write has settled and runs
+the turn without a start of its own. A turn for the session's own agent reads the session
+for its name at most once a lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from tether.errors import QueueFull, SessionNotFound, StaleLease
+from tether.events import TURN_STARTED
+from tether.records import (
+    AgentRef,
+    Idempotency,
+    Item,
+    Lease,
+    NewEvent,
+    NewItem,
+    Policy,
+    PrincipalLimits,
+    SessionKey,
+    Turn,
+)
+from tether.scheduler.local import Admitted, Local
+from tether.scheduler.worker import Workers
+from tether.store.capabilities import ChangeCounter, LeasingQueue, StartingQueue
+from tether.store.protocol import SessionReader, TurnLog
+from tether.store.rules import request_digest
+
+SLOT_POLL = 0.5
+"""Seconds between retries of a caller waiting for room in a full queue (another node may
+free it without telling this one)."""
+
+
+class AdmissionStore(SessionReader, TurnLog, Protocol):
+    """What admitting a turn uses of the store."""
+
+
+class Admission:
+    """Admits the turns a scheduler is submitted (see the module's doc)."""
+
+    def __init__(
+        self,
+        store: AdmissionStore,
+        local: Local,
+        workers: Workers,
+        *,
+        owner: str,
+        lease_ttl: float,
+        max_queue: int,
+        limits: PrincipalLimits | None,
+    ) -> None:
+        self.store = store
+        # Looked up once: a Protocol isinstance check walks its members, on every turn.
+        self.counter = store if isinstance(store, ChangeCounter) else None
+        self.leasing = store if isinstance(store, LeasingQueue) else None
+        self.starting = store if isinstance(store, StartingQueue) else None
+        self.local = local
+        self.workers = workers
+        self.owner = owner
+        self.lease_ttl = lease_ttl
+        self.max_queue = max_queue
+        self.limits = limits
+        """Per-principal bounds applied when a turn is admitted (None: unbounded)."""
+
+    async def enqueue(self, asked: Asked, wait: float, turn_id: str) -> tuple[Turn, Lease | None]:
+        """The admitted turn, and the session's lease when the store took it for this
+        process as it admitted the turn (the session was idle)."""
+        local, key, input, policy = self.local, asked.key, asked.input, asked.policy
+        deadline = time.monotonic() + wait
+        waiting = False
+        try:
+            while True:
+                try:
+                    lease = local.leases.get(key)
+                    read: Chosen | None = None  # the session read for its agent: good anywhere
+                    if lease is not None and self.may_start(key, lease, policy):
+                        known = asked.agent_under(lease, local)
+                        if known is None:
+                            known = read = await self._agent(asked)
+                        if self.may_start(key, lease, policy):
+                            # The session's worker holds the lease here: admitted under that
+                            # lease, the turn starts in the same write when nothing is ahead of
+                            # it, without the worker's own start (or is queued behind, as
+                            # usual). What was known of the session under the lease holds if
+                            # the lease does.
+                            try:
+                                return await self._started(lease, asked, known.ref, turn_id), None
+                            except StaleLease:
+                                # Then as usual, below, reading the session afresh: it may
+                                # have been deleted and made anew since the read above.
+                                local.agents.pop(key, None)
+                                read = None
+                    agent = read if read is not None else await self._agent(asked)
+                    idempotency = asked.idempotency(agent.ref)
+                    if self.leasing is not None:
+                        return await self.leasing.enqueue_turn_leased(
+                            key,
+                            owner=self.owner,
+                            ttl=self.lease_ttl,
+                            turn_id=turn_id,
+                            input=input,
+                            policy=policy,
+                            max_queue=self.max_queue,
+                            agent=agent.ref,
+                            limits=self.limits,
+                            idempotency=idempotency,
+                        )
+                    turn = await self.store.enqueue_turn(
+                        key,
+                        turn_id=turn_id,
+                        input=input,
+                        policy=policy,
+                        max_queue=self.max_queue,
+                        agent=agent.ref,
+                        limits=self.limits,
+                        idempotency=idempotency,
+                        by=self.owner,
+                    )
+                    return turn, None
+                except QueueFull:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise
+                    if not waiting:
+                        bounded = wait != math.inf
+                        if bounded and local.slot_waiters.get(key, 0) >= self.max_queue:
+                            raise
+                        local.slot_waiters[key] = local.slot_waiters.get(key, 0) + 1
+                        waiting = True
+                    freed = local.slot_freed.setdefault(key, asyncio.Event())
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(min(remaining, SLOT_POLL)):
+                            await freed.wait()
+        finally:
+            if waiting:
+                left = local.slot_waiters[key] - 1
+                if left:
+                    local.slot_waiters[key] = left
+                else:
+                    del local.slot_waiters[key]
+
+    async def _agent(self, asked: Asked) -> Chosen:
+        """The turn's agent, the session's read for it when the caller named none (noted for
+        the lease held here, if one is held throughout the read)."""
+        if asked.agent is not None or asked.own_agent is None:
+            return Chosen(asked.agent)
+        lease = self.local.leases.get(asked.key)
+        record = await self.store.get_session(asked.key)
+        if record is None or record.expired():
+            raise SessionNotFound("session not found")
+        if lease is not None and self.local.leases.get(asked.key) is lease:
+            self.local.agents[asked.key] = (lease, record.agent)
+        return Chosen(asked.own_agent(record.agent))
+
+    def may_start(self, key: SessionKey, lease: Lease | None, policy: Policy) -> bool:
+        """Whether a turn on ``key`` may be admitted under ``lease``, to start at once when
+        nothing is ahead of it: the store can, the session's worker here holds that lease, and
+        no other such admission is in flight. (Interrupt and rollback go the usual way, with
+        their preemption.)"""
+        local = self.local
+        return (
+            self.starting is not None
+            and lease is not None
+            and local.leases.get(key) is lease
+            and key not in local.claims
+            and policy in ("enqueue", "reject")
+        )
+
+    async def _started(
+        self, lease: Lease, asked: Asked, agent: AgentRef | None, turn_id: str
+    ) -> Turn:
+        """:meth:`StartingQueue.enqueue_turn_started` under the worker's ``lease``, which the
+        worker keeps until the write has settled, and then runs the turn if it started."""
+        local, key, starting = self.local, lease.key, self.starting
+        assert starting is not None
+        # Before the write: a cancel from another process rings after the turn is running.
+        rings = self.counter.heard() if self.counter is not None else None
+        claim = local.claims[key] = asyncio.Event()
+        write = asyncio.ensure_future(
+            starting.enqueue_turn_started(
+                lease,
+                turn_id=turn_id,
+                input=asked.input,
+                policy=asked.policy,
+                items=[NewItem("user", asked.input)],
+                events=[NewEvent(2, TURN_STARTED, {"turn_id": turn_id})],
+                max_queue=self.max_queue,
+                agent=agent,
+                limits=self.limits,
+                idempotency=asked.idempotency(agent),
+            )
+        )
+
+        gone = False  # the caller was cancelled before it had the outcome
+
+        def settled(done: asyncio.Future[tuple[Turn, list[Item] | None]]) -> None:
+            # In a callback, not after the await: a caller that goes away meanwhile (a client
+            # disconnecting cancels its request) must not leave a started turn nobody runs.
+            if not done.cancelled() and done.exception() is None:
+                turn, items = done.result()
+                if items is not None and turn.id == turn_id:
+                    local.waiters.setdefault(turn.id, (key, []))
+                    local.started[key] = (turn, Admitted(items[0], lease, rings))
+                elif gone and turn.id == turn_id:
+                    self.workers.kick(key, turn)  # queued behind another: as submit would
+            if local.claims.get(key) is claim:
+                del local.claims[key]
+            claim.set()
+            self.workers.wake(key)
+
+        write.add_done_callback(settled)
+        try:
+            turn, _ = await asyncio.shield(write)
+        except asyncio.CancelledError:
+            gone = True
+            if write.done() and not write.cancelled() and write.exception() is None:
+                queued, items = write.result()
+                if items is None and queued.id == turn_id:
+                    self.workers.kick(key, queued)  # settled before the caller went away
+            raise
+        return turn
+
+
+@dataclass(frozen=True, slots=True)
+class Chosen:
+    """The agent a turn is admitted for (None: the session's, resolved where it runs)."""
+
+    ref: AgentRef | None
+
+
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """What a submission asks, as :meth:`Scheduler.submit` took it."""
+
+    key: SessionKey
+    input: str
+    policy: Policy
+    agent: AgentRef | None
+    own_agent: Callable[[str], AgentRef] | None
+    idempotency_key: str | None
+
+    def agent_under(self, lease: Lease, local: Local) -> Chosen | None:
+        """The turn's agent if it is known without a read while ``lease`` is held; None if
+        the session must be read for it."""
+        if self.agent is not None or self.own_agent is None:
+            return Chosen(self.agent)
+        known = local.agents.get(self.key)
+        if known is None or known[0] is not lease:
+            return None
+        return Chosen(self.own_agent(known[1]))
+
+    def idempotency(self, agent: AgentRef | None) -> Idempotency | None:
+        if self.idempotency_key is None:
+            return None
+        return Idempotency(self.idempotency_key, request_digest(self.input, self.policy, agent))
