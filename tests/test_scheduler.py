@@ -541,11 +541,20 @@ async def test_waiting_on_a_turn_this_process_runs_reads_nothing_from_the_store(
         await rt.sessions.create(key, "a")
         calls: Counter[str] = Counter()
         store.get_turn = _counted(calls, "get_turn", store.get_turn)  # type: ignore[method-assign,assignment]
-        for n in range(3):
-            turn = await rt.scheduler.submit(key, f"turn {n}")
-            assert rt.scheduler.lease_of(key) is None  # not yet: its worker has just started
-            done = await rt.scheduler.wait(key, turn.id)
-            assert done.status == "completed"
+        admission = rt.scheduler.admission
+        starting = admission.starting
+        # A store that starts a turn as it takes the lease (StartingQueue) hands both to the
+        # worker before the submission returns: without that, the lease comes after.
+        for taken in (False, True) if starting is not None else (False,):
+            admission.starting = starting if taken else None
+            for n in range(3):
+                turn = await rt.scheduler.submit(key, f"turn {n}")
+                if taken:
+                    assert turn.status == "running"
+                else:
+                    assert rt.scheduler.lease_of(key) is None  # its worker has just started
+                done = await rt.scheduler.wait(key, turn.id)
+                assert done.status == "completed"
         assert calls["get_turn"] == 0
 
 
@@ -583,6 +592,17 @@ async def test_a_worker_recovers_only_a_session_its_store_did_not_see_clean(
             return turn, lease
 
         store.enqueue_turn_leased = enqueuing  # type: ignore[method-assign]
+    if isinstance(store, StartingQueue):
+        # Or taken with the turn's admission, and the turn started under it.
+        taking = store.enqueue_turn_taken
+
+        async def taken(*args: Any, **kwargs: Any) -> tuple[Turn, Lease | None, Any]:
+            turn, lease, items = await taking(*args, **kwargs)
+            if lease is not None:
+                leases.append(lease)
+            return turn, lease, items
+
+        store.enqueue_turn_taken = taken  # type: ignore[method-assign]
     async with Runtime(store, agents=[agent]) as rt:
         rt.scheduler.linger = 0.0  # a lease for every turn
         key = SessionKey("local", "local", "recovers-once")
@@ -797,6 +817,8 @@ async def test_a_turn_ended_elsewhere_just_before_its_start_is_skipped_not_fatal
     a follower sees that ending (not a start that never happened), and the worker goes on."""
     agent = Agent(name="a", model=ScriptedModel(default="ok"))
     async with Runtime(store, agents=[agent]) as rt:
+        # The worker's start, which a store that starts a turn with its admission skips.
+        rt.scheduler.admission.starting = None
         key = SessionKey("local", "local", "raced")
         await store.create_session(key, "a")
         start_turn = store.start_turn
@@ -916,6 +938,101 @@ async def test_a_turn_sent_while_its_lease_lingers_here_is_started_as_it_is_admi
         assert [m.content for m in model.requests[-1].messages[-3:]] == ["one", "re one", "two"]
 
 
+async def test_a_turn_on_an_idle_session_is_leased_and_started_as_it_is_admitted(
+    store: Store,
+) -> None:
+    """A store that can (StartingQueue) takes the free lease of an idle session with the
+    turn's admission and starts the turn under it in the same write: the worker neither
+    acquires a lease nor starts the turn, and the turn is the same as one started the usual
+    way."""
+    if not isinstance(store, StartingQueue):
+        pytest.skip("this store starts turns by start_turn only")
+    model = ScriptedModel(default=lambda r: f"re {r.messages[-1].content}")
+    agent = Agent(name="a", model=model)
+    async with Runtime(store, agents=[agent]) as rt:
+        rt.scheduler.linger = 0.0  # every turn finds the session idle
+        key = SessionKey("local", "local", "taken")
+        await rt.sessions.create(key, "a")
+        calls: list[str] = []
+        for name in (
+            "acquire_lease",
+            "active_turns",
+            "start_turn",
+            "enqueue_turn",
+            "enqueue_turn_leased",
+            "enqueue_turn_taken",
+            "end_turn",
+            "release_lease",
+        ):
+            setattr(store, name, _logged(calls, name, getattr(store, name)))
+        for text in ("one", "two"):
+            calls.clear()
+            turn = await rt.scheduler.submit(key, text)
+            assert turn.status == "running" and turn.started_at is not None
+            async with asyncio.timeout(10):
+                done = await rt.scheduler.wait(key, turn.id)
+            assert (done.status, done.output) == ("completed", f"re {text}")
+            await wait_until(lambda: rt.scheduler.lease_of(key) is None)
+            # (A store with no data version is read after each turn: nothing says nobody
+            # wrote.)
+            expected = ["enqueue_turn_taken", "end_turn", "release_lease"]
+            if isinstance(store, ChangeCounter):
+                assert calls == expected
+            else:
+                assert [c for c in calls if c != "active_turns"] == expected
+            events = await store.list_events(key, turn.id)
+            assert [e.seq for e in events] == list(range(1, len(events) + 1))
+            assert [e.type for e in events][:2] == [TURN_QUEUED, TURN_STARTED]
+            assert events[-1].type == TURN_ENDED
+        history = [(i.kind, i.content) for i in await store.list_items(key)]
+        assert history == [
+            ("user", "one"),
+            ("assistant", "re one"),
+            ("user", "two"),
+            ("assistant", "re two"),
+        ]
+        assert [m.content for m in model.requests[-1].messages[-3:]] == ["one", "re one", "two"]
+
+
+async def test_a_caller_gone_during_a_leased_start_leaves_a_turn_that_runs(
+    store: Store,
+) -> None:
+    """The lease the admission took and the turn it started reach the session's worker as
+    the write settles, not when the caller comes back for them: a caller cancelled meanwhile
+    (a client that disconnected) leaves a turn that runs to its end, not one left running
+    with nobody running it until its lease runs out."""
+    if not isinstance(store, StartingQueue):
+        pytest.skip("this store starts turns by start_turn only")
+    agent = Agent(name="a", model=ScriptedModel(default="ran"))
+    async with Runtime(store, agents=[agent]) as rt:
+        key = SessionKey("local", "local", "caller-gone")
+        await rt.sessions.create(key, "a")
+        taking = store.enqueue_turn_taken
+        entered, go, settled = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+        async def slow(*args: Any, **kwargs: Any) -> Any:
+            entered.set()
+            await go.wait()
+            try:
+                return await taking(*args, **kwargs)
+            finally:
+                settled.set()
+
+        store.enqueue_turn_taken = slow  # type: ignore[method-assign]
+        caller = asyncio.create_task(rt.scheduler.submit(key, "left behind"))
+        await entered.wait()
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        go.set()
+        await settled.wait()
+        [turn] = await store.list_turns(key)
+        assert turn.started_at is not None  # started with its admission
+        async with asyncio.timeout(10):
+            done = await rt.scheduler.wait(key, turn.id)
+        assert (done.status, done.output) == ("completed", "ran")
+
+
 async def test_a_turn_for_the_sessions_own_agent_reads_the_session_once_a_lease(
     store: Store,
 ) -> None:
@@ -930,7 +1047,13 @@ async def test_a_turn_for_the_sessions_own_agent_reads_the_session_once_a_lease(
         key = SessionKey("local", "local", "own-agent")
         await rt.sessions.create(key, "a")
         calls: list[str] = []
-        for name in ("get_session", "start_turn", "enqueue_turn_leased", "enqueue_turn_started"):
+        for name in (
+            "get_session",
+            "start_turn",
+            "enqueue_turn_leased",
+            "enqueue_turn_taken",
+            "enqueue_turn_started",
+        ):
             setattr(store, name, _logged(calls, name, getattr(store, name)))
 
         def own(name: str) -> AgentRef:
@@ -942,13 +1065,13 @@ async def test_a_turn_for_the_sessions_own_agent_reads_the_session_once_a_lease(
             turns.append(await rt.scheduler.wait(key, turn.id))
         assert [t.status for t in turns] == ["completed"] * 3
         assert {t.agent for t in turns} == {agent.ref}
-        # The first takes the lease with its admission; the second, sent while the lease
-        # lingers, reads the session's agent once and is started as it is admitted; the
-        # third reads nothing.
+        # The first takes the lease with its admission and is started with it; the second,
+        # sent while the lease lingers, reads the session's agent once for the lease (the
+        # first read came before the lease) and is started as it is admitted; the third
+        # reads nothing.
         assert calls == [
             "get_session",
-            "enqueue_turn_leased",
-            "start_turn",
+            "enqueue_turn_taken",
             "get_session",
             "enqueue_turn_started",
             "enqueue_turn_started",
@@ -1135,6 +1258,7 @@ async def test_on_sqlite_a_cancel_asked_before_the_turn_is_registered_still_land
 
     monkeypatch.setattr(FencedSink, "start", started_then_asked)
     async with a, b:
+        a.scheduler.admission.starting = None  # the worker starts the turn (the next test: not)
         key = SessionKey("local", "local", "asked-early")
         await a.sessions.create(key, "a")
         turn = await a.scheduler.submit(key, "a long one")
@@ -1240,6 +1364,48 @@ async def test_on_sqlite_a_cancel_from_elsewhere_before_a_started_turn_registers
         async with asyncio.timeout(5):
             await mine.hear(heard)
         wake(key)
+        async with asyncio.timeout(10):
+            done = await a.scheduler.wait(key, turn.id)
+        assert (done.status, done.reason) == ("cancelled", "caller_cancelled")
+
+
+async def test_on_sqlite_a_cancel_from_elsewhere_before_a_leased_start_registers_lands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same for a turn started as its admission took the lease: the request and its ring
+    come before the session's worker has even begun, and the turn still ends at once when it
+    registers (every poll is a minute here)."""
+    from tether.scheduler import core, news
+
+    for module, name in (
+        (core, "CANCEL_POLL"),
+        (core, "CANCEL_FALLBACK"),
+        (core, "LOCAL_SAFETY"),
+        (news, "FALLBACK"),
+    ):
+        monkeypatch.setattr(module, name, 60.0)
+    model = ScriptedModel(default=Slow("w " * 500, delay=0.02, forever=True))
+    path = tmp_path / "tether.db"
+    mine = SQLiteStore(path)
+    a = Runtime(mine, agents=[Agent(name="a", model=model)])
+    b = Runtime(SQLiteStore(path), agents=[Agent(name="a", model=model)])
+    async with a, b:
+        key = SessionKey("local", "local", "taken-then-cancelled")
+        await a.sessions.create(key, "a")
+        workers = a.scheduler.workers
+        kick = workers.kick
+        held: list[tuple[Any, ...]] = []
+        monkeypatch.setattr(workers, "kick", lambda *args: held.append(args))
+        turn = await a.scheduler.submit(key, "a long one")
+        assert turn.status == "running" and held  # the worker is yet to be started
+        heard = mine.heard()
+        assert heard is not None
+        assert await b.store.request_cancel(key, turn.id, "cancelled", "caller_cancelled")
+        async with asyncio.timeout(5):
+            await mine.hear(heard)
+        monkeypatch.setattr(workers, "kick", kick)
+        for args in held:
+            kick(*args)
         async with asyncio.timeout(10):
             done = await a.scheduler.wait(key, turn.id)
         assert (done.status, done.reason) == ("cancelled", "caller_cancelled")

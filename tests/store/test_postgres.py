@@ -331,8 +331,8 @@ async def test_racing_admissions_of_one_owner_never_pass_its_bound(postgres_url:
 
 async def back_to_release_12(url: str) -> None:
     """The schema as release 12 left it: no busy_sessions, no trigger, no session function,
-    no lease function, no admission that starts. Opening a store then runs migrations 13 on
-    again (their functions are made whole again by them)."""
+    no lease function, no admission that starts (under a lease held, or taken). Opening a
+    store then runs migrations 13 on again (their functions are made whole again by them)."""
     for sql in (
         "DROP FUNCTION tether_enqueue(text, text, text, text, text, text, double precision,"
         " text, text, text, text, bigint, boolean, bigint, bigint, bigint, text, text,"
@@ -340,6 +340,7 @@ async def back_to_release_12(url: str) -> None:
         "DROP FUNCTION tether_acquire",
         "DROP FUNCTION tether_create_session",
         "DROP FUNCTION tether_enqueue_started",
+        "DROP FUNCTION tether_enqueue_taken",
         "DROP TRIGGER turns_count_busy ON turns",
         "DROP FUNCTION tether_count_busy()",
         "DROP TABLE busy_sessions",

@@ -75,9 +75,12 @@ class Admission:
         self.limits = limits
         """Per-principal bounds applied when a turn is admitted (None: unbounded)."""
 
-    async def enqueue(self, asked: Asked, wait: float, turn_id: str) -> tuple[Turn, Lease | None]:
+    async def enqueue(
+        self, asked: Asked, wait: float, turn_id: str, news: tuple[str, int] | None
+    ) -> tuple[Turn, Lease | None]:
         """The admitted turn, and the session's lease when the store took it for this
-        process as it admitted the turn (the session was idle)."""
+        process as it admitted the turn (the session was idle) and left it to the caller to
+        hand to the session's worker (``news``: :meth:`Workers.news` before the admission)."""
         local, key, input, policy = self.local, asked.key, asked.input, asked.policy
         deadline = time.monotonic() + wait
         waiting = False
@@ -105,6 +108,8 @@ class Admission:
                                 read = None
                     agent = read if read is not None else await self._agent(asked)
                     idempotency = asked.idempotency(agent.ref)
+                    if self.starting is not None and policy in ("enqueue", "reject"):
+                        return await self._taken(asked, agent.ref, idempotency, turn_id, news), None
                     if self.leasing is not None:
                         return await self.leasing.enqueue_turn_leased(
                             key,
@@ -229,6 +234,72 @@ class Admission:
             if write.done() and not write.cancelled() and write.exception() is None:
                 queued, items = write.result()
                 if items is None and queued.id == turn_id:
+                    self.workers.kick(key, queued)  # settled before the caller went away
+            raise
+        return turn
+
+    async def _taken(
+        self,
+        asked: Asked,
+        agent: AgentRef | None,
+        idempotency: Idempotency | None,
+        turn_id: str,
+        news: tuple[str, int] | None,
+    ) -> Turn:
+        """:meth:`StartingQueue.enqueue_turn_taken`: the turn admitted with the session's lease
+        when it is free, and started under it when nothing is ahead of it. The lease, and the
+        turn if it started, go to the session's worker as the write settles."""
+        local, key, starting = self.local, asked.key, self.starting
+        assert starting is not None
+        # Before the write: a cancel from another process rings after the turn is running.
+        rings = self.counter.heard() if self.counter is not None else None
+        write = asyncio.ensure_future(
+            starting.enqueue_turn_taken(
+                key,
+                owner=self.owner,
+                ttl=self.lease_ttl,
+                turn_id=turn_id,
+                input=asked.input,
+                policy=asked.policy,
+                items=[NewItem("user", asked.input)],
+                events=[NewEvent(2, TURN_STARTED, {"turn_id": turn_id})],
+                max_queue=self.max_queue,
+                agent=agent,
+                limits=self.limits,
+                idempotency=idempotency,
+            )
+        )
+        gone = False  # the caller was cancelled before it had the outcome
+
+        def settled(done: asyncio.Future[tuple[Turn, Lease | None, list[Item] | None]]) -> None:
+            # In a callback, not after the await: a caller that goes away meanwhile (a client
+            # disconnecting cancels its request) must not leave a lease taken, or a turn
+            # started, that nobody here uses.
+            if done.cancelled() or done.exception() is not None:
+                return
+            turn, lease, items = done.result()
+            if turn.id != turn_id:
+                return  # a retry's turn, as it stands: nothing taken, nothing to run
+            if lease is None:
+                if gone:
+                    self.workers.kick(key, turn)  # queued behind another: as submit would
+                return
+            if items is not None:
+                local.waiters.setdefault(turn.id, (key, []))
+                local.started[key] = (turn, Admitted(items[0], lease, rings))
+                self.workers.kick(key, None, lease, news)
+            else:
+                local.waiters.setdefault(turn.id, (key, []))
+                self.workers.kick(key, turn, lease, news)  # turns left before it come first
+
+        write.add_done_callback(settled)
+        try:
+            turn, _, _ = await asyncio.shield(write)
+        except asyncio.CancelledError:
+            gone = True
+            if write.done() and not write.cancelled() and write.exception() is None:
+                queued, lease, _ = write.result()
+                if lease is None and queued.id == turn_id:
                     self.workers.kick(key, queued)  # settled before the caller went away
             raise
         return turn

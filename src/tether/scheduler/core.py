@@ -287,7 +287,7 @@ class Scheduler:
         if principal is not None:
             self.local.principals[key] = principal
         try:
-            turn, lease = await self.admission.enqueue(asked, wait_for_slot, turn_id)
+            turn, lease = await self.admission.enqueue(asked, wait_for_slot, turn_id, news)
         except BaseException:
             if principal is not None and key not in self.local.workers:
                 if known is None:
@@ -298,9 +298,10 @@ class Scheduler:
         if turn.id != turn_id:
             return turn  # a retry of a submission: the turn its key made, as it stands
         if turn.status == "running":
-            # Started as it was admitted, under the lease its worker holds here: the worker
-            # was told as the write settled (and the turn's waiters noted then, before it could
-            # end), so there is nothing to kick; it may even have ended by now.
+            # Started as it was admitted, under the lease its worker holds here or the one the
+            # admission took for it: the worker was told as the write settled (and the turn's
+            # waiters noted then, before it could end), so there is nothing to kick; it may
+            # even have ended by now.
             if before is not None and turn.id in self.local.waiters:
                 self.local.accepted_at[turn.id] = before
             return turn

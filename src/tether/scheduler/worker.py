@@ -217,7 +217,7 @@ class Workers:
                         local.history.adopt(lease)
                     self._queue_seen(key, lease, news)
                     await self._drain(key, lease)
-                    while await self._linger(key):
+                    while await self._linger(key, lease):
                         await self._drain(key, lease)
                     kept = True
                 except StaleLease:
@@ -319,19 +319,26 @@ class Workers:
         if lease.queue is None or news is None:
             return
         handed = self._local.handed.get(key)
-        if all(handed is not None and turn_id == handed.id for turn_id in lease.queue):
+        started = self._started(key, lease)
+        ids = {t.id for t in (handed, started) if t is not None}
+        if all(turn_id in ids for turn_id in lease.queue):
             self._looked[key] = news
+
+    def _started(self, key: SessionKey, lease: Lease) -> Turn | None:
+        """The turn started under ``lease`` as it was admitted, that this worker is to run.
+        (One started under another lease is for the worker that holds that lease next.)"""
+        started = self._local.started.get(key)
+        return started[0] if started is not None and started[1].lease is lease else None
 
     async def _drain(self, key: SessionKey, lease: Lease) -> None:
         local = self._local
         while True:
             dirty = key in local.dirty
             local.dirty.discard(key)
-            started = local.started.pop(key, None)
-            if started is not None and started[1].lease is lease:
+            if self._started(key, lease) is not None:
                 # Started as it was admitted, under this lease: it runs first, even when the
                 # process is closing (it shows running; left so, it would end owner_lost).
-                first, admitted = started
+                first, admitted = local.started.pop(key)
                 self._ran_to[key] = max(first.seq, self._ran_to.get(key, 0))
                 await self._runner.run(lease, first, await self._agent(key, first), admitted)
                 continue
@@ -371,7 +378,7 @@ class Workers:
         # that narrowed the attribute before the await would call the re-read unreachable.
         return self._local.closing
 
-    async def _linger(self, key: SessionKey) -> bool:
+    async def _linger(self, key: SessionKey, lease: Lease) -> bool:
         """:meth:`_wait_linger`; then, if a turn is being admitted under this lease to start
         at once (:attr:`Local.claims`), wait until it has settled. True if a turn came in.
 
@@ -379,10 +386,10 @@ class Workers:
         a submit that comes later finds no lease held here and queues its turn the usual way.
         """
         local = self._local
-        kept = await self._wait_linger(key)
+        kept = await self._wait_linger(key, lease)
         while (claim := local.claims.get(key)) is not None:
             await claim.wait()
-        return kept or key in local.started
+        return kept or self._started(key, lease) is not None
 
     def wake(self, key: SessionKey) -> None:
         """Wake ``key``'s worker if it lingers (an admission made under its lease settled)."""
@@ -390,7 +397,25 @@ class Workers:
         if kicked is not None:
             kicked.set()
 
-    async def _wait_linger(self, key: SessionKey) -> bool:
+    def _news_here(self, key: SessionKey, lease: Lease) -> bool | None:
+        """What a lingering worker makes of an admission here: False when it took a newer
+        lease of the session (this one is over: the worker goes on under that one), True when
+        it is admitting or started a turn under this lease (:meth:`_linger` waits for it),
+        None when neither."""
+        local = self._local
+        if key in local.granted:
+            return False
+        if key in local.claims or self._started(key, lease) is not None:
+            return True
+        return None
+
+    def _empty_at(self, key: SessionKey) -> int | None:
+        """The store's data version when the queue was last found empty under this lease
+        (None: unknown, or noted some other way)."""
+        looked = self._looked.get(key)
+        return looked[1] if looked is not None and looked[0] == "version" else None
+
+    async def _wait_linger(self, key: SessionKey, lease: Lease) -> bool:
         """Keep the lease a moment after the queue empties; True if a new turn came in.
 
         A conversation's next turn often follows within moments: holding on saves taking and
@@ -404,7 +429,10 @@ class Workers:
         local = self._local
         if local.closing or self.linger <= 0:
             return False
-        if key in local.dirty or key in local.claims or key in local.started:
+        here = self._news_here(key, lease)
+        if here is not None:
+            return here
+        if key in local.dirty:
             return True
         kicked = local.kicked[key] = asyncio.Event()
         deadline = time.monotonic() + self.linger
@@ -412,10 +440,7 @@ class Workers:
         # then: a turn accepted here kicks this directly. The first look reads it unless the
         # version is still the one noted before the queue was last found empty.
         counter = self._counter
-        seen: int | None = None
-        looked = self._looked.get(key)
-        if looked is not None and looked[0] == "version":
-            seen = looked[1]  # the queue was empty then: only a commit since is news
+        seen = self._empty_at(key)  # the queue was empty then: only a commit since is news
         # With a feed that announces turns queued elsewhere (PostgreSQL), no look at all while
         # it stays up: such a turn kicks this (heard_queued), and one queued before the feed
         # came up was looked for when it did (feed_changed).
@@ -434,8 +459,9 @@ class Workers:
                     ):
                         await kicked.wait()
                 kicked.clear()
-                if key in local.claims or key in local.started:
-                    return True  # a turn submitted here under this lease: _linger waits for it
+                here = self._news_here(key, lease)
+                if here is not None:
+                    return here
                 closing = self._closing()  # re-read: close() may have run while we waited
                 if key in local.dirty:
                     return not closing

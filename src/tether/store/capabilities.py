@@ -121,6 +121,32 @@ class StartingQueue(Protocol):
         Otherwise the turn as admitted, and None."""
         ...
 
+    async def enqueue_turn_taken(
+        self,
+        key: SessionKey,
+        *,
+        owner: str,
+        ttl: float,
+        turn_id: str,
+        input: str,
+        policy: Policy,
+        items: Sequence[NewItem],
+        events: Sequence[NewEvent],
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        agent: AgentRef | None = None,
+        limits: PrincipalLimits | None = None,
+        idempotency: Idempotency | None = None,
+    ) -> tuple[Turn, Lease | None, list[Item] | None]:
+        """:meth:`LeasingQueue.enqueue_turn_leased`; and when it took the lease and the new
+        turn is the session's only active one, the turn started under that lease in the same
+        transaction, as :meth:`enqueue_turn_started` starts it (the lease's ``history_seq`` is
+        the history before the turn's items). The turn, the lease (None when it was held),
+        and the started turn's items (None when it was not started).
+
+        A turn on an idle session (the first of a conversation's lease) is then accepted,
+        leased and started in one write where it took two."""
+        ...
+
 
 @runtime_checkable
 class CancelFeed(Protocol):

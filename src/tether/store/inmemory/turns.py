@@ -75,10 +75,13 @@ class Turns(State):
         turn, new = self._enqueue(
             key, turn_id, input, policy, max_queue, agent, limits, idempotency
         )
+        return turn, self._lease_if_free(key, owner, ttl) if new else None
+
+    def _lease_if_free(self, key: SessionKey, owner: str, ttl: float) -> Lease | None:
         s, now = self._get(key), time.time()
-        if not new or (s.lease_owner is not None and s.lease_expires_at > now):
-            return turn, None
-        return turn, self._grant(s, key, owner, now + ttl)
+        if s.lease_owner is not None and s.lease_expires_at > now:
+            return None
+        return self._grant(s, key, owner, now + ttl)
 
     async def enqueue_turn_started(
         self,
@@ -108,6 +111,37 @@ class Turns(State):
         out = self._add_items(s, turn_id, items, now)
         self._add_events(s, turn_id, events, now)
         return started, out
+
+    async def enqueue_turn_taken(
+        self,
+        key: SessionKey,
+        *,
+        owner: str,
+        ttl: float,
+        turn_id: str,
+        input: str,
+        policy: Policy,
+        items: Sequence[NewItem],
+        events: Sequence[NewEvent],
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        agent: AgentRef | None = None,
+        limits: PrincipalLimits | None = None,
+        idempotency: Idempotency | None = None,
+    ) -> tuple[Turn, Lease | None, list[Item] | None]:
+        s = self._get(key)
+        # Checked before the first change, as a rolled back transaction would leave nothing.
+        rules.check_event_seqs(turn_id, 1, [e.seq for e in events])
+        turn, new = self._enqueue(
+            key, turn_id, input, policy, max_queue, agent, limits, idempotency
+        )
+        lease = self._lease_if_free(key, owner, ttl) if new else None
+        if lease is None or lease.queue != (turn_id,):
+            return turn, lease, None  # held elsewhere, or other turns come first
+        now = time.time()
+        s.turns[turn_id] = started = replace(turn, status="running", started_at=now)
+        out = self._add_items(s, turn_id, items, now)
+        self._add_events(s, turn_id, events, now)
+        return started, lease, out
 
     def _enqueue(
         self,

@@ -254,4 +254,54 @@ SESSION_FUNCTIONS: list[tuple[int, str]] = [
         $$;
         """,
     ),
+    (
+        19,
+        """
+        -- tether_enqueue as migration 17's overload (the session's lease taken for p_by when it
+        -- is free or expired), and, when it took the lease and no other turn of the session is
+        -- active, the turn started under the new lease in the same transaction, as
+        -- tether_enqueue_started starts it: a turn on an idle session is admitted, leased and
+        -- started in one round trip where it took two. outcome: tether_enqueue's, or
+        -- 'started' (first_seq: the seq of the first item written); r_token and r_next_item
+        -- as tether_enqueue's (the history before the turn's items).
+        CREATE FUNCTION tether_enqueue_taken(
+            p_tenant text, p_owner text, p_session text, p_turn text, p_input text,
+            p_policy text, p_now double precision, p_agent text, p_fingerprint text,
+            p_idem text, p_digest text, p_max_queue bigint, p_limits boolean,
+            p_running bigint, p_queued bigint, p_event_seq bigint, p_event_type text,
+            p_by text, p_lease_until double precision,
+            p_kinds text[], p_contents text[], p_completes boolean[], p_call_ids text[],
+            p_tools text[], p_arguments text[], p_metas text[],
+            p_event_seqs bigint[], p_event_lasts bigint[], p_event_types text[],
+            p_event_datas text[],
+            OUT outcome text, OUT turn_seq bigint, OUT expires_at double precision,
+            OUT active_ids text[], OUT active_statuses text[], OUT busy bigint,
+            OUT total bigint, OUT r_token bigint, OUT r_next_item bigint, OUT first_seq bigint)
+        LANGUAGE plpgsql VOLATILE AS $$
+        DECLARE
+            v_written text;
+        BEGIN
+            SELECT e.outcome, e.turn_seq, e.expires_at, e.active_ids, e.active_statuses,
+                   e.busy, e.total, e.r_token, e.r_next_item
+              INTO outcome, turn_seq, expires_at, active_ids, active_statuses, busy, total,
+                   r_token, r_next_item
+              FROM tether_enqueue(p_tenant, p_owner, p_session, p_turn, p_input, p_policy,
+                                  p_now, p_agent, p_fingerprint, p_idem, p_digest,
+                                  p_max_queue, p_limits, p_running, p_queued, p_event_seq,
+                                  p_event_type, p_by, p_lease_until) e;
+            IF outcome <> 'queued' OR r_token IS NULL OR cardinality(active_ids) > 0 THEN
+                RETURN;  -- as tether_enqueue left it: not leased here, or behind another turn
+            END IF;
+            SELECT w.outcome, w.first_seq INTO v_written, first_seq
+              FROM tether_write(p_tenant, p_owner, p_session, r_token, p_turn, true, p_now,
+                                p_kinds, p_contents, p_completes, p_call_ids, p_tools,
+                                p_arguments, p_metas, p_event_seqs, p_event_lasts,
+                                p_event_types, p_event_datas) w;
+            IF v_written = 'written' THEN
+                outcome := 'started';
+            END IF;
+        END
+        $$;
+        """,
+    ),
 ]

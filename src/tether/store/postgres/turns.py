@@ -114,7 +114,7 @@ class Turns(Connection):
         args = self._admission_args(
             key, turn_id, input, policy, now, max_queue, agent, limits, idempotency, lease.owner
         )
-        written = _write_args(lease, turn_id, now, items, events)[6:]  # the items and events
+        written = _rows_args(items, events)
         async with self._conn() as conn:
             try:
                 row = await conn.fetchrow(q.ENQUEUE_STARTED, *args, lease.token, *written)
@@ -143,6 +143,59 @@ class Turns(Connection):
                 by=lease.owner,
             )
         return admitted, None
+
+    async def enqueue_turn_taken(
+        self,
+        key: SessionKey,
+        *,
+        owner: str,
+        ttl: float,
+        turn_id: str,
+        input: str,
+        policy: Policy,
+        items: Sequence[NewItem],
+        events: Sequence[NewEvent],
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        agent: AgentRef | None = None,
+        limits: PrincipalLimits | None = None,
+        idempotency: Idempotency | None = None,
+    ) -> tuple[Turn, Lease | None, list[Item] | None]:
+        rules.check_event_seqs(turn_id, rules.QUEUED_EVENT_SEQ, [e.seq for e in events])
+        now = time.time()
+        args = self._admission_args(
+            key, turn_id, input, policy, now, max_queue, agent, limits, idempotency, owner
+        )
+        async with self._conn() as conn:
+            try:
+                row = await conn.fetchrow(
+                    q.ENQUEUE_TAKEN, *args, now + ttl, *_rows_args(items, events)
+                )
+            except asyncpg.UniqueViolationError as exc:
+                if exc.constraint_name == "turns_pkey":
+                    raise rules.duplicate_turn(turn_id) from None
+                raise
+        assert row is not None  # a function with OUT parameters answers one row
+        if row[0] == "started":
+            lease = _taken(row, key, owner, now + ttl, turn_id)
+            assert lease is not None  # started only under the lease it took
+            turn = rules.queued_turn(turn_id, key, int(row[1]), input, policy, now, agent)
+            stored = rules.stored_items(turn_id, int(row[9]), items, now) if items else []
+            return replace(turn, status="running", started_at=now), lease, stored
+        admitted = self._admitted(row, key, turn_id, input, policy, now, max_queue, agent, limits)
+        if admitted is not None:
+            return admitted, _taken(row, key, owner, now + ttl, turn_id), None
+        known = await self._enqueue_known(
+            key,
+            turn_id=turn_id,
+            input=input,
+            policy=policy,
+            max_queue=max_queue,
+            agent=agent,
+            limits=limits,
+            idempotency=idempotency,
+            by=owner,
+        )
+        return known, None, None
 
     @staticmethod
     def _admission_args(
@@ -210,21 +263,10 @@ class Turns(Connection):
         assert row is not None  # a function with OUT parameters answers one row
         admitted = self._admitted(row, key, turn_id, input, policy, now, max_queue, agent, limits)
         if admitted is not None:
-            if ttl is None or row[7] is None:
+            if ttl is None:
                 return admitted, None
             assert by is not None
-            # Taken under the session's row lock, after the look at its turns: exact.
-            statuses, ids = row[4], row[3]
-            lease = Lease(
-                key,
-                by,
-                int(row[7]),
-                now + ttl,
-                left_running="running" in statuses,
-                queue=(*ids, turn_id),
-                history_seq=int(row[8]),
-            )
-            return admitted, lease
+            return admitted, _taken(row, key, by, now + ttl, turn_id)
         # 'known': the key names a turn already; whether it is answered with it, refused or
         # (its window over) released is decided in a transaction of its own (no lease taken).
         known = await self._enqueue_known(
@@ -645,12 +687,30 @@ def _write_args(
 ) -> tuple[Any, ...]:
     """tether_write's and tether_end's leading arguments (but tether_write's p_start): the
     fence, the turn, the time, then the items and the events one array per column."""
+    return (*key_args(lease.key), lease.token, turn_id, now, *_rows_args(items, events))
+
+
+def _taken(row: Any, key: SessionKey, by: str, until: float, turn_id: str) -> Lease | None:
+    """The lease tether_enqueue took for ``by`` as it queued ``turn_id`` (None: not taken)."""
+    if row[7] is None:
+        return None
+    # Taken under the session's row lock, after the look at its turns: exact.
+    statuses, ids = row[4], row[3]
+    return Lease(
+        key,
+        by,
+        int(row[7]),
+        until,
+        left_running="running" in statuses,
+        queue=(*ids, turn_id),
+        history_seq=int(row[8]),
+    )
+
+
+def _rows_args(items: Sequence[NewItem], events: Sequence[NewEvent]) -> tuple[Any, ...]:
+    """The items and the events of tether_write's arguments, one array per column."""
     rows = event_rows(events)
     return (
-        *key_args(lease.key),
-        lease.token,
-        turn_id,
-        now,
         [i.kind for i in items],
         [i.content for i in items],
         [i.complete for i in items],

@@ -125,6 +125,37 @@ class Turns(Connection):
 
         return await self._write(do)
 
+    async def enqueue_turn_taken(
+        self,
+        key: SessionKey,
+        *,
+        owner: str,
+        ttl: float,
+        turn_id: str,
+        input: str,
+        policy: Policy,
+        items: Sequence[NewItem],
+        events: Sequence[NewEvent],
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        agent: AgentRef | None = None,
+        limits: PrincipalLimits | None = None,
+        idempotency: Idempotency | None = None,
+    ) -> tuple[Turn, Lease | None, list[Item] | None]:
+        def do(c: sqlite3.Connection) -> tuple[Turn, Lease | None, list[Item] | None]:
+            turn, new = self._enqueue(
+                c, key, turn_id, input, policy, max_queue, agent, limits, idempotency
+            )
+            lease = _take_lease(c, key, owner, ttl) if new else None
+            if lease is None or lease.queue != (turn_id,):
+                return turn, lease, None  # held elsewhere, or other turns come first
+            pk = steps.session_pk(c, key)
+            now = time.time()
+            c.execute(q.START_TURN, (now, turn_id, pk))
+            written = steps.add_rows(c, pk, turn_id, items, events)
+            return replace(turn, status="running", started_at=now), lease, written
+
+        return await self._write(do)
+
     @staticmethod
     def _enqueue(
         c: sqlite3.Connection,

@@ -12,9 +12,18 @@ import time
 
 import pytest
 
-from tether.errors import SessionBusy, StaleLease
+from tether.errors import SessionBusy, SessionNotFound, StaleLease
 from tether.events import TURN_QUEUED, TURN_STARTED
-from tether.records import Idempotency, Item, Lease, NewItem, Policy, Turn, TurnEnding
+from tether.records import (
+    Idempotency,
+    Item,
+    Lease,
+    NewItem,
+    Policy,
+    SessionKey,
+    Turn,
+    TurnEnding,
+)
 from tether.store.capabilities import LeasingQueue, StartingQueue
 from tether.store.protocol import Store
 from tether.store.rules import request_digest
@@ -285,6 +294,82 @@ class LeasesConformance:
         with pytest.raises(StaleLease):
             await send(lease2, "u3", "four")
         assert await snapshot(store, k2) == before
+
+    async def test_a_turn_on_an_idle_session_may_be_leased_and_started_as_it_is_queued(
+        self, store: Store
+    ) -> None:
+        # A store that can (StartingQueue) takes the free lease with the admission and, with
+        # no other turn active, starts the turn under it in the same transaction.
+        if not isinstance(store, StartingQueue):
+            pytest.skip("this store starts turns by start_turn only")
+        k = await new_session(store)
+
+        async def send(
+            session: SessionKey,
+            turn_id: str,
+            text: str,
+            *,
+            owner: str = "node-a",
+            policy: Policy = "enqueue",
+            idempotency: Idempotency | None = None,
+        ) -> tuple[Turn, Lease | None, list[Item] | None]:
+            assert isinstance(store, StartingQueue)
+            return await store.enqueue_turn_taken(
+                session,
+                owner=owner,
+                ttl=LONG_TTL,
+                turn_id=turn_id,
+                input=text,
+                policy=policy,
+                items=[NewItem("user", text)],
+                events=[ev(2, TURN_STARTED, turn_id=turn_id)],
+                idempotency=idempotency,
+            )
+
+        first, lease, written = await send(k, "t1", "one")
+        assert lease is not None and (lease.owner, lease.queue) == ("node-a", ("t1",))
+        assert lease.left_running is False and lease.history_seq == 1  # before "one"
+        assert await store.lease_holder(k) == "node-a"
+        assert first.status == "running" and first.started_at is not None
+        assert written is not None and [(i.kind, i.content) for i in written] == [("user", "one")]
+        stored = await store.get_turn(k, "t1")
+        assert stored is not None and (stored.status, stored.seq) == ("running", first.seq)
+        events = await store.list_events(k, "t1")
+        assert [(e.seq, e.type) for e in events] == [(1, TURN_QUEUED), (2, TURN_STARTED)]
+        assert [(i.seq, i.content) for i in await store.list_items(k)] == [(1, "one")]
+        # The turn goes on under the lease taken, as one started by start_turn would.
+        await store.append(lease, "t1", [NewItem("assistant", "re one")], [ev(3)])
+        await store.end_turn(lease, "t1", TurnEnding("completed", "answered"), [], [ev(4)])
+        # While the lease is held, the next turn is only queued: no lease, nothing started.
+        second, none, nothing = await send(k, "t2", "two", owner="node-b")
+        assert (none, nothing, second.status) == (None, None, "queued")
+        assert [e.type for e in await store.list_events(k, "t2")] == [TURN_QUEUED]
+        # With the lease free and a turn already waiting, the lease is taken and the new
+        # turn queued behind the waiting one.
+        await store.release_lease(lease)
+        third, taken, nothing = await send(k, "t3", "three", owner="node-b")
+        assert nothing is None and third.status == "queued"
+        assert taken is not None and taken.queue == ("t2", "t3")
+        assert [i.content for i in await store.list_items(k)] == ["one", "re one"]
+        # A refused admission writes nothing and takes nothing.
+        await store.release_lease(taken)
+        before = await snapshot(store, k)
+        with pytest.raises(SessionBusy):
+            await send(k, "t4", "four", policy="reject")
+        assert await snapshot(store, k) == before
+        assert await store.lease_holder(k) is None
+        # A retry of a submission gets its first turn as it stands, and takes nothing.
+        asked = Idempotency("key-1", request_digest("five", "enqueue", None))
+        k2 = await new_session(store, key("s2"))
+        made, held, started = await send(k2, "u1", "five", idempotency=asked)
+        assert held is not None and started is not None and made.status == "running"
+        await store.end_turn(held, "u1", TurnEnding("completed", "answered"), [], [ev(3)])
+        await store.release_lease(held)
+        again, none, nothing = await send(k2, "u2", "five", idempotency=asked)
+        assert (again.id, again.status, none, nothing) == ("u1", "completed", None, None)
+        assert await store.lease_holder(k2) is None
+        with pytest.raises(SessionNotFound):
+            await send(key("nobody"), "v1", "six")
 
     async def test_take_over_lease(self, store: Store) -> None:
         k = await new_session(store)
