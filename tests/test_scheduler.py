@@ -1078,6 +1078,47 @@ async def test_a_turn_for_the_sessions_own_agent_reads_the_session_once_a_lease(
         ]
 
 
+async def test_a_sessions_own_agent_is_read_once_and_confirmed_by_each_admission(
+    store: Store,
+) -> None:
+    """A session's own agent, read once here, serves its next turns on new leases too: the
+    admission that takes the lease confirms it, and, when the session names another agent
+    (deleted and made anew meanwhile), writes nothing and the session is read again."""
+    if not isinstance(store, StartingQueue):
+        pytest.skip("this store starts turns by start_turn only")
+    agents = [
+        Agent(name="a", model=ScriptedModel(default="from a")),
+        Agent(name="b", model=ScriptedModel(default="from b")),
+    ]
+    async with Runtime(store, agents=agents) as rt:
+        rt.scheduler.linger = 0.0  # every turn takes the lease anew
+        key = SessionKey("local", "local", "own-agent-known")
+        await rt.sessions.create(key, "a")
+        calls: list[str] = []
+        for name in ("get_session", "enqueue_turn_taken"):
+            setattr(store, name, _logged(calls, name, getattr(store, name)))
+
+        def own(name: str) -> AgentRef:
+            return rt.served(name).ref
+
+        async def send(text: str) -> Turn:
+            turn = await rt.scheduler.submit(key, text, own_agent=own)
+            async with asyncio.timeout(10):
+                done = await rt.scheduler.wait(key, turn.id)
+            await wait_until(lambda: rt.scheduler.lease_of(key) is None)
+            return done
+
+        assert [(await send(t)).output for t in ("one", "two", "three")] == ["from a"] * 3
+        assert calls == ["get_session"] + ["enqueue_turn_taken"] * 3
+        calls.clear()
+        assert await store.delete_session(key)
+        await store.create_session(key, "b")
+        assert (await send("four")).output == "from b"
+        # Refused for the agent it expected ("a"), then read, then admitted for "b".
+        assert calls == ["enqueue_turn_taken", "get_session", "enqueue_turn_taken"]
+        assert [i.content for i in await store.list_items(key)] == ["four", "from b"]
+
+
 async def test_a_session_made_anew_elsewhere_under_a_lingering_lease_runs_its_own_agent(
     make_store: StoreFactory,
 ) -> None:

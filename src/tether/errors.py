@@ -152,6 +152,12 @@ class TurnNotNext(Conflict):
     (queued, running or parked): a session's turns start in the order they were accepted."""
 
 
+class AgentChanged(Conflict):
+    """An admission that named the agent its caller took the session to have found another
+    one there (the session was changed, or deleted and made anew): nothing was written; read
+    the session and try again."""
+
+
 class Unauthorized(TetherError):
     """No credentials, or credentials that are unknown or revoked."""
 

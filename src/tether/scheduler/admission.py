@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from tether.errors import QueueFull, SessionNotFound, StaleLease
+from tether.errors import AgentChanged, QueueFull, SessionNotFound, StaleLease
 from tether.events import TURN_STARTED
 from tether.records import (
     AgentRef,
@@ -39,6 +39,8 @@ from tether.store.capabilities import ChangeCounter, LeasingQueue, StartingQueue
 from tether.store.protocol import SessionReader, TurnLog
 from tether.store.rules import request_digest
 
+KNOWN_AGENTS = 10_000
+"""Sessions whose own agent a process remembers (~200 bytes each)."""
 SLOT_POLL = 0.5
 """Seconds between retries of a caller waiting for room in a full queue (another node may
 free it without telling this one)."""
@@ -74,6 +76,9 @@ class Admission:
         self.max_queue = max_queue
         self.limits = limits
         """Per-principal bounds applied when a turn is admitted (None: unbounded)."""
+        self.known_agents: dict[SessionKey, str] = {}
+        """The own agent of sessions read here (at most KNOWN_AGENTS, the oldest dropped
+        first): a turn on one of them is admitted without a read, and the store confirms it."""
 
     async def enqueue(
         self, asked: Asked, wait: float, turn_id: str, news: tuple[str, int] | None
@@ -105,11 +110,15 @@ class Admission:
                                 # Then as usual, below, reading the session afresh: it may
                                 # have been deleted and made anew since the read above.
                                 local.agents.pop(key, None)
+                                self.known_agents.pop(key, None)
                                 read = None
-                    agent = read if read is not None else await self._agent(asked)
-                    idempotency = asked.idempotency(agent.ref)
                     if self.starting is not None and policy in ("enqueue", "reject"):
-                        return await self._taken(asked, agent.ref, idempotency, turn_id, news), None
+                        taken = await self._take(asked, read, turn_id, news)
+                        if taken is None:
+                            continue  # the agent guessed is not the session's: read it now
+                        return taken, None
+                    agent = read or await self._agent(asked)
+                    idempotency = asked.idempotency(agent.ref)
                     if self.leasing is not None:
                         return await self.leasing.enqueue_turn_leased(
                             key,
@@ -165,10 +174,24 @@ class Admission:
         lease = self.local.leases.get(asked.key)
         record = await self.store.get_session(asked.key)
         if record is None or record.expired():
+            self.known_agents.pop(asked.key, None)
             raise SessionNotFound("session not found")
         if lease is not None and self.local.leases.get(asked.key) is lease:
             self.local.agents[asked.key] = (lease, record.agent)
+        known = self.known_agents
+        known.pop(asked.key, None)  # moved to the end: the newest, the last to be dropped
+        if len(known) >= KNOWN_AGENTS:
+            del known[next(iter(known))]
+        known[asked.key] = record.agent
         return Chosen(asked.own_agent(record.agent))
+
+    def _guess(self, asked: Asked) -> Chosen | None:
+        """The turn's agent as the session's agent was last read here, to be confirmed by the
+        admission (``Chosen.expected``); None when the session must be read for it."""
+        if asked.agent is not None or asked.own_agent is None:
+            return Chosen(asked.agent)
+        name = self.known_agents.get(asked.key)
+        return Chosen(asked.own_agent(name), name) if name is not None else None
 
     def may_start(self, key: SessionKey, lease: Lease | None, policy: Policy) -> bool:
         """Whether a turn on ``key`` may be admitted under ``lease``, to start at once when
@@ -238,10 +261,25 @@ class Admission:
             raise
         return turn
 
+    async def _take(
+        self, asked: Asked, read: Chosen | None, turn_id: str, news: tuple[str, int] | None
+    ) -> Turn | None:
+        """:meth:`_taken` for the agent ``read``, or else guessed from an earlier read, or
+        else read now; None when the store found the guess wrong (nothing was written)."""
+        agent = read or self._guess(asked) or await self._agent(asked)
+        try:
+            return await self._taken(asked, agent, asked.idempotency(agent.ref), turn_id, news)
+        except AgentChanged:
+            self.known_agents.pop(asked.key, None)
+            return None
+        except SessionNotFound:
+            self.known_agents.pop(asked.key, None)
+            raise
+
     async def _taken(
         self,
         asked: Asked,
-        agent: AgentRef | None,
+        agent: Chosen,
         idempotency: Idempotency | None,
         turn_id: str,
         news: tuple[str, int] | None,
@@ -264,9 +302,10 @@ class Admission:
                 items=[NewItem("user", asked.input)],
                 events=[NewEvent(2, TURN_STARTED, {"turn_id": turn_id})],
                 max_queue=self.max_queue,
-                agent=agent,
+                agent=agent.ref,
                 limits=self.limits,
                 idempotency=idempotency,
+                expect_agent=agent.expected,
             )
         )
         gone = False  # the caller was cancelled before it had the outcome
@@ -310,6 +349,9 @@ class Chosen:
     """The agent a turn is admitted for (None: the session's, resolved where it runs)."""
 
     ref: AgentRef | None
+    expected: str | None = None
+    """The session's own agent as last read here (not read for this turn): the admission
+    confirms it, or refuses with AgentChanged."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -136,6 +136,7 @@ class StartingQueue(Protocol):
         agent: AgentRef | None = None,
         limits: PrincipalLimits | None = None,
         idempotency: Idempotency | None = None,
+        expect_agent: str | None = None,
     ) -> tuple[Turn, Lease | None, list[Item] | None]:
         """:meth:`LeasingQueue.enqueue_turn_leased`; and when it took the lease and the new
         turn is the session's only active one, the turn started under that lease in the same
@@ -143,8 +144,12 @@ class StartingQueue(Protocol):
         the history before the turn's items). The turn, the lease (None when it was held),
         and the started turn's items (None when it was not started).
 
+        ``expect_agent``: the session's own agent as the caller knows it (the turn's agent was
+        chosen by it); AgentChanged, with nothing written, when the session names another.
+
         A turn on an idle session (the first of a conversation's lease) is then accepted,
-        leased and started in one write where it took two."""
+        leased and started in one write where it took two (and three with a read of the
+        session for its agent)."""
         ...
 
 

@@ -22,6 +22,7 @@ from typing import Any, Final, Literal, cast, get_args
 
 from tether import events
 from tether.errors import (
+    AgentChanged,
     Conflict,
     DecisionMade,
     IdempotencyKeyReused,
@@ -295,6 +296,11 @@ def duplicate_turn(turn_id: str) -> Conflict:
 def not_in_status(turn_id: str, status: TurnStatus) -> Conflict:
     """The error of a fenced write whose turn is not (any longer) in ``status``."""
     return Conflict(f"turn {turn_id} is not {status}")
+
+
+def agent_changed(expected: str, found: str) -> AgentChanged:
+    """The error of an admission that expected the session's own agent to be ``expected``."""
+    return AgentChanged(f"the session's agent is {found!r}, not {expected!r} as expected")
 
 
 def not_next(turn_id: str) -> TurnNotNext:

@@ -127,8 +127,11 @@ class Turns(State):
         agent: AgentRef | None = None,
         limits: PrincipalLimits | None = None,
         idempotency: Idempotency | None = None,
+        expect_agent: str | None = None,
     ) -> tuple[Turn, Lease | None, list[Item] | None]:
         s = self._get(key)
+        if expect_agent is not None and s.record.agent != expect_agent:
+            raise rules.agent_changed(expect_agent, s.record.agent)
         # Checked before the first change, as a rolled back transaction would leave nothing.
         rules.check_event_seqs(turn_id, 1, [e.seq for e in events])
         turn, new = self._enqueue(

@@ -162,12 +162,13 @@ ENQUEUE_STARTED = (
     " $28, $29, $30)"
 )
 # ENQUEUE_LEASED, and the turn started under the lease taken ($19) when nothing is ahead of it,
-# with tether_write's items and events ($20-$30) (migration 19).
+# with tether_write's items and events ($20-$30); $31: the agent the session is expected to
+# name (migration 19).
 ENQUEUE_TAKEN = (
     "SELECT outcome, turn_seq, expires_at, active_ids, active_statuses, busy, total, r_token,"
-    " r_next_item, first_seq FROM tether_enqueue_taken($1, $2, $3, $4, $5, $6, $7, $8, $9,"
-    " $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27,"
-    " $28, $29, $30)"
+    " r_next_item, first_seq, found_agent FROM tether_enqueue_taken($1, $2, $3, $4, $5, $6, $7,"
+    " $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25,"
+    " $26, $27, $28, $29, $30, $31)"
 )
 # A turn queued on a session another process holds: announced to it on commit (migration 14).
 # The payload is the key joined by chr(31); one that cannot be told apart (a part holding

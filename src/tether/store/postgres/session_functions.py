@@ -263,7 +263,9 @@ SESSION_FUNCTIONS: list[tuple[int, str]] = [
         -- tether_enqueue_started starts it: a turn on an idle session is admitted, leased and
         -- started in one round trip where it took two. outcome: tether_enqueue's, or
         -- 'started' (first_seq: the seq of the first item written); r_token and r_next_item
-        -- as tether_enqueue's (the history before the turn's items).
+        -- as tether_enqueue's (the history before the turn's items). With p_expect_agent,
+        -- 'agent' (found_agent: the session's) when the session names another agent: the
+        -- caller chose the turn's agent by what it knew, and nothing is written.
         CREATE FUNCTION tether_enqueue_taken(
             p_tenant text, p_owner text, p_session text, p_turn text, p_input text,
             p_policy text, p_now double precision, p_agent text, p_fingerprint text,
@@ -273,14 +275,26 @@ SESSION_FUNCTIONS: list[tuple[int, str]] = [
             p_kinds text[], p_contents text[], p_completes boolean[], p_call_ids text[],
             p_tools text[], p_arguments text[], p_metas text[],
             p_event_seqs bigint[], p_event_lasts bigint[], p_event_types text[],
-            p_event_datas text[],
+            p_event_datas text[], p_expect_agent text,
             OUT outcome text, OUT turn_seq bigint, OUT expires_at double precision,
             OUT active_ids text[], OUT active_statuses text[], OUT busy bigint,
-            OUT total bigint, OUT r_token bigint, OUT r_next_item bigint, OUT first_seq bigint)
+            OUT total bigint, OUT r_token bigint, OUT r_next_item bigint, OUT first_seq bigint,
+            OUT found_agent text)
         LANGUAGE plpgsql VOLATILE AS $$
         DECLARE
             v_written text;
         BEGIN
+            IF p_expect_agent IS NOT NULL THEN
+                -- Under the row lock tether_enqueue then takes again: the agent cannot change
+                -- between this look and the admission.
+                SELECT s.agent INTO found_agent FROM sessions s
+                 WHERE s.tenant = p_tenant AND s.owner = p_owner AND s.session_id = p_session
+                   FOR UPDATE;
+                IF FOUND AND found_agent IS DISTINCT FROM p_expect_agent THEN
+                    outcome := 'agent';
+                    RETURN;
+                END IF;
+            END IF;
             SELECT e.outcome, e.turn_seq, e.expires_at, e.active_ids, e.active_statuses,
                    e.busy, e.total, e.r_token, e.r_next_item
               INTO outcome, turn_seq, expires_at, active_ids, active_statuses, busy, total,

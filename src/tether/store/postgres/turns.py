@@ -159,6 +159,7 @@ class Turns(Connection):
         agent: AgentRef | None = None,
         limits: PrincipalLimits | None = None,
         idempotency: Idempotency | None = None,
+        expect_agent: str | None = None,
     ) -> tuple[Turn, Lease | None, list[Item] | None]:
         rules.check_event_seqs(turn_id, rules.QUEUED_EVENT_SEQ, [e.seq for e in events])
         now = time.time()
@@ -168,13 +169,16 @@ class Turns(Connection):
         async with self._conn() as conn:
             try:
                 row = await conn.fetchrow(
-                    q.ENQUEUE_TAKEN, *args, now + ttl, *_rows_args(items, events)
+                    q.ENQUEUE_TAKEN, *args, now + ttl, *_rows_args(items, events), expect_agent
                 )
             except asyncpg.UniqueViolationError as exc:
                 if exc.constraint_name == "turns_pkey":
                     raise rules.duplicate_turn(turn_id) from None
                 raise
         assert row is not None  # a function with OUT parameters answers one row
+        if row[0] == "agent":
+            assert expect_agent is not None
+            raise rules.agent_changed(expect_agent, str(row[10]))
         if row[0] == "started":
             lease = _taken(row, key, owner, now + ttl, turn_id)
             assert lease is not None  # started only under the lease it took

@@ -42,6 +42,7 @@ OWNER_ACTIVE = (
 )
 OWNER_SESSIONS = "SELECT COUNT(*) FROM sessions WHERE tenant = ? AND owner = ?"
 FENCE = f"SELECT pk, lease_token FROM sessions WHERE {KEY_WHERE}"
+SESSION_AGENT = f"SELECT agent FROM sessions WHERE {KEY_WHERE}"
 INSERT_SESSION = (
     "INSERT INTO sessions (tenant, owner, session_id, agent, metadata, created_at,"
     " updated_at, expires_at, lease_token) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"

@@ -140,8 +140,13 @@ class Turns(Connection):
         agent: AgentRef | None = None,
         limits: PrincipalLimits | None = None,
         idempotency: Idempotency | None = None,
+        expect_agent: str | None = None,
     ) -> tuple[Turn, Lease | None, list[Item] | None]:
         def do(c: sqlite3.Connection) -> tuple[Turn, Lease | None, list[Item] | None]:
+            if expect_agent is not None:
+                row = c.execute(q.SESSION_AGENT, key_args(key)).fetchone()
+                if row is not None and row[0] != expect_agent:
+                    raise rules.agent_changed(expect_agent, row[0])
             turn, new = self._enqueue(
                 c, key, turn_id, input, policy, max_queue, agent, limits, idempotency
             )

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tether.errors import SessionBusy, SessionNotFound, StaleLease
+from tether.errors import AgentChanged, SessionBusy, SessionNotFound, StaleLease
 from tether.events import TURN_QUEUED, TURN_STARTED
 from tether.records import (
     Idempotency,
@@ -312,6 +312,7 @@ class LeasesConformance:
             owner: str = "node-a",
             policy: Policy = "enqueue",
             idempotency: Idempotency | None = None,
+            expect_agent: str | None = None,
         ) -> tuple[Turn, Lease | None, list[Item] | None]:
             assert isinstance(store, StartingQueue)
             return await store.enqueue_turn_taken(
@@ -324,6 +325,7 @@ class LeasesConformance:
                 items=[NewItem("user", text)],
                 events=[ev(2, TURN_STARTED, turn_id=turn_id)],
                 idempotency=idempotency,
+                expect_agent=expect_agent,
             )
 
         first, lease, written = await send(k, "t1", "one")
@@ -370,6 +372,18 @@ class LeasesConformance:
         assert await store.lease_holder(k2) is None
         with pytest.raises(SessionNotFound):
             await send(key("nobody"), "v1", "six")
+        with pytest.raises(SessionNotFound):
+            await send(key("nobody"), "v2", "six", expect_agent="assistant")
+        # The agent the caller expects the session to name (new_session's "assistant"): a
+        # session that names another refuses the turn, and writes and takes nothing.
+        k3 = await new_session(store, key("s3"))
+        before = await snapshot(store, k3)
+        with pytest.raises(AgentChanged):
+            await send(k3, "w1", "seven", expect_agent="someone-else")
+        assert await snapshot(store, k3) == before
+        assert await store.lease_holder(k3) is None
+        made, held, started = await send(k3, "w2", "seven", expect_agent="assistant")
+        assert held is not None and started is not None and made.status == "running"
 
     async def test_take_over_lease(self, store: Store) -> None:
         k = await new_session(store)
