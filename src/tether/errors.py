@@ -18,7 +18,8 @@
     ├── Conflict                 a precondition moved: revision, existing id (HTTP 409)
     │   ├── RevisionConflict     an update named a revision that is no longer current
     │   ├── DecisionMade         a decision that is not pending (carries the one made first)
-    │   └── TurnNotNext          a start of a turn an earlier active turn of its session precedes
+    │   ├── TurnNotNext          a start of a turn an earlier active turn of its session precedes
+    │   └── AgentChanged         an admission expected the session to name another agent
     ├── Unauthorized             no credentials, or unknown or revoked ones (HTTP 401)
     ├── Forbidden                readable but not writable by this principal (HTTP 403)
     ├── SessionBusy              policy=reject and a turn is queued or running (HTTP 409)
