@@ -111,6 +111,10 @@ async def begin(
         ) from None
     except (InvalidInput, TooLarge) as exc:
         raise error(InvalidParamsError, str(exc)) from None
+    if turn.status == "running":
+        # Started in the same write that admitted it: followed from its first event, the task
+        # is shown as it was taken (submitted), and its turn.started event follows (working).
+        return Begun(replace(turn, status="queued", started_at=None))
     return Begun(turn)
 
 
