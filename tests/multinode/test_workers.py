@@ -177,6 +177,14 @@ async def pinned_clients(url: str, per_node: int) -> list[tuple[str, httpx.Async
     connection stays with the worker that accepted it, so requests are known to reach each."""
     kept: dict[str, list[httpx.AsyncClient]] = {node: [] for node in NODES}
     for _ in range(40):
+        # The kept ones too: a connection left idle past the server's keep-alive timeout (5 s,
+        # on a busy machine) is closed, and its next request may reach the other worker.
+        for node, clients in kept.items():
+            pings = await asyncio.gather(*(client.get("/healthz") for client in clients))
+            for client, ping in zip(list(clients), pings, strict=True):
+                if ping.json()["node"] != node:
+                    clients.remove(client)
+                    await client.aclose()
         batch = [
             httpx.AsyncClient(base_url=url, timeout=60, limits=httpx.Limits(max_connections=1))
             for _ in range(8)
