@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from tether.errors import AgentChanged, QueueFull, SessionNotFound, StaleLease
+from tether.errors import AgentChanged, NotFound, QueueFull, SessionNotFound, StaleLease
 from tether.events import TURN_STARTED
 from tether.records import (
     AgentRef,
@@ -191,7 +191,12 @@ class Admission:
         if asked.agent is not None or asked.own_agent is None:
             return Chosen(asked.agent)
         name = self.known_agents.get(asked.key)
-        return Chosen(asked.own_agent(name), name) if name is not None else None
+        if name is None:
+            return None
+        try:
+            return Chosen(asked.own_agent(name), name)
+        except NotFound:
+            return None  # not served here (or no longer what the session names): read it
 
     def may_start(self, key: SessionKey, lease: Lease | None, policy: Policy) -> bool:
         """Whether a turn on ``key`` may be admitted under ``lease``, to start at once when
