@@ -30,7 +30,7 @@ from tether.records import (
     Turn,
 )
 from tether.runtime import Runtime
-from tether.scheduler.owners import owner_is_dead
+from tether.scheduler.owners import new_owner_id, owner_is_dead
 from tether.store import InMemoryStore
 from tether.store.capabilities import ChangeCounter, LeasingQueue, StartingQueue
 from tether.store.protocol import Store
@@ -1450,3 +1450,62 @@ async def test_on_sqlite_a_cancel_from_elsewhere_before_a_leased_start_registers
         async with asyncio.timeout(10):
             done = await a.scheduler.wait(key, turn.id)
         assert (done.status, done.reason) == ("cancelled", "caller_cancelled")
+
+
+async def test_a_lease_taken_while_the_worker_waits_for_another_holder_is_used_at_once(
+    store: Store,
+) -> None:
+    """This process's worker waits for a lease another owner holds (a turn of the session is
+    queued); the owner lets it go, and the next turn's admission here takes it and starts the
+    turn. The waiting worker runs that turn under the lease taken for it, at once: it does not
+    wait on, unable to take a lease this process already holds, until the lease runs out and
+    the turn ends owner_lost."""
+    if not isinstance(store, StartingQueue):
+        pytest.skip("this store starts turns by start_turn only")
+    agent = Agent(name="a", model=ScriptedModel(default="ok"))
+    async with Runtime(store, agents=[agent], lease_ttl=30.0) as rt:
+        key = SessionKey("local", "local", "taken-while-waiting")
+        await rt.sessions.create(key, "a")
+        other = await store.acquire_lease(key, new_owner_id("elsewhere"), 30.0)
+        assert other is not None
+        first = await rt.scheduler.submit(key, "one")
+        assert first.status == "queued"  # the other owner holds the session
+        await wait_until(lambda: key in rt.scheduler.local.workers)
+        await asyncio.sleep(0.3)  # the worker here is waiting for the lease by now
+        assert (await rt.scheduler.cancel(key, first.id)).status == "cancelled"
+        await store.release_lease(other)
+        second = await rt.scheduler.submit(key, "two")
+        async with asyncio.timeout(5):  # well inside the lease's 30 s
+            done = await rt.scheduler.wait(key, second.id)
+        assert (done.status, done.output) == ("completed", "ok")
+
+
+async def test_close_waits_for_a_turn_started_by_an_admission_in_flight(store: Store) -> None:
+    """close() begins while an admission that takes the session's lease and starts the turn
+    is being written: the worker that gets them as the write settles runs the turn to its end
+    before close() returns, rather than being left behind with the turn shown running."""
+    if not isinstance(store, StartingQueue):
+        pytest.skip("this store starts turns by start_turn only")
+    agent = Agent(name="a", model=ScriptedModel(default="ran"))
+    async with Runtime(store, agents=[agent]) as rt:
+        key = SessionKey("local", "local", "closed-mid-admission")
+        await rt.sessions.create(key, "a")
+        taking = store.enqueue_turn_taken
+        entered, go = asyncio.Event(), asyncio.Event()
+
+        async def slow(*args: Any, **kwargs: Any) -> Any:
+            entered.set()
+            await go.wait()
+            return await taking(*args, **kwargs)
+
+        store.enqueue_turn_taken = slow  # type: ignore[method-assign]
+        submitted = asyncio.create_task(rt.scheduler.submit(key, "as it closes"))
+        await entered.wait()
+        closing = asyncio.create_task(rt.scheduler.close(drain_timeout=10.0))
+        await wait_until(lambda: rt.scheduler.closing)
+        go.set()
+        turn = await submitted
+        async with asyncio.timeout(15):
+            await closing
+        stored = await store.get_turn(key, turn.id)
+        assert stored is not None and (stored.status, stored.output) == ("completed", "ran")

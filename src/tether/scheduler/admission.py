@@ -19,7 +19,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from tether.errors import AgentChanged, NotFound, QueueFull, SessionNotFound, StaleLease
+from tether.errors import (
+    AgentChanged,
+    NotFound,
+    QueueFull,
+    SessionNotFound,
+    ShuttingDown,
+    StaleLease,
+)
 from tether.events import TURN_STARTED
 from tether.records import (
     AgentRef,
@@ -144,15 +151,15 @@ class Admission:
                         by=self.owner,
                     )
                     return turn, None
-                except QueueFull:
+                except QueueFull as full:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         raise
+                    if local.closing:
+                        message = "the server is shutting down; retry on another node"
+                        raise ShuttingDown(message) from full
                     if not waiting:
-                        bounded = wait != math.inf
-                        if bounded and local.slot_waiters.get(key, 0) >= self.max_queue:
-                            raise
-                        local.slot_waiters[key] = local.slot_waiters.get(key, 0) + 1
+                        self._count_waiter(key, wait, full)
                         waiting = True
                     freed = local.slot_freed.setdefault(key, asyncio.Event())
                     with contextlib.suppress(TimeoutError):
@@ -165,6 +172,14 @@ class Admission:
                     local.slot_waiters[key] = left
                 else:
                     del local.slot_waiters[key]
+
+    def _count_waiter(self, key: SessionKey, wait: float, full: QueueFull) -> None:
+        """Count a caller among those waiting for room in ``key``'s full queue; ``full`` again
+        when a finite wait would make more of them than the queue holds."""
+        local = self.local
+        if wait != math.inf and local.slot_waiters.get(key, 0) >= self.max_queue:
+            raise full
+        local.slot_waiters[key] = local.slot_waiters.get(key, 0) + 1
 
     async def _agent(self, asked: Asked) -> Chosen:
         """The turn's agent, the session's read for it when the caller named none (noted for
@@ -337,6 +352,8 @@ class Admission:
                 self.workers.kick(key, turn, lease, news)  # turns left before it come first
 
         write.add_done_callback(settled)
+        local.taking.add(write)
+        write.add_done_callback(local.taking.discard)  # after settled: its worker is known then
         try:
             turn, _, _ = await asyncio.shield(write)
         except asyncio.CancelledError:

@@ -220,6 +220,10 @@ class Scheduler:
         local.closing = True
         for kicked in local.kicked.values():
             kicked.set()  # lingering workers give their leases up now
+        if local.taking:
+            # An admission in flight may yet take a lease here and start a turn under it, for
+            # a worker that starts as it settles: that worker is waited for too.
+            await asyncio.wait(set(local.taking), timeout=drain_timeout)
         workers = [w for w in local.workers.values() if not w.done()]
         if workers:
             _, pending = await asyncio.wait(workers, timeout=drain_timeout)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Any
 
 from tether.loop.context import TurnContext
 from tether.records import (
@@ -88,6 +89,9 @@ class Local:
     started: dict[SessionKey, tuple[Turn, Admitted]] = field(default_factory=dict)
     """A turn started as it was admitted, for the session's worker to run first (the store
     shows it running from then on)."""
+    taking: set[asyncio.Future[Any]] = field(default_factory=set)
+    """Admissions in flight that may take a session's lease for this process, and start a turn
+    under it, as they settle: ``close()`` lets them settle before it waits for the workers."""
     asked: dict[str, tuple[SessionKey, CancelStatus, Reason]] = field(default_factory=dict)
     """Cancels asked here for turns running in the store but not yet registered here (started
     a moment ago), by turn: the turn reads its own as it registers, without waiting for the

@@ -199,15 +199,13 @@ class Workers:
         local = self._local
         try:
             while True:
-                granted = local.granted.pop(key, None)
-                if granted is not None:
-                    lease, news = granted  # taken as the turn was admitted: no acquisition
-                else:
-                    news = self.news()  # before the grant: what the lease's look at the queue saw
-                    acquired = await self._acquire(key)
-                    if acquired is None:
-                        return  # nothing left to do, or the session is gone
-                    lease = acquired
+                acquired = await self._acquire(key)
+                if acquired is None:
+                    if key in local.granted:
+                        continue  # taken for it here as it gave up: run under that one
+                    self._gone(key)  # nothing left to do, or the session is gone
+                    return
+                lease, news = acquired
                 local.leases[key] = lease
                 kept = False
                 try:
@@ -267,9 +265,18 @@ class Workers:
         local.handed.pop(key, None)
         self._ran_to.pop(key, None)
 
-    async def _acquire(self, key: SessionKey) -> Lease | None:
+    async def _acquire(self, key: SessionKey) -> tuple[Lease, tuple[str, int] | None] | None:
+        """The session's lease, with the store's news from before it was taken: one a turn's
+        admission here took for this worker (:attr:`Local.granted`), or one acquired (or taken
+        over from a dead owner). None when the session is gone, or another live process holds
+        it and nothing here is left to run."""
+        local = self._local
         delay = 0.02
         while True:
+            granted = local.granted.pop(key, None)
+            if granted is not None:
+                return granted  # taken as a turn was admitted: no acquisition
+            news = self.news()  # before the grant: what the lease's look at the queue saw
             try:
                 lease = await self._store.acquire_lease(key, self.owner, self.lease_ttl)
                 if lease is None:
@@ -279,13 +286,21 @@ class Workers:
             except SessionNotFound:
                 return None
             if lease is not None:
-                return lease
+                return lease, news
             # Another live process holds the session; it will run the queue. Wait while there
-            # is still work, in case it dies or releases the lease with turns left.
+            # is still work, in case it dies or releases the lease with turns left; or until
+            # an admission here takes the lease as it is released (it kicks this worker).
             active = await self._store.active_turns(key)
             if not active or active[0].status == "awaiting_input":
                 return None  # nothing left, or parked on a decision: nothing to run for now
-            await asyncio.sleep(delay)
+            kicked = local.kicked[key] = asyncio.Event()
+            try:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await kicked.wait()
+            finally:
+                if local.kicked.get(key) is kicked:
+                    del local.kicked[key]
             delay = min(delay * 2, 0.5)
 
     async def _take_over(self, key: SessionKey, holder: str) -> Lease | None:
