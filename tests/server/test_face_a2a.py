@@ -208,6 +208,33 @@ async def test_streaming_sends_status_and_artifact_events_and_ends_completed(
     }
 
 
+async def test_a_retried_message_streams_its_running_task_as_it_stands(server: Server) -> None:
+    """A new message's task streams as submitted first, then working, even when its turn was
+    started with its admission; a retry of that message (its messageId again) while the turn
+    runs gets the task as it stands: working."""
+
+    async def running(events: AsyncIterator[pb.StreamResponse]) -> None:
+        async for event in events:  # the reply has begun
+            if event.HasField("artifact_update"):
+                return
+
+    async with a2a(server, "slow") as client:
+        opening = aiter(client.send_message(user("open")))
+        opened = (await anext(opening)).task
+        await running(opening)
+        await client.cancel_task(pb.CancelTaskRequest(id=opened.id))
+        asked = user("go", context=opened.context_id)
+        events = aiter(client.send_message(asked))
+        made = await anext(events)
+        assert made.task.status.state == S.TASK_STATE_SUBMITTED
+        await running(events)
+        again = await anext(aiter(client.send_message(asked)))
+        assert again.task.id == made.task.id
+        assert again.task.status.state == S.TASK_STATE_WORKING
+        done = await client.cancel_task(pb.CancelTaskRequest(id=made.task.id))
+        assert done.status.state == S.TASK_STATE_CANCELED
+
+
 async def test_a_slow_task_is_cancelled_and_watchers_see_it_end(server: Server) -> None:
     async with a2a(server, "slow") as client, a2a(server, "slow") as watcher:
         events = aiter(client.send_message(user("go")))

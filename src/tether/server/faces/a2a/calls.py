@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -73,6 +74,7 @@ async def begin(
     policy = _policy(params)
     context = message.context_id or None
     key: SessionKey | None = None
+    asked_at = time.time()
     try:
         if context is None:  # a new conversation: its session is made first, and named
             opened = await open_session(st, caller, None, agent, message=text)
@@ -111,9 +113,10 @@ async def begin(
         ) from None
     except (InvalidInput, TooLarge) as exc:
         raise error(InvalidParamsError, str(exc)) from None
-    if turn.status == "running":
-        # Started in the same write that admitted it: followed from its first event, the task
-        # is shown as it was taken (submitted), and its turn.started event follows (working).
+    if turn.status == "running" and turn.created_at >= asked_at:
+        # Made by this message, and started in the same write that admitted it: followed from
+        # its first event, the task is shown as it was taken (submitted), and its turn.started
+        # event follows (working). A retry's turn, made earlier, is shown as it stands.
         return Begun(replace(turn, status="queued", started_at=None))
     return Begun(turn)
 
