@@ -293,7 +293,9 @@ class Workers:
             active = await self._store.active_turns(key)
             if not active or active[0].status == "awaiting_input":
                 return None  # nothing left, or parked on a decision: nothing to run for now
-            kicked = local.kicked[key] = asyncio.Event()
+            if key in local.granted:
+                continue  # taken for this worker while it looked
+            kicked = local.kicked[key] = asyncio.Event()  # no await since the look: none missed
             try:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(delay):
