@@ -370,6 +370,16 @@ class LeasesConformance:
         again, none, nothing = await send(k2, "u2", "five", idempotency=asked)
         assert (again.id, again.status, none, nothing) == ("u1", "completed", None, None)
         assert await store.lease_holder(k2) is None
+        # A lease that ran out with a turn left running is taken, and says so; the new turn
+        # waits behind the one left (recovery ends it first), and starts nothing.
+        k4 = await new_session(store, key("s4"))
+        await running_turn(store, k4, "x1", owner="node-dead", ttl=SHORT_TTL)
+        await asyncio.sleep(PAST_SHORT_TTL)
+        behind, after_dead, nothing = await send(k4, "x2", "eight")
+        assert nothing is None and behind.status == "queued"
+        assert after_dead is not None and after_dead.left_running is True
+        assert after_dead.queue == ("x1", "x2")
+        assert [e.type for e in await store.list_events(k4, "x2")] == [TURN_QUEUED]
         with pytest.raises(SessionNotFound):
             await send(key("nobody"), "v1", "six")
         with pytest.raises(SessionNotFound):
