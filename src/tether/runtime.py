@@ -131,6 +131,7 @@ class Runtime:
             max_sessions=limits.sessions if limits else None,
             workspace_root=self.workspace_root,
             mcp=self.mcp,
+            noted=self.scheduler.noted,
         )
         """Sessions for every front door: the caller's own, cancel-then-delete."""
         self.keys = ApiKeys(self.store)

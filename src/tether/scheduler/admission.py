@@ -193,12 +193,18 @@ class Admission:
             raise SessionNotFound("session not found")
         if lease is not None and self.local.leases.get(asked.key) is lease:
             self.local.agents[asked.key] = (lease, record.agent)
+        self.remember(asked.key, record.agent)
+        # Expected too: an admission that takes the lease confirms it, so what it says holds
+        # under that lease (a session made anew since the read is read again).
+        return Chosen(asked.own_agent(record.agent), record.agent)
+
+    def remember(self, key: SessionKey, agent: str) -> None:
+        """Note ``agent`` as ``key``'s own agent (the newest note, the last to be dropped)."""
         known = self.known_agents
-        known.pop(asked.key, None)  # moved to the end: the newest, the last to be dropped
+        known.pop(key, None)
         if len(known) >= KNOWN_AGENTS:
             del known[next(iter(known))]
-        known[asked.key] = record.agent
-        return Chosen(asked.own_agent(record.agent))
+        known[key] = agent
 
     def _guess(self, asked: Asked) -> Chosen | None:
         """The turn's agent as the session's agent was last read here, to be confirmed by the
@@ -343,6 +349,9 @@ class Admission:
                 if gone:
                     self.workers.kick(key, turn)  # queued behind another: as submit would
                 return
+            if agent.expected is not None:
+                # Confirmed by the write that took the lease: it holds under that lease.
+                local.agents[key] = (lease, agent.expected)
             if items is not None:
                 local.waiters.setdefault(turn.id, (key, []))
                 local.started[key] = (turn, Admitted(items[0], lease, rings))

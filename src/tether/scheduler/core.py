@@ -41,6 +41,7 @@ from tether.records import (
     PrincipalLimits,
     Reason,
     SessionKey,
+    SessionRecord,
     Turn,
     Verdict,
     new_turn_id,
@@ -158,6 +159,11 @@ class Scheduler:
     def closing(self) -> bool:
         """True once close() has begun: no new turns are taken."""
         return self.local.closing
+
+    def noted(self, record: SessionRecord) -> None:
+        """A session made or read here: its agent is remembered for its turns' admissions,
+        which confirm it (a session made anew since for another agent is read again)."""
+        self.admission.remember(record.key, record.agent)
 
     def lease_of(self, key: SessionKey) -> Lease | None:
         """The lease this process holds on ``key`` now, if any."""

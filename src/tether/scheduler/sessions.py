@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -64,9 +65,13 @@ class SessionService:
         max_sessions: int | None = None,
         workspace_root: Path | None = None,
         mcp: McpSessions | None = None,
+        noted: Callable[[SessionRecord], None] | None = None,
     ) -> None:
         self._store = store
         self._canceller = canceller
+        self._noted = noted
+        """Told of each session made or read here for a door (the scheduler remembers its
+        agent, so the session's next turns need no read of it)."""
         self.max_sessions = max_sessions
         """How many sessions one owner may keep (None: unbounded)."""
         self.workspace_root = workspace_root
@@ -85,6 +90,8 @@ class SessionService:
         record = await self._store.get_session(key)
         if record is None or record.expired():
             raise SessionNotFound("session not found")
+        if self._noted is not None:
+            self._noted(record)
         return record
 
     async def page(
@@ -176,7 +183,7 @@ class SessionService:
         """
         if replace_expired:
             await self.drop_if_expired(key)
-        return await self._store.create_session(
+        record, created = await self._store.create_session(
             key,
             agent,
             metadata=metadata,
@@ -184,6 +191,9 @@ class SessionService:
             exist_ok=exist_ok,
             max_sessions=self.max_sessions,
         )
+        if self._noted is not None and not record.expired():
+            self._noted(record)
+        return record, created
 
     async def update(
         self,
