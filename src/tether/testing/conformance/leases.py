@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tether.errors import AgentChanged, SessionBusy, SessionNotFound, StaleLease
+from tether.errors import AgentChanged, LimitExceeded, SessionBusy, SessionNotFound, StaleLease
 from tether.events import TURN_QUEUED, TURN_STARTED
 from tether.records import (
     Idempotency,
@@ -20,6 +20,7 @@ from tether.records import (
     Lease,
     NewItem,
     Policy,
+    PrincipalLimits,
     SessionKey,
     Turn,
     TurnEnding,
@@ -313,6 +314,7 @@ class LeasesConformance:
             policy: Policy = "enqueue",
             idempotency: Idempotency | None = None,
             expect_agent: str | None = None,
+            limits: PrincipalLimits | None = None,
         ) -> tuple[Turn, Lease | None, list[Item] | None]:
             assert isinstance(store, StartingQueue)
             return await store.enqueue_turn_taken(
@@ -326,6 +328,7 @@ class LeasesConformance:
                 events=[ev(2, TURN_STARTED, turn_id=turn_id)],
                 idempotency=idempotency,
                 expect_agent=expect_agent,
+                limits=limits,
             )
 
         first, lease, written = await send(k, "t1", "one")
@@ -394,6 +397,14 @@ class LeasesConformance:
         assert await store.lease_holder(k3) is None
         made, held, started = await send(k3, "w2", "seven", expect_agent="assistant")
         assert held is not None and started is not None and made.status == "running"
+        # The owner's bound holds here too: with its sessions busy, an idle one's turn is
+        # refused, and nothing is written or taken.
+        k5 = await new_session(store, key("s5"))
+        before = await snapshot(store, k5)
+        with pytest.raises(LimitExceeded):
+            await send(k5, "y1", "nine", limits=PrincipalLimits(running_turns=1))
+        assert await snapshot(store, k5) == before
+        assert await store.lease_holder(k5) is None
 
     async def test_take_over_lease(self, store: Store) -> None:
         k = await new_session(store)
