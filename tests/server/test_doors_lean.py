@@ -191,3 +191,92 @@ async def test_the_faces_continuing_a_conversation_read_nothing_first(tmp_path: 
         for sid in ("a2a", "responses"):
             said = await history(runtime, sid)
             assert said[-2:] == ["three", f"saw {said[:-2]} then three"]
+
+
+async def test_ag_ui_and_langgraph_runs_on_a_thread_read_and_write_no_session_first(
+    tmp_path: Path,
+) -> None:
+    """AG-UI runs and LangGraph runs on a thread that exists: the admission finds its session;
+    the first AG-UI run makes the thread's session, and the later ones make and read none."""
+    from ag_ui.core import RunAgentInput, UserMessage
+
+    def agui(thread: str, *said: str) -> str:
+        run = RunAgentInput(
+            thread_id=thread,
+            run_id=f"run-{len(said)}",
+            messages=[UserMessage(id=f"m{n}", content=t) for n, t in enumerate(said)],
+        )
+        return run.model_dump_json(by_alias=True)
+
+    async with serving(tmp_path) as (c, runtime):
+        calls: list[str] = []
+        counting(runtime, calls, "get_session", "create_session")
+        per_run: list[list[str]] = []
+        said: list[str] = []
+        for text in ("one", "two", "three"):
+            said.append(text)
+            calls.clear()
+            headers = {"content-type": "application/json", "accept": "text/event-stream"}
+            r = await c.post("/agui/first", content=agui("ag-thread", *said), headers=headers)
+            assert r.status_code == 200 and "RUN_FINISHED" in r.text, r.text
+            per_run.append(list(calls))
+        assert per_run[0].count("create_session") == 1
+        assert per_run[1] == [] and per_run[2] == []
+        assert (await history(runtime, "ag-thread"))[-2:] == [
+            "three",
+            "saw ['one', 'saw [] then one', 'two', \"saw ['one', 'saw [] then one'] then two\"]"
+            " then three",
+        ]
+
+        made = await c.post("/lg/threads", json={"thread_id": "lg-thread"})
+        assert made.status_code == 200, made.text
+        for text in ("one", "two"):
+            calls.clear()
+            body = {
+                "assistant_id": "first",
+                "input": {"messages": [{"role": "user", "content": text}]},
+            }
+            r = await c.post("/lg/threads/lg-thread/runs/wait", json=body)
+            assert r.status_code == 200, r.text
+        assert calls == []  # the second run, as the lease lingers: no read, no write
+        assert (await history(runtime, "lg-thread"))[
+            -1
+        ] == "saw ['one', 'saw [] then one'] then two"
+        # A run on a thread that is not there is a 404, and makes none.
+        body = {"assistant_id": "first", "input": {"messages": [{"role": "user", "content": "x"}]}}
+        r = await c.post("/lg/threads/no-thread/runs/wait", json=body)
+        assert r.status_code == 404, r.text
+        assert await runtime.store.get_session(key("no-thread")) is None
+
+
+async def test_an_expired_ag_ui_thread_starts_afresh_whatever_it_waited_for(
+    tmp_path: Path,
+) -> None:
+    """The refusal of a message to a thread waiting for a decision does not hold for an expired
+    thread: its id starts afresh (the pending decision is stood in for here: it is only read)."""
+    from types import SimpleNamespace
+
+    from ag_ui.core import RunAgentInput, UserMessage
+
+    async with serving(tmp_path) as (c, runtime):
+        await runtime.sessions.create(key("old-thread"), "first", ttl_seconds=0.2)
+        waiting = SimpleNamespace(call_id="call-1", turn_id="t-old")
+
+        async def pending(*args: Any, **kwargs: Any) -> list[Any]:
+            return [waiting]
+
+        runtime.scheduler.decisions = pending  # type: ignore[method-assign]
+        run = RunAgentInput(
+            thread_id="old-thread",
+            run_id="run-1",
+            messages=[UserMessage(id="m0", content="hello")],
+        )
+        headers = {"content-type": "application/json", "accept": "text/event-stream"}
+        live = await c.post(
+            "/agui/first", content=run.model_dump_json(by_alias=True), headers=headers
+        )
+        assert "RUN_ERROR" in live.text and "awaiting_input" in live.text  # still waiting
+        await asyncio.sleep(0.3)
+        r = await c.post("/agui/first", content=run.model_dump_json(by_alias=True), headers=headers)
+        assert "RUN_FINISHED" in r.text, r.text
+        assert await history(runtime, "old-thread") == ["hello", "saw [] then hello"]

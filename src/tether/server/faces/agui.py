@@ -62,10 +62,10 @@ from pydantic import ValidationError
 from starlette.responses import Response, StreamingResponse
 
 from tether import events
-from tether.errors import InvalidInput, TetherError
+from tether.errors import InvalidInput, SessionNotFound, TetherError
 from tether.records import SESSION_ID_PATTERN, Decision, Principal, SessionKey, Turn, Verdict
-from tether.server.conversation import Opened, agent_named, open_session, submit
-from tether.server.deps import State
+from tether.server.conversation import agent_named, open_session, send
+from tether.server.deps import State, check_message
 from tether.server.faces.agui_events import Translation
 from tether.server.faces.endings import refusal
 from tether.server.problems import Problem
@@ -172,17 +172,19 @@ async def _events(
     message: str | None,
     translation: Translation,
 ) -> AsyncIterator[BaseEvent]:
-    opened = await open_session(st, caller, run.thread_id, agent, create=True, message=message)
     if message is None:
+        opened = await open_session(st, caller, run.thread_id, agent, create=True)
         turn, answered = await _resume(st, caller, opened.key, run.resume or [])
         yield _turn_event(turn)
         async for event in _follow(st, opened.key, turn, translation, answered):
             yield event
         return
-    await _refuse_if_waiting(st, opened)
-    turn = await submit(st, opened, caller, message)
+    check_message(st, message)  # its size first, as before anything is read
+    await _refuse_if_waiting(st, SessionKey.of(caller, run.thread_id))
+    # The admission finds the thread's session; one that is not there (or expired) is made.
+    turn = await send(st, caller, run.thread_id, message, agent)
     yield _turn_event(turn)
-    async for event in _follow(st, opened.key, turn, translation, None):
+    async for event in _follow(st, turn.key, turn, translation, None):
         yield event
 
 
@@ -197,16 +199,26 @@ def _turn_event(turn: Turn) -> CustomEvent:
 TURN_EVENT = "tether.turn"
 
 
-async def _refuse_if_waiting(st: ServerState, opened: Opened) -> None:
+async def _refuse_if_waiting(st: ServerState, key: SessionKey) -> None:
     """A new message while the thread waits for a decision would only queue behind it."""
-    pending = await st.runtime.scheduler.decisions(opened.key, status="pending", limit=1)
-    if pending:
+    try:
+        pending = await st.runtime.scheduler.decisions(key, status="pending", limit=1)
+    except SessionNotFound:
+        return  # a new thread: its session is made as the message is sent
+    if pending and not await _expired(st, key):
         d = pending[0]
         raise _Refused(
             "awaiting_input",
             f"this thread waits for an answer to interrupt {d.call_id} (turn {d.turn_id}): "
             "resume it (RunAgentInput.resume) first; the message was not sent",
         )
+
+
+async def _expired(st: ServerState, key: SessionKey) -> bool:
+    """Whether the thread's session has expired (its id then starts afresh, whatever it was
+    waiting for)."""
+    record = await st.runtime.sessions.get(key)
+    return record is None or record.expired()
 
 
 async def _follow(

@@ -35,8 +35,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from tether.errors import NotFound, SessionNotFound
 from tether.records import Principal, SessionKey, Turn
-from tether.server.conversation import open_session, submit
-from tether.server.deps import State
+from tether.server.conversation import open_session, send, submit
+from tether.server.deps import State, check_message
 from tether.server.faces.langgraph._common import (
     Caller,
     body_of,
@@ -71,31 +71,47 @@ async def _start(
         after = (await resumed_after(st, turn), _ALL)
         return RunInfo(record.key, turn, spec.agent.name), spec, after
     assert spec.text is not None
-    stateless = thread_id is None
-    session_id = str(uuid.uuid4()) if stateless else thread_key(caller, str(thread_id)).session_id
-    try:
+    if thread_id is None:  # a stateless run: a session of its own, made first
         opened = await open_session(
+            st, caller, str(uuid.uuid4()), spec.agent.name, message=spec.text
+        )
+        turn = await submit(st, opened, caller, spec.text, policy=spec.policy)
+        return RunInfo(opened.key, turn, spec.agent.name), spec, (-1, 0)
+    key = thread_key(caller, str(thread_id))
+    check_message(st, spec.text)  # its size first, as before anything is read
+    if spec.policy == "reject":
+        await _refuse_if_waiting(st, key)
+    try:
+        # The admission finds the thread's session; with if_not_exists=create, one that is
+        # not there (or expired) is made and the run sent again.
+        turn = await send(
             st,
             caller,
-            session_id,
+            key.session_id,
+            spec.text,
             spec.agent.name,
-            create=stateless or spec.create,
-            message=spec.text,
+            create=spec.create,
+            policy=spec.policy,
         )
     except SessionNotFound:
-        raise not_found("thread", session_id) from None
-    if spec.policy == "reject":
-        # Busy, but with nothing running: say what it waits for, not "a turn is running".
-        waiting = await st.runtime.scheduler.decisions(opened.key, status="pending", limit=1)
-        if waiting:
-            raise LangGraphError(
-                409,
-                f"the thread waits for an answer to interrupt {waiting[0].call_id}: resume it "
-                '(command={"resume": ...}) first; this run was not started',
-                "awaiting_input",
-            )
-    turn = await submit(st, opened, caller, spec.text, policy=spec.policy)
-    return RunInfo(opened.key, turn, spec.agent.name), spec, (-1, 0)
+        raise not_found("thread", key.session_id) from None
+    return RunInfo(key, turn, spec.agent.name), spec, (-1, 0)
+
+
+async def _refuse_if_waiting(st: ServerState, key: SessionKey) -> None:
+    """Busy, but with nothing running: say what it waits for, not "a turn is running"."""
+    try:
+        waiting = await st.runtime.scheduler.decisions(key, status="pending", limit=1)
+    except SessionNotFound:
+        return  # no thread yet: the run makes it, or finds no thread
+    record = await st.runtime.sessions.get(key) if waiting else None
+    if waiting and record is not None and not record.expired():
+        raise LangGraphError(
+            409,
+            f"the thread waits for an answer to interrupt {waiting[0].call_id}: resume it "
+            '(command={"resume": ...}) first; this run was not started',
+            "awaiting_input",
+        )
 
 
 def _headers(
