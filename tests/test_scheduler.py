@@ -1507,3 +1507,25 @@ async def test_close_waits_for_a_turn_started_by_an_admission_in_flight(store: S
             await closing
         stored = await store.get_turn(key, turn.id)
         assert stored is not None and (stored.status, stored.output) == ("completed", "ran")
+
+
+async def test_close_does_not_wait_on_a_worker_waiting_for_another_holders_lease(
+    store: Store,
+) -> None:
+    """A turn queued here behind a lease another live process holds: that process runs it.
+    close() does not wait for the worker here to give up waiting (it stops at once), let alone
+    until the drain timeout, and the turn stays queued for the holder."""
+    agent = Agent(name="a", model=ScriptedModel(default="ok"))
+    async with Runtime(store, agents=[agent]) as rt:
+        key = SessionKey("local", "local", "held-elsewhere-at-close")
+        await rt.sessions.create(key, "a")
+        other = await store.acquire_lease(key, new_owner_id("elsewhere"), 60.0)
+        assert other is not None
+        turn = await rt.scheduler.submit(key, "for the holder")
+        await wait_until(lambda: key in rt.scheduler.local.workers)
+        worker = rt.scheduler.local.workers[key]
+        async with asyncio.timeout(10):  # the drain timeout is a minute
+            await rt.scheduler.close(drain_timeout=60.0)
+        assert worker.done() and not worker.cancelled()
+        stored = await store.get_turn(key, turn.id)
+        assert stored is not None and stored.status == "queued"

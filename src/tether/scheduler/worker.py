@@ -260,6 +260,7 @@ class Workers:
         local.workers.pop(key, None)
         local.granted.pop(key, None)
         local.started.pop(key, None)
+        local.agents.pop(key, None)
         for turn_id in [t for t, (k, _, _) in local.asked.items() if k == key]:
             del local.asked[turn_id]
         local.handed.pop(key, None)
@@ -276,6 +277,8 @@ class Workers:
             granted = local.granted.pop(key, None)
             if granted is not None:
                 return granted  # taken as a turn was admitted: no acquisition
+            if local.closing:
+                return None  # the holder runs the queue (close() woke this to stop waiting)
             news = self.news()  # before the grant: what the lease's look at the queue saw
             try:
                 lease = await self._store.acquire_lease(key, self.owner, self.lease_ttl)

@@ -32,6 +32,7 @@ SESSION_PK = f"SELECT pk FROM sessions WHERE {KEY_WHERE}"
 # acquiring or taking over the lease updates the same row, so it waits for that transaction
 # (or the transaction waits for it, and then reads the new token).
 LOCK_SESSION = f"SELECT pk, lease_token, expires_at FROM sessions WHERE {KEY_WHERE} FOR UPDATE"
+SESSION_AGENT = "SELECT agent FROM sessions WHERE pk = $1"
 
 INSERT_SESSION = (
     "INSERT INTO sessions (tenant, owner, session_id, agent, metadata, created_at, updated_at,"

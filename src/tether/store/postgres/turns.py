@@ -198,6 +198,7 @@ class Turns(Connection):
             limits=limits,
             idempotency=idempotency,
             by=owner,
+            expect_agent=expect_agent,
         )
         return known, None, None
 
@@ -329,10 +330,16 @@ class Turns(Connection):
         limits: PrincipalLimits | None,
         idempotency: Idempotency | None,
         by: str | None,
+        expect_agent: str | None = None,
     ) -> Turn:
         async with self._tx() as conn:
             # The session row lock makes the busy and queue-bound checks hold until commit.
             pk, _, expires_at = await lock_session(conn, key)
+            if expect_agent is not None:
+                # As tether_enqueue_taken checked it: the session may be another one by now.
+                found = await conn.fetchval(q.SESSION_AGENT, pk)
+                if found != expect_agent:
+                    raise rules.agent_changed(expect_agent, str(found))
             now = time.time()
             if idempotency is not None:
                 known = await conn.fetchrow(q.TURN_BY_IDEMPOTENCY, pk, idempotency.key)
