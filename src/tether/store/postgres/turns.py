@@ -115,14 +115,7 @@ class Turns(Connection):
             key, turn_id, input, policy, now, max_queue, agent, limits, idempotency, lease.owner
         )
         written = _rows_args(items, events)
-        async with self._conn() as conn:
-            try:
-                row = await conn.fetchrow(q.ENQUEUE_STARTED, *args, lease.token, *written)
-            except asyncpg.UniqueViolationError as exc:
-                if exc.constraint_name == "turns_pkey":
-                    raise rules.duplicate_turn(turn_id) from None
-                raise
-        assert row is not None  # a function with OUT parameters answers one row
+        row = await self._admission(turn_id, q.ENQUEUE_STARTED, *args, lease.token, *written)
         if row[0] == "stale":
             raise StaleLease(rules.stale_message(lease.token, int(row[7])))
         if row[0] == "started":
@@ -166,16 +159,8 @@ class Turns(Connection):
         args = self._admission_args(
             key, turn_id, input, policy, now, max_queue, agent, limits, idempotency, owner
         )
-        async with self._conn() as conn:
-            try:
-                row = await conn.fetchrow(
-                    q.ENQUEUE_TAKEN, *args, now + ttl, *_rows_args(items, events), expect_agent
-                )
-            except asyncpg.UniqueViolationError as exc:
-                if exc.constraint_name == "turns_pkey":
-                    raise rules.duplicate_turn(turn_id) from None
-                raise
-        assert row is not None  # a function with OUT parameters answers one row
+        taken = (now + ttl, *_rows_args(items, events), expect_agent)
+        row = await self._admission(turn_id, q.ENQUEUE_TAKEN, *args, *taken)
         if row[0] == "agent":
             assert expect_agent is not None
             raise rules.agent_changed(expect_agent, str(row[10]))
@@ -201,6 +186,19 @@ class Turns(Connection):
             expect_agent=expect_agent,
         )
         return known, None, None
+
+    async def _admission(self, turn_id: str, query: str, *args: Any) -> Any:
+        """The row of one of the admission functions (tether_enqueue and those that call it);
+        a turn id already taken is the rule's duplicate."""
+        async with self._conn() as conn:
+            try:
+                row = await conn.fetchrow(query, *args)
+            except asyncpg.UniqueViolationError as exc:
+                if exc.constraint_name == "turns_pkey":
+                    raise rules.duplicate_turn(turn_id) from None
+                raise
+        assert row is not None  # a function with OUT parameters answers one row
+        return row
 
     @staticmethod
     def _admission_args(
@@ -255,17 +253,10 @@ class Turns(Connection):
         args = self._admission_args(
             key, turn_id, input, policy, now, max_queue, agent, limits, idempotency, by
         )
-        async with self._conn() as conn:
-            try:
-                if ttl is None:
-                    row = await conn.fetchrow(q.ENQUEUE, *args)
-                else:
-                    row = await conn.fetchrow(q.ENQUEUE_LEASED, *args, now + ttl)
-            except asyncpg.UniqueViolationError as exc:
-                if exc.constraint_name == "turns_pkey":
-                    raise rules.duplicate_turn(turn_id) from None
-                raise
-        assert row is not None  # a function with OUT parameters answers one row
+        if ttl is None:
+            row = await self._admission(turn_id, q.ENQUEUE, *args)
+        else:
+            row = await self._admission(turn_id, q.ENQUEUE_LEASED, *args, now + ttl)
         admitted = self._admitted(row, key, turn_id, input, policy, now, max_queue, agent, limits)
         if admitted is not None:
             if ttl is None:
