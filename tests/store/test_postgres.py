@@ -329,6 +329,70 @@ async def test_racing_admissions_of_one_owner_never_pass_its_bound(postgres_url:
         assert again.seq == 2
 
 
+async def test_an_owner_whose_turns_are_not_bounded_admits_without_the_owner_lock(
+    postgres_url: str,
+) -> None:
+    # The owner's lock is held by each admission until it commits (a WAL flush), and every
+    # admission of the owner's turns in any process waits for it. Bounds that say nothing of
+    # turns (only of sessions, or none) count nothing, so they need no lock.
+    store = PostgresStore(postgres_url)
+    keys = [SessionKey("acme", "alice", f"free{n}") for n in range(3)]
+    async with opened(store):
+        for k in keys:
+            await store.create_session(k, "assistant")
+        holder = await asyncpg.connect(postgres_url)
+        try:
+            lock = holder.transaction()
+            await lock.start()
+            await holder.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 7))",
+                "acme",
+                "alice",
+            )
+            for turn_id, k, limits in (
+                ("a", keys[0], PrincipalLimits(sessions=5)),
+                ("b", keys[1], PrincipalLimits()),
+            ):
+                turn = await asyncio.wait_for(
+                    store.enqueue_turn(
+                        k, turn_id=turn_id, input="x", policy="enqueue", limits=limits
+                    ),
+                    5,
+                )
+                assert turn.status == "queued"
+            taken, lease, _ = await asyncio.wait_for(
+                store.enqueue_turn_taken(
+                    keys[2],
+                    owner="node-a",
+                    ttl=30,
+                    turn_id="c",
+                    input="x",
+                    policy="enqueue",
+                    items=[NewItem("user", "x")],
+                    events=[NewEvent(2, "turn.started", {"turn_id": "c"})],
+                    limits=PrincipalLimits(sessions=5),
+                ),
+                5,
+            )
+            assert taken.status == "running" and lease is not None
+            # A bound on running turns counts them, under the lock: it waits for the holder.
+            bounded = asyncio.create_task(
+                store.enqueue_turn(
+                    keys[0],
+                    turn_id="d",
+                    input="x",
+                    policy="enqueue",
+                    limits=PrincipalLimits(running_turns=5),
+                )
+            )
+            await asyncio.sleep(0.3)
+            assert not bounded.done()
+            await lock.commit()
+            assert (await asyncio.wait_for(bounded, 5)).status == "queued"
+        finally:
+            await holder.close()
+
+
 async def back_to_release_12(url: str) -> None:
     """The schema as release 12 left it: no busy_sessions, no trigger, no session function,
     no lease function, no admission that starts (under a lease held, or taken). Opening a

@@ -165,6 +165,15 @@ def idempotency_args(asked: Idempotency | None) -> tuple[str | None, str | None]
     return (asked.key, asked.digest) if asked is not None else (None, None)
 
 
+def bounds_turns(limits: PrincipalLimits | None) -> bool:
+    """Whether ``limits`` bound the principal's turns at all: when not, an admission neither
+    counts them nor (PostgreSQL) takes the owner's lock, which every admission of the owner
+    waits for until the holder has committed."""
+    return limits is not None and (
+        limits.running_turns is not None or limits.queued_turns is not None
+    )
+
+
 def admit_for_principal(
     limits: PrincipalLimits | None, *, busy_sessions: int, active_turns: int, session_active: bool
 ) -> None:

@@ -173,7 +173,7 @@ class Turns(State):
             active=[(t, s.turns[t].status) for t in s.active],
             max_queue=max_queue,
         )
-        if limits is not None:
+        if rules.bounds_turns(limits):
             mine = [
                 o
                 for k, o in self._sessions.items()

@@ -223,7 +223,7 @@ class Turns(Connection):
             *rules.agent_args(agent),
             *rules.idempotency_args(idempotency),
             max_queue,
-            limits is not None,
+            rules.bounds_turns(limits),
             limits.running_turns if limits is not None else None,
             limits.queued_turns if limits is not None else None,
             rules.QUEUED_EVENT_SEQ,
@@ -358,7 +358,7 @@ class Turns(Connection):
             await steps.write_event(conn, turn_id, rules.queued_event(turn), now)
             # As tether_enqueue does: delivered on commit, so never for a refused admission.
             await steps.notify_holder(conn, key, now, unless=by)
-            if limits is not None:
+            if rules.bounds_turns(limits):
                 # Last, so the owner's lock (held to commit, and every admission of the owner
                 # in any process waits for it) is held for one round trip and the commit. The
                 # counts include this turn (and so this session); a refusal rolls it back.

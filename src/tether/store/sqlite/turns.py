@@ -186,7 +186,7 @@ class Turns(Connection):
                 c.execute(q.RELEASE_IDEMPOTENCY, (pk, idempotency.key))
         active = c.execute(q.ACTIVE_TURN_IDS, (pk,)).fetchall()
         rules.admit(policy, expires_at=row[1], now=now, active=active, max_queue=max_queue)
-        if limits is not None:
+        if rules.bounds_turns(limits):
             busy, total = c.execute(q.OWNER_ACTIVE, (key.tenant, key.owner)).fetchone()
             rules.admit_for_principal(
                 limits, busy_sessions=busy, active_turns=total, session_active=bool(active)
