@@ -1219,7 +1219,7 @@ async def test_on_sqlite_news_from_another_process_comes_by_the_doorbell(
     other lingers on, and the end of that turn, which the first waits for, all reach the other
     side by the doorbell. Every poll is set to a minute, so what lands within seconds was rung
     (before the doorbell, polls of 20-50 ms carried it, and looked while nothing happened)."""
-    from tether.scheduler import core, news, worker
+    from tether.scheduler import core, linger, news
 
     for module, name in (
         (core, "CANCEL_POLL"),
@@ -1228,7 +1228,7 @@ async def test_on_sqlite_news_from_another_process_comes_by_the_doorbell(
         (core, "NOT_HERE_POLL"),
         (core, "LOCAL_SAFETY"),
         (news, "FALLBACK"),
-        (worker, "LINGER_POLL"),
+        (linger, "LINGER_POLL"),
     ):
         monkeypatch.setattr(module, name, 60.0)
     model = ScriptedModel(default=Slow("w " * 500, delay=0.02, forever=True))

@@ -138,6 +138,12 @@ class Local:
             if not fut.done():
                 fut.set_result(turn)
 
+    def started_under(self, key: SessionKey, lease: Lease) -> Turn | None:
+        """The turn started under ``lease`` as it was admitted, for the worker holding that
+        lease to run (one started under another lease is for the worker that holds it next)."""
+        started = self.started.get(key)
+        return started[0] if started is not None and started[1].lease is lease else None
+
     def principal_of(self, key: SessionKey) -> Principal:
         known = self.principals.get(key)
         if known is not None:

@@ -13,31 +13,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from typing import Protocol
 
 from tether.errors import SessionNotFound, StaleLease, TurnNotNext
 from tether.records import Lease, SessionKey, Turn
+from tether.scheduler.linger import Lingering, runnable
 from tether.scheduler.local import Local
-from tether.scheduler.news import StoreNews
 from tether.scheduler.owners import owner_is_dead
 from tether.scheduler.runner import TurnRunner
-from tether.store.capabilities import ChangeCounter
 from tether.store.protocol import FencedWrites, LeaseStore, SessionReader, TurnReader
 
 log = logging.getLogger("tether.scheduler")
-
-LINGER_POLL = 0.05
-"""Seconds between looks at the store for turns accepted elsewhere while a lease lingers (with
-a store other processes ring: a look only when rung, no more often than this)."""
-
-
-def runnable(active: list[Turn]) -> Turn | None:
-    """The turn to run next: the session's first active turn, if it is queued (new, or decided
-    and going on). Behind a turn parked on a decision nothing runs: order is the session's."""
-    if active and active[0].status == "queued":
-        return active[0]
-    return None
 
 
 class WorkerStore(LeaseStore, FencedWrites, TurnReader, SessionReader, Protocol):
@@ -56,13 +42,11 @@ class Workers:
         linger: float,
     ) -> None:
         self._store = store
-        self._counter = store if isinstance(store, ChangeCounter) else None
-        """The store as a :class:`ChangeCounter` (SQLite), looked up once, or None."""
         self._local = local
         self._runner = runner
         self.owner = owner
         self.lease_ttl = lease_ttl
-        self.linger = linger
+        self._lingering = Lingering(store, local, seconds=linger)
         self._agent_of: dict[SessionKey, str] = {}
         """Each leased session's own agent ('' once gone), for the turns that name none."""
         self._ran_to: dict[SessionKey, int] = {}
@@ -70,95 +54,34 @@ class Workers:
         at or before it was found in the queue before it was handed (and is stale)."""
         self._looked: dict[SessionKey, tuple[str, int]] = {}
         """When each leased session's queue was last read and held nothing to run (the store's
-        :meth:`_news` then): while that holds, every turn queued since was handed to the worker
+        :meth:`news` then): while that holds, every turn queued since was handed to the worker
         or announced (a feed that stayed up), or nobody else has committed (a data version that
         has not moved), so the queue needs no new look."""
-        self._polling: dict[SessionKey, int | None] = {}
-        """The sessions lingering on a store's data version (SQLite), each with the version it
-        last looked at its queue under: one task (:meth:`_watch_version`) reads the version for
-        all of them and wakes those it has news for."""
-        self._version: int | None = None
-        """The data version :meth:`_watch_version` read last (None: unknown, or it failed)."""
-        self._rings = StoreNews(self._counter)
-        """When that watch looks next: rung by other processes' commits, or on a timer."""
-        self._poller: asyncio.Task[None] | None = None
-        """The task of :meth:`_watch_version`, while some session lingers on the version."""
-        self._feed: int | None = None
-        """While the store's feed announces turns queued elsewhere (:meth:`feed_changed`): how
-        many times it has come up, so a linger can tell it stayed up; None while it is down."""
-        self._feeds = 0
+
+    @property
+    def linger(self) -> float:
+        """Seconds a worker keeps its lease once the queue is empty (:mod:`.linger`)."""
+        return self._lingering.seconds
+
+    @linger.setter
+    def linger(self, seconds: float) -> None:
+        self._lingering.seconds = seconds
 
     def news(self) -> tuple[str, int] | None:
-        """What says whether turns were queued elsewhere since: the feed while it is up, or
-        the store's data version; None when the store says nothing (read every time)."""
-        if self._feed is not None:
-            return ("feed", self._feed)
-        if self._counter is not None:
-            return ("version", self._counter.seen_version())
-        return None
-
-    def _watch(self, key: SessionKey, seen: int | None) -> None:
-        """``key`` lingers, having looked at its queue under data version ``seen``: make sure
-        the version is watched for it."""
-        self._polling[key] = seen
-        counter, version, mark = self._counter, self._version, self._rings.mark
-        if (
-            counter is not None
-            and version is not None
-            and seen is not None
-            and version > seen
-            and mark is not None
-            and counter.heard() == mark
-        ):
-            # The watch read a newer version than the queue was read under, and will not look
-            # again until the next ring: the ring of that commit came before this linger did.
-            kicked = self._local.kicked.get(key)
-            if kicked is not None:
-                kicked.set()
-        if self._poller is None or self._poller.done():
-            self._poller = asyncio.create_task(self._watch_version(), name="tether-linger-watch")
-
-    async def _watch_version(self) -> None:
-        """One look at the store's data version for all lingering sessions (it was one each):
-        those whose queue may have changed since they looked are woken. With a store that other
-        processes' commits ring, a look only when rung (:class:`StoreNews`); otherwise one
-        every LINGER_POLL."""
-        counter = self._counter
-        assert counter is not None  # started only by lingers on a data version
-        while True:
-            await self._rings.wait(None, LINGER_POLL)
-            if not self._polling or self._local.closing:
-                return  # no await between this and the task's end: _watch starts a new one
-            self._rings.looking()
-            try:
-                version: int | None = await counter.data_version()
-            except Exception:
-                version = None  # the lingering workers look at the store themselves
-            self._version = version
-            for key, seen in list(self._polling.items()):
-                kicked = self._local.kicked.get(key)
-                if kicked is not None and (version is None or version != seen):
-                    kicked.set()
+        """What says whether turns were queued elsewhere since (:meth:`Lingering.news`)."""
+        return self._lingering.news()
 
     async def stop(self) -> None:
-        """Stop the version watch (the scheduler closes; no session lingers any more)."""
-        poller, self._poller = self._poller, None
-        if poller is not None:
-            poller.cancel()
-            await asyncio.gather(poller, return_exceptions=True)
+        """Stop watching for lingering sessions (the scheduler closes)."""
+        await self._lingering.stop()
 
     def feed_changed(self, up: bool) -> None:
         """The store's feed came up (or went down). Up, every session held here looks at its
         queue once: a turn queued elsewhere while the feed was down was announced to nobody."""
-        if not up:
-            self._feed = None
-            for kicked in list(self._local.kicked.values()):
-                kicked.set()  # lingering workers that trusted the feed look for themselves now
-            return
-        self._feeds += 1
-        self._feed = self._feeds
-        for key in list(self._local.leases):
-            self.kick(key)
+        self._lingering.feed_changed(up)
+        if up:
+            for key in list(self._local.leases):
+                self.kick(key)
 
     def heard_queued(self, key: SessionKey | None) -> None:
         """Another process queued a turn on ``key`` (or freed one to run): wake its worker if
@@ -339,23 +262,17 @@ class Workers:
         if lease.queue is None or news is None:
             return
         handed = self._local.handed.get(key)
-        started = self._started(key, lease)
+        started = self._local.started_under(key, lease)
         ids = {t.id for t in (handed, started) if t is not None}
         if all(turn_id in ids for turn_id in lease.queue):
             self._looked[key] = news
-
-    def _started(self, key: SessionKey, lease: Lease) -> Turn | None:
-        """The turn started under ``lease`` as it was admitted, that this worker is to run.
-        (One started under another lease is for the worker that holds that lease next.)"""
-        started = self._local.started.get(key)
-        return started[0] if started is not None and started[1].lease is lease else None
 
     async def _drain(self, key: SessionKey, lease: Lease) -> None:
         local = self._local
         while True:
             dirty = key in local.dirty
             local.dirty.discard(key)
-            if self._started(key, lease) is not None:
+            if self._local.started_under(key, lease) is not None:
                 # Started as it was admitted, under this lease: it runs first, even when the
                 # process is closing (it shows running; left so, it would end owner_lost).
                 first, admitted = local.started.pop(key)
@@ -393,116 +310,25 @@ class Workers:
             self._agent_of[key] = record.agent if record is not None else ""
         return self._agent_of[key]
 
-    def _closing(self) -> bool:
-        # A call, not the attribute: close() flips it while _linger awaits, and a type checker
-        # that narrowed the attribute before the await would call the re-read unreachable.
-        return self._local.closing
-
     async def _linger(self, key: SessionKey, lease: Lease) -> bool:
-        """:meth:`_wait_linger`; then, if a turn is being admitted under this lease to start
+        """:meth:`Lingering.wait`; then, if a turn is being admitted under this lease to start
         at once (:attr:`Local.claims`), wait until it has settled. True if a turn came in.
 
         The caller gives the lease up (``local.leases``) with no await after this returns, so
         a submit that comes later finds no lease held here and queues its turn the usual way.
         """
         local = self._local
-        kept = await self._wait_linger(key, lease)
+        looked = self._looked.get(key)
+        # The store's data version when the queue was last found empty under this lease: only
+        # a commit since is news.
+        seen = looked[1] if looked is not None and looked[0] == "version" else None
+        kept = await self._lingering.wait(key, lease, seen)
         while (claim := local.claims.get(key)) is not None:
             await claim.wait()
-        return kept or self._started(key, lease) is not None
+        return kept or local.started_under(key, lease) is not None
 
     def wake(self, key: SessionKey) -> None:
         """Wake ``key``'s worker if it lingers (an admission made under its lease settled)."""
         kicked = self._local.kicked.get(key)
         if kicked is not None:
             kicked.set()
-
-    def _news_here(self, key: SessionKey, lease: Lease) -> bool | None:
-        """What a lingering worker makes of an admission here: False when it took a newer
-        lease of the session (this one is over: the worker goes on under that one), True when
-        it is admitting or started a turn under this lease (:meth:`_linger` waits for it),
-        None when neither."""
-        local = self._local
-        if key in local.granted:
-            return False
-        if key in local.claims or self._started(key, lease) is not None:
-            return True
-        return None
-
-    def _empty_at(self, key: SessionKey) -> int | None:
-        """The store's data version when the queue was last found empty under this lease
-        (None: unknown, or noted some other way)."""
-        looked = self._looked.get(key)
-        return looked[1] if looked is not None and looked[0] == "version" else None
-
-    async def _wait_linger(self, key: SessionKey, lease: Lease) -> bool:
-        """Keep the lease a moment after the queue empties; True if a new turn came in.
-
-        A conversation's next turn often follows within moments: holding on saves taking and
-        giving up the lease (two write transactions) per turn. Turns submitted in this process
-        wake the worker at once; turns accepted by another process (a load balancer spreading
-        one session over several nodes) are announced by a store with a feed (PostgreSQL), or
-        else seen by a look at the store every LINGER_POLL, so they do not wait for the linger
-        to run out (with a :class:`ChangeCounter`, one look at its version for all lingering
-        sessions, and a look at a queue only when another process wrote).
-        """
-        local = self._local
-        if local.closing or self.linger <= 0:
-            return False
-        here = self._news_here(key, lease)
-        if here is not None:
-            return here
-        if key in local.dirty:
-            return True
-        kicked = local.kicked[key] = asyncio.Event()
-        deadline = time.monotonic() + self.linger
-        # With a store that says when another process wrote (SQLite), look at the queue only
-        # then: a turn accepted here kicks this directly. The first look reads it unless the
-        # version is still the one noted before the queue was last found empty.
-        counter = self._counter
-        seen = self._empty_at(key)  # the queue was empty then: only a commit since is news
-        # With a feed that announces turns queued elsewhere (PostgreSQL), no look at all while
-        # it stays up: such a turn kicks this (heard_queued), and one queued before the feed
-        # came up was looked for when it did (feed_changed).
-        feed = self._feed
-        try:
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                trusted = feed is not None and self._feed == feed
-                if counter is not None and not trusted:
-                    self._watch(key, seen)  # woken when the version moves past seen
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(
-                        remaining if trusted or counter is not None else min(remaining, LINGER_POLL)
-                    ):
-                        await kicked.wait()
-                kicked.clear()
-                here = self._news_here(key, lease)
-                if here is not None:
-                    return here
-                closing = self._closing()  # re-read: close() may have run while we waited
-                if key in local.dirty:
-                    return not closing
-                if closing:
-                    return False  # close() set the event to end lingering
-                if feed is not None and self._feed == feed:
-                    continue
-                feed = None  # it went down meanwhile: look, and from now on
-                if counter is not None:
-                    # The watch's reading, taken before the queue is read below: a commit
-                    # after it moves the version again. None: unknown, so look.
-                    version = self._version
-                    if version is not None and version == seen:
-                        continue
-                    seen = version
-                try:
-                    active = await self._store.active_turns(key)
-                except SessionNotFound:
-                    return False  # deleted (or forgotten) while we lingered
-                if runnable(active) is not None:
-                    return True  # accepted (or decided) elsewhere: run it while we hold it
-        finally:
-            local.kicked.pop(key, None)
-            self._polling.pop(key, None)
