@@ -164,7 +164,9 @@ def test_sqlite_statements_about_active_turns_and_due_decisions_use_their_indexe
         args = (None,) * sql.count("?")
         return " | ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, args))
 
-    for statement in (sq.ACTIVE_TURNS, sq.ACTIVE_TURN_IDS, sq.FIRST_ACTIVE_TURN, sq.OWNER_ACTIVE):
+    for statement in (sq.ACTIVE_TURNS, sq.ACTIVE_TURN_IDS, sq.FIRST_ACTIVE_TURN):
         assert "turns_active" in plan(statement), statement
+    # The owner's turns under way: its own entries of the index by owner, not every owner's.
+    assert "turns_owner_busy (tenant=? AND owner=?)" in plan(sq.OWNER_ACTIVE)
     assert "decisions_pending" in plan(sq.DUE_DECISIONS)
     assert "decisions_pending" in plan(sq.NEXT_DECISION_DEADLINE)

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from tether.errors import StaleLease, StoreError
-from tether.records import NewEvent, NewItem, SessionKey, TurnEnding
+from tether.errors import LimitExceeded, StaleLease, StoreError
+from tether.records import NewEvent, NewItem, PrincipalLimits, SessionKey, TurnEnding
 from tether.store import SQLiteStore
-from tether.store.sqlite.migrations import MIGRATIONS
+from tether.store.sqlite import queries as q
+from tether.store.sqlite.migrations import MIGRATIONS, statements
 
 KEY = SessionKey("acme", "alice", "s1")
 
@@ -113,6 +114,112 @@ async def test_migrations_are_recorded_and_applied_once(tmp_path: Path) -> None:
         finally:
             await again.close()
     assert await query(path, "SELECT version FROM schema_version ORDER BY version") == expected
+
+
+def _at_version_8(path: Path) -> None:
+    """A file as the release before migration 9 left it: alice has a queued turn on s1, a
+    running one with one queued behind it on s2, a parked one on s3 and an ended one on s4;
+    bob has a queued one."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        for version, sql in MIGRATIONS[:8]:
+            assert version <= 8
+            for statement in statements(sql):
+                conn.execute(statement)
+            conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+        turns = {
+            ("alice", "s1"): ["queued"],
+            ("alice", "s2"): ["running", "queued"],
+            ("alice", "s3"): ["awaiting_input"],
+            ("alice", "s4"): ["done"],
+            ("bob", "s1"): ["queued"],
+        }
+        for pk, ((owner, sid), statuses) in enumerate(turns.items(), start=1):
+            conn.execute(
+                "INSERT INTO sessions (pk, tenant, owner, session_id, agent, created_at,"
+                " updated_at) VALUES (?, 'acme', ?, ?, 'assistant', 0, 0)",
+                (pk, owner, sid),
+            )
+            for seq, status in enumerate(statuses, start=1):
+                _insert_old_turn(conn, f"{owner}-{sid}-{seq}", pk, seq, status)
+    finally:
+        conn.close()
+
+
+def _insert_old_turn(
+    conn: sqlite3.Connection, turn_id: str, pk: int, seq: int, status: str
+) -> None:
+    """A turn inserted as the release before migration 9 inserts one (no tenant or owner)."""
+    conn.execute(
+        "INSERT INTO turns (id, session_pk, seq, input, policy, status, created_at)"
+        " VALUES (?, ?, ?, 'x', 'enqueue', ?, 0)",
+        (turn_id, pk, seq, status),
+    )
+
+
+def _owner_active(path: Path, owner: str) -> tuple[int, int]:
+    conn = sqlite3.connect(path)
+    try:
+        busy, total = conn.execute(q.OWNER_ACTIVE, ("acme", owner)).fetchone()
+        return int(busy), int(total)
+    finally:
+        conn.close()
+
+
+async def test_an_upgraded_file_counts_the_turns_under_way_it_already_had(tmp_path: Path) -> None:
+    # Migration 9 counts an owner's turns by an index of its own; the turns already there, and
+    # any a process of the previous release inserts afterwards, count as they did.
+    path = tmp_path / "t.db"
+    _at_version_8(path)
+    store = SQLiteStore(path)
+    await store.open()
+    try:
+        # Queued and running turns count, parked and ended ones do not, bob's are bob's.
+        assert _owner_active(path, "alice") == (2, 3)
+        assert _owner_active(path, "bob") == (1, 1)
+        # The admission's bounds read the same: two sessions busy, one turn waiting.
+        idle = SessionKey("acme", "alice", "s5")
+        await store.create_session(idle, "assistant")
+        with pytest.raises(LimitExceeded):
+            await store.enqueue_turn(
+                idle,
+                turn_id="t5",
+                input="x",
+                policy="enqueue",
+                limits=PrincipalLimits(running_turns=2),
+            )
+        with pytest.raises(LimitExceeded):
+            await store.enqueue_turn(
+                SessionKey("acme", "alice", "s1"),
+                turn_id="t6",
+                input="x",
+                policy="enqueue",
+                limits=PrincipalLimits(queued_turns=1),
+            )
+        # A turn the previous release inserts on the same file counts too; it ends as usual.
+        conn = sqlite3.connect(path, isolation_level=None)
+        try:
+            _insert_old_turn(conn, "old", 4, 2, "queued")
+            assert _owner_active(path, "alice") == (3, 4)
+            conn.execute("UPDATE turns SET status = 'cancelled' WHERE id = 'old'")
+        finally:
+            conn.close()
+        assert _owner_active(path, "alice") == (2, 3)
+        # A queued turn cancelled leaves its session idle.
+        await store.end_waiting_turn(SessionKey("acme", "alice", "s1"), "alice-s1-1", "cancelled")
+        assert _owner_active(path, "alice") == (1, 2)
+        admitted = await store.enqueue_turn(
+            idle,
+            turn_id="t7",
+            input="x",
+            policy="enqueue",
+            limits=PrincipalLimits(running_turns=2),
+        )
+        assert admitted.status == "queued"
+        assert _owner_active(path, "alice") == (2, 3)
+    finally:
+        await store.close()
 
 
 async def test_two_stores_on_one_file_share_state_and_fence_each_other(tmp_path: Path) -> None:

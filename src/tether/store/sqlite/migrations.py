@@ -236,13 +236,52 @@ MIGRATIONS: list[tuple[int, str]] = [
         ALTER TABLE turns ADD COLUMN ran_by TEXT;
         """,
     ),
+    (
+        9,
+        """
+        -- The owner's turns under way without walking every active turn of every owner: each
+        -- turn names its session's owner, and a partial index holds the queued and running
+        -- ones by owner. Admission counted them through turns_active, the active turns of all
+        -- owners, parked ones too (10,000 turns of other users under way: 5 ms an admission,
+        -- under the write lock); now it walks the owner's own (at most its bounds).
+        -- Terminal turns keep NULL: they never run again, and no index holds them. A turn
+        -- inserted without them (by a process of the previous release on the same file) is
+        -- given them by the trigger, so that it counts.
+        ALTER TABLE turns ADD COLUMN tenant TEXT;
+        ALTER TABLE turns ADD COLUMN owner TEXT;
+        UPDATE turns
+           SET (tenant, owner) = (SELECT s.tenant, s.owner FROM sessions s
+                                   WHERE s.pk = turns.session_pk)
+         WHERE status IN ('queued', 'running', 'awaiting_input');
+        CREATE INDEX turns_owner_busy ON turns (tenant, owner, session_pk)
+            WHERE status IN ('queued', 'running');
+        CREATE TRIGGER turns_owner_named AFTER INSERT ON turns WHEN NEW.tenant IS NULL
+        BEGIN
+            UPDATE turns
+               SET (tenant, owner) = (SELECT s.tenant, s.owner FROM sessions s
+                                       WHERE s.pk = NEW.session_pk)
+             WHERE id = NEW.id;
+        END;
+        """,
+    ),
 ]
 
 
 def statements(sql: str) -> list[str]:
-    """Split a migration into statements; ``--`` comments go first (they may hold a ';')."""
+    """Split a migration into statements; ``--`` comments go first (they may hold a ';'). A
+    trigger's body holds ';' too: pieces are joined until SQLite says a statement is whole."""
     lines = [line.split("--", 1)[0] for line in sql.splitlines()]
-    return [st.strip() for st in "\n".join(lines).split(";") if st.strip()]
+    out: list[str] = []
+    pending = ""
+    for piece in "\n".join(lines).split(";"):
+        pending += piece + ";"
+        if sqlite3.complete_statement(pending):
+            if pending.strip(" \n;"):
+                out.append(pending.strip().removesuffix(";").strip())
+            pending = ""
+    if pending.strip(" \n;"):
+        out.append(pending.strip().removesuffix(";").strip())
+    return out
 
 
 def migrate(conn: sqlite3.Connection) -> None:

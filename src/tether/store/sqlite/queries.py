@@ -35,10 +35,13 @@ ACTIVE = "status IN ('queued', 'running', 'awaiting_input')"
 # no worker, so it counts for neither (rules.admit_for_principal). CROSS JOIN keeps the partial
 # index of active turns (few, however many sessions there are) as the outer loop; left to
 # itself the planner walks every session of the owner instead.
+# The owner's sessions with queued or running turns, and those turns (a parked turn holds no
+# worker), from the owner's own entries of the partial index (migration 9).
+# Grouped in the index's own order (a COUNT(DISTINCT) sorts them again).
 OWNER_ACTIVE = (
-    "SELECT COUNT(DISTINCT t.session_pk), COUNT(*)"
-    " FROM turns t INDEXED BY turns_active CROSS JOIN sessions s ON s.pk = t.session_pk"
-    f" WHERE t.{ACTIVE} AND t.status <> 'awaiting_input' AND s.tenant = ? AND s.owner = ?"
+    "SELECT COUNT(*), COALESCE(SUM(n), 0) FROM (SELECT COUNT(*) AS n"
+    " FROM turns INDEXED BY turns_owner_busy"
+    " WHERE tenant = ? AND owner = ? AND status IN ('queued', 'running') GROUP BY session_pk)"
 )
 OWNER_SESSIONS = "SELECT COUNT(*) FROM sessions WHERE tenant = ? AND owner = ?"
 FENCE = f"SELECT pk, lease_token FROM sessions WHERE {KEY_WHERE}"
@@ -145,7 +148,8 @@ NEXT_TURN_SEQ = (
 )
 INSERT_TURN = (
     "INSERT INTO turns (id, session_pk, seq, input, policy, status, created_at, agent,"
-    " agent_fingerprint, idempotency_key, request_digest) VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+    " agent_fingerprint, idempotency_key, request_digest, tenant, owner)"
+    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
 )
 GET_TURN = f"SELECT {TURN_COLS} {TURNS_FROM} WHERE t.id = ? AND t.session_pk = ?"
 TURN_BY_IDEMPOTENCY = (

@@ -206,6 +206,8 @@ class Turns(Connection):
                     now,
                     *rules.agent_args(agent),
                     *rules.idempotency_args(idempotency),
+                    key.tenant,
+                    key.owner,
                 ),
             )
         except sqlite3.IntegrityError as exc:
