@@ -168,5 +168,12 @@ def test_sqlite_statements_about_active_turns_and_due_decisions_use_their_indexe
         assert "turns_active" in plan(statement), statement
     # The owner's turns under way: its own entries of the index by owner, not every owner's.
     assert "turns_owner_busy (tenant=? AND owner=?)" in plan(sq.OWNER_ACTIVE)
+    # The periodic sweeps read what they look for, not every session: the orphan sweep starts
+    # from the active turns, the expiry sweep from the expiring sessions.
+    orphans = plan(sq.SESSIONS_NEEDING_WORK)
+    assert orphans.startswith("SCAN t USING INDEX turns_active"), orphans
+    assert "SCAN s" not in orphans
+    assert "sessions_expiring (expires_at" in plan(sq.SWEEP_EXPIRED)
+    assert "SCAN s" not in plan(sq.SWEEP_EXPIRED)
     assert "decisions_pending" in plan(sq.DUE_DECISIONS)
     assert "decisions_pending" in plan(sq.NEXT_DECISION_DEADLINE)
