@@ -6,6 +6,10 @@ Reproduce (from the repository root)::
 
     .venv/bin/python bench/sweeps.py                      # 100,000 sessions
     .venv/bin/python bench/sweeps.py --sessions 1000000
+    .venv/bin/python bench/sweeps.py --store postgresql://postgres@127.0.0.1:5432/bench
+
+With ``--store``, a PostgreSQL database that this script creates (dropped first if it exists) and
+drops at the end; there the sweeps run on the database's side, not on the store's thread.
 
 The file is filled with plain SQL after the store has migrated it (making 100,000 sessions
 through the store would take minutes): ``--sessions`` sessions with a TTL a month away, two
@@ -25,7 +29,10 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from tether.store import SQLiteStore
+import asyncpg  # type: ignore[import-untyped]
+
+from tether.store import PostgresStore, SQLiteStore
+from tether.store.protocol import Store
 
 ACTIVE = 1000
 PARKED = 300
@@ -63,6 +70,48 @@ def fill(path: Path, sessions: int) -> None:
         conn.close()
 
 
+async def fill_postgres(url: str, sessions: int) -> None:
+    """The same rows as :func:`fill`, made by PostgreSQL itself."""
+    conn = await asyncpg.connect(url)
+    try:
+        month = time.time() + 30 * 86400
+        await conn.execute(
+            "INSERT INTO sessions (pk, tenant, owner, session_id, agent, created_at, updated_at,"
+            " expires_at) OVERRIDING SYSTEM VALUE"
+            " SELECT i, 'bench', 'user-' || (i % 5000), 's' || i, 'a', 0, 0, $1"
+            " FROM generate_series(1, $2::bigint) i",
+            month,
+            sessions,
+        )
+        await conn.execute("SELECT setval(pg_get_serial_sequence('sessions', 'pk'), $1)", sessions)
+        insert = (
+            "INSERT INTO turns (id, session_pk, seq, input, policy, status, created_at)"
+            " SELECT {id}, {pk}, {seq}, 'x', 'enqueue', '{status}', 0 FROM generate_series({n}) i"
+        )
+        for n in (1, 2):
+            await conn.execute(
+                insert.format(
+                    id=f"'ended-' || i || '-{n}'", pk="i", seq=n, status="done", n=f"1, {sessions}"
+                )
+            )
+        for prefix, step, seq, status, count in (
+            ("queued", 97, 3, "queued", ACTIVE),
+            ("parked", 89, 4, "awaiting_input", PARKED),
+        ):
+            await conn.execute(
+                insert.format(
+                    id=f"'{prefix}-' || i",
+                    pk=f"(i * {step} % {sessions}) + 1",
+                    seq=seq,
+                    status=status,
+                    n=f"0, {count - 1}",
+                )
+            )
+        await conn.execute("ANALYZE")
+    finally:
+        await conn.close()
+
+
 async def timed(call: Callable[[], Awaitable[object]]) -> float:
     times = []
     for _ in range(CALLS):
@@ -72,26 +121,46 @@ async def timed(call: Callable[[], Awaitable[object]]) -> float:
     return statistics.median(times)
 
 
+async def measure(store: Store) -> tuple[float, float]:
+    await store.open()
+    try:
+        orphans = await timed(lambda: store.sessions_needing_work(unowned_at=time.time()))
+        expired = await timed(lambda: store.sweep_expired(time.time()))
+    finally:
+        await store.close()
+    return orphans, expired
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=100_000)
+    parser.add_argument("--store", help="a postgresql:// URL (default: a SQLite file)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "bench.db"
-        store = SQLiteStore(path)
-        await store.open()
-        await store.close()
-        fill(path, args.sessions)
-        store = SQLiteStore(path)
-        await store.open()
+    if args.store:
+        base, _, name = args.store.rpartition("/")
+        admin = await asyncpg.connect(f"{base}/postgres")
         try:
-            orphans = await timed(lambda: store.sessions_needing_work(unowned_at=time.time()))
-            expired = await timed(lambda: store.sweep_expired(time.time()))
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+            await admin.execute(f'CREATE DATABASE "{name}"')
+            migrated = PostgresStore(args.store)
+            await migrated.open()
+            await migrated.close()
+            await fill_postgres(args.store, args.sessions)
+            orphans, expired = await measure(PostgresStore(args.store))
         finally:
-            await store.close()
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+            await admin.close()
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "bench.db"
+            migrated_file = SQLiteStore(path)
+            await migrated_file.open()
+            await migrated_file.close()
+            fill(path, args.sessions)
+            orphans, expired = await measure(SQLiteStore(path))
     print(
-        f"{args.sessions:,} sessions, {ACTIVE:,} with a queued turn, {PARKED} waiting for a"
-        f" decision; median of {CALLS} calls:"
+        f"{'PostgreSQL' if args.store else 'SQLite'}, {args.sessions:,} sessions, {ACTIVE:,} with"
+        f" a queued turn, {PARKED} waiting for a decision; median of {CALLS} calls:"
     )
     print(f"  sessions_needing_work (orphan sweep):  {orphans:8.2f} ms")
     print(f"  sweep_expired (nothing expired):       {expired:8.2f} ms")

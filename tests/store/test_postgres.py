@@ -395,8 +395,9 @@ async def test_an_owner_whose_turns_are_not_bounded_admits_without_the_owner_loc
 
 async def back_to_release_12(url: str) -> None:
     """The schema as release 12 left it: no busy_sessions, no trigger, no session function,
-    no lease function, no admission that starts (under a lease held, or taken). Opening a
-    store then runs migrations 13 on again (their functions are made whole again by them)."""
+    no lease function, no admission that starts (under a lease held, or taken), no index of
+    expiring sessions. Opening a store then runs migrations 13 on again (their functions are
+    made whole again by them)."""
     for sql in (
         "DROP FUNCTION tether_enqueue(text, text, text, text, text, text, double precision,"
         " text, text, text, text, bigint, boolean, bigint, bigint, bigint, text, text,"
@@ -408,6 +409,7 @@ async def back_to_release_12(url: str) -> None:
         "DROP TRIGGER turns_count_busy ON turns",
         "DROP FUNCTION tether_count_busy()",
         "DROP TABLE busy_sessions",
+        "DROP INDEX sessions_expiring",
         "DELETE FROM schema_version WHERE version >= 13",
     ):
         await query(url, sql)

@@ -246,6 +246,15 @@ MIGRATIONS: list[tuple[int, str]] = [
     ),
     *FUNCTIONS,  # 9 on: the stored functions (functions.py)
     *SESSION_FUNCTIONS,  # 15 on: those for sessions (session_functions.py)
+    (
+        20,
+        """
+        -- The expiry sweep reads the expired sessions only: it read every session with a TTL
+        -- (16 ms at 100,000 sessions, every minute, in every process). Built under a lock
+        -- that holds the sessions' writes for as long as it takes, once.
+        CREATE INDEX sessions_expiring ON sessions (expires_at) WHERE expires_at IS NOT NULL;
+        """,
+    ),
 ]
 
 
