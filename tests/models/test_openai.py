@@ -312,6 +312,36 @@ async def test_connection_refused_is_transient(caplog: pytest.LogCaptureFixture)
 
 
 @pytest.mark.real_model
+async def test_a_refused_connection_is_unreachable_not_a_timeout_on_either_transport() -> None:
+    # The SDK's aiohttp transport (the server's) calls a refused connection a ConnectTimeout;
+    # the turn's error must still say what happened, not that the provider was slow.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    model = OpenAIModel("fake-model", base_url=f"http://127.0.0.1:{port}/v1", api_key="x")
+    try:
+        with pytest.raises(ModelError) as caught:
+            await collect(model, ask("hi"))
+    finally:
+        await model.aclose()
+    assert caught.value.transient and caught.value.status is None
+    assert str(caught.value) == "openai:fake-model: the model provider could not be reached"
+
+
+@pytest.mark.real_model
+async def test_a_provider_slower_than_the_timeout_is_a_timeout_on_either_transport() -> None:
+    async with FakeOpenAIServer(latency_ms=3000) as slow:
+        model = OpenAIModel("fake-model", base_url=slow.base_url, api_key="x", timeout=0.3)
+        try:
+            with pytest.raises(ModelError) as caught:
+                await collect(model, ask("hi"))
+        finally:
+            await model.aclose()
+    assert caught.value.transient
+    assert str(caught.value) == "openai:fake-model: the model provider did not answer within 0.3s"
+
+
+@pytest.mark.real_model
 async def test_consumer_stopping_early_releases_the_stream(
     model: OpenAIModel, fake: FakeOpenAIServer
 ) -> None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import urlsplit
 
+import aiohttp
 import httpx2
 import openai
 import orjson
@@ -315,7 +316,7 @@ class OpenAIModel:
 
     def _error(self, exc: openai.OpenAIError) -> ModelError:
         """A short, retry-classified ModelError for an SDK exception; never a traceback."""
-        if isinstance(exc, openai.APITimeoutError):
+        if isinstance(exc, openai.APITimeoutError) and not _refused(exc):
             return self._failed(
                 f"the model provider did not answer within {self.timeout:g}s", exc.__cause__
             )
@@ -459,6 +460,26 @@ def _to_openai(message: Message) -> ChatCompletionMessageParam:
             for c in message.tool_calls
         ],
     }
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether what the SDK calls a timeout was a connection that could not be made at all.
+
+    The SDK's aiohttp transport maps every ``aiohttp.ClientConnectionError`` to
+    ``httpx.ConnectTimeout``, a refused connection (``ClientConnectorError``) included; the
+    aiohttp error is still in the chain, and a real timeout is a ``ServerTimeoutError`` there.
+    """
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    refused = False
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, aiohttp.ServerTimeoutError | TimeoutError):
+            return False
+        if isinstance(link, aiohttp.ClientConnectorError):
+            refused = True
+        link = link.__cause__ or link.__context__
+    return refused
 
 
 def _server_message(exc: openai.APIStatusError) -> str:
