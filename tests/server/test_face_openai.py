@@ -145,6 +145,8 @@ def test_a_failed_model_is_an_error_not_an_answer(
         say(client, "doomed", session="face-fail", model="upstream")
     assert caught.value.status_code == 502
     assert "Traceback" not in caught.value.response.text
+    # Its code is spelt as OpenAI's are (and as the other faces spell tether's own).
+    assert isinstance(caught.value.body, dict) and caught.value.body["code"] == "turn_failed"
     assert say(client, "again", session="face-fail", model="upstream") == "fine now"
 
 

@@ -165,6 +165,8 @@ def test_responses_continue_by_previous_response_id_and_by_conversation(
         client.responses.create(model="echo", input="fork", previous_response_id=first.id)
     assert isinstance(caught.value.body, dict)
     assert caught.value.body["code"] == "conversation_moved_on"
+    # Every 409 says so: the SDK would otherwise retry it, and be refused again.
+    assert caught.value.response.headers["x-should-retry"] == "false"
 
 
 def test_a_streamed_response_numbers_its_events(client: openai.OpenAI) -> None:

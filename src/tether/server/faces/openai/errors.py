@@ -56,14 +56,24 @@ def error_response(
     param: str | None = None,
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
+    """An error in OpenAI's shape. Every 409 tells the SDK not to retry (it retries 409s by
+    default): a conflict answers the same again, or the retry would be one more turn."""
+    if status == 409:
+        headers = no_retry(headers or {})
     return JSONResponse(error_body(status, message, code, param), status, headers=headers)
+
+
+def _code(problem: dict[str, Any]) -> str | None:
+    """The OpenAI ``code`` of a tether problem: its type's last part, in OpenAI's spelling
+    (``turn-failed`` is ``turn_failed``)."""
+    return str(problem.get("type", "")).rsplit("/", 1)[-1].replace("-", "_") or None
 
 
 def from_problem(problem: JSONResponse, headers: dict[str, str] | None = None) -> JSONResponse:
     """A tether problem+json answer, restated in OpenAI's error shape (same status, same words,
     same headers such as ``WWW-Authenticate`` and ``Retry-After``)."""
     body = json.loads(bytes(problem.body))
-    code = str(body.get("type", "")).rsplit("/", 1)[-1] or None
+    code = _code(body)
     message = str(body.get("detail") or body.get("title") or "error")
     kept = {
         k: v for k, v in problem.headers.items() if k.lower() in ("www-authenticate", "retry-after")
@@ -136,8 +146,7 @@ def stream_error(turn: Turn) -> dict[str, Any]:
         return error_body(409, awaiting_message(turn), "awaiting_input", None)
     problem = turn_problem(turn)
     body = json.loads(bytes(problem.body))
-    code = str(body.get("type", "")).rsplit("/", 1)[-1] or None
-    return error_body(problem.status_code, str(body.get("detail")), code, None)
+    return error_body(problem.status_code, str(body.get("detail")), _code(body), None)
 
 
 ERROR_SCHEMA = {
