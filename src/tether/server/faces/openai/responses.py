@@ -30,8 +30,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -278,6 +279,7 @@ async def create_response(request: Request, st: State) -> Response:
     """A response of the agent ``model`` names, continuing ``previous_response_id`` or
     ``conversation`` (or a fresh session)."""
     session_id: str | None = None
+    asked_at = time.time()
     try:
         caller = await caller_of(st, request)
         body = await read_body(request)
@@ -308,6 +310,11 @@ async def create_response(request: Request, st: State) -> Response:
             headers={**headers, "Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
     if background:
+        if turn.status == "running" and turn.created_at >= asked_at:
+            # Made by this request, and started in the same write that admitted it: answered
+            # as it was taken (queued), as OpenAI answers a background request. A retry's
+            # response, made earlier, is shown as it stands.
+            turn = replace(turn, status="queued", started_at=None)
         return JSONResponse(response_object(turn, asked), headers=headers)
     done = await wait_for_turn(st, request, turn, "continue")
     if done is None:
