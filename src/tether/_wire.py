@@ -49,6 +49,7 @@ from tether.records import (
     TurnStatus,
     Usage,
     Verdict,
+    check_submission,
 )
 from tether.runtime import DecisionAnswer, OnDecision, verdict_of
 
@@ -220,6 +221,7 @@ def headers(api_key: str | None, extra: dict[str, str] | None) -> dict[str, str]
 
 
 def chat_body(message: str, session_id: str | None, agent_name: str | None) -> dict[str, Any]:
+    check_submission(message)  # before the round trip, as an embedded session checks it
     body: dict[str, Any] = {"message": message}
     if session_id:
         body["session_id"] = session_id
@@ -229,6 +231,7 @@ def chat_body(message: str, session_id: str | None, agent_name: str | None) -> d
 
 
 def stream_body(message: str, policy: str) -> dict[str, Any]:
+    check_submission(message, policy)
     # Closing the stream early cancels the turn: a terminal user pressing Ctrl-C means it.
     return {"input": message, "stream": True, "policy": policy, "on_disconnect": "cancel"}
 

@@ -13,7 +13,7 @@ import pytest
 from tests.server.cli_keys import create_key
 from tests.server.conftest import Server, ServerFactory, free_port, start_server
 from tether import Session
-from tether.errors import AgentNotFound, RemoteError, RemoteUnauthorized
+from tether.errors import AgentNotFound, InvalidInput, RemoteError, RemoteUnauthorized
 
 
 @pytest.mark.slow
@@ -53,6 +53,18 @@ async def test_remote_chat_async_continues_and_maps_transport_errors(server: Ser
     gone = Session(agent_url=f"http://127.0.0.1:{free_port()}", timeout=2)
     with closing(gone), pytest.raises(ConnectionError):
         await gone.chat_async("anyone?")
+
+
+async def test_a_remote_message_that_is_not_text_is_invalid_input_before_any_request() -> None:
+    # As an embedded session says it (README: "embedded or remote"): the same InvalidInput, and
+    # nothing sent (nothing listens here, so a request would be a ConnectionError).
+    remote = Session(agent_url=f"http://127.0.0.1:{free_port()}", timeout=2)
+    with closing(remote):
+        for bad in (123, None, b"bytes"):
+            with pytest.raises(InvalidInput, match="text"):
+                remote.chat(bad)  # type: ignore[arg-type]
+            with pytest.raises(InvalidInput, match="text"):
+                await remote.chat_async(bad)  # type: ignore[arg-type]
 
 
 @pytest.mark.slow

@@ -63,6 +63,7 @@ from tether.records.turns import (
     TurnStatus,
     Usage,
     Verdict,
+    check_submission,
 )
 
 __all__ = [
@@ -116,6 +117,7 @@ __all__ = [
     "Usage",
     "VectorSnapshot",
     "Verdict",
+    "check_submission",
     "new_call_id",
     "new_document_id",
     "new_memory_id",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from tether.errors import InvalidInput
 from tether.records.sessions import SessionKey
 
 TurnStatus = Literal[
@@ -67,6 +68,15 @@ Reason = Literal[
 
 Policy = Literal["enqueue", "reject", "interrupt", "rollback"]
 POLICIES: Final[tuple[Policy, ...]] = ("enqueue", "reject", "interrupt", "rollback")
+
+
+def check_submission(input: object, policy: object = "enqueue") -> None:
+    """InvalidInput for a message that is not text or a policy that is not one of POLICIES:
+    what every door checks before anything is stored (or sent to a remote server)."""
+    if not isinstance(input, str):
+        raise InvalidInput(f"a message is text (str), not {type(input).__name__}")
+    if policy not in POLICIES:
+        raise InvalidInput(f"policy {policy!r}: use one of {', '.join(POLICIES)}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,14 +22,9 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from pathlib import Path
 from typing import Literal, Protocol
 
-from tether.errors import (
-    InvalidInput,
-    ShuttingDown,
-    TurnNotFound,
-)
+from tether.errors import ShuttingDown, TurnNotFound
 from tether.memory.service import MemoryService
 from tether.records import (
-    POLICIES,
     AgentRef,
     CancelStatus,
     Decision,
@@ -44,6 +39,7 @@ from tether.records import (
     SessionRecord,
     Turn,
     Verdict,
+    check_submission,
     new_turn_id,
 )
 from tether.scheduler import chores
@@ -281,10 +277,7 @@ class Scheduler:
         if self.closing:
             raise ShuttingDown("the server is shutting down; retry on another node")
         # Checked here, for every door: HTTP's schema checks the same, Python callers get this.
-        if not isinstance(input, str):
-            raise InvalidInput(f"a message is text (str), not {type(input).__name__}")
-        if policy not in POLICIES:
-            raise InvalidInput(f"policy {policy!r}: use one of {', '.join(POLICIES)}")
+        check_submission(input, policy)
         turn_id = new_turn_id()
         counter = self._counter
         before = (counter.seen_version(), counter.heard()) if counter is not None else None
