@@ -212,6 +212,8 @@ def test_an_unknown_session_is_a_404_and_makes_nothing(
         say(client, "hello?", session="never-made")
     assert isinstance(caught.value.body, dict)
     assert caught.value.body["code"] == "session_not_found"
+    # The header a client reads the session to go on with from names none.
+    assert "x-tether-session" not in caught.value.response.headers
     with server.client() as c:
         assert c.get("/v1/sessions/never-made").status_code == 404
 

@@ -90,10 +90,20 @@ def problem_of(exc: TetherError | Problem) -> JSONResponse:
 
 
 def refusal(exc: FaceError | TetherError | Problem, headers: dict[str, str] | None) -> JSONResponse:
-    """Any refusal before a turn answers, in OpenAI's shape."""
+    """Any refusal before a turn answers, in OpenAI's shape. A 404 names no session in
+    ``X-Tether-Session``: that header is where a client reads the session to go on with, and
+    there is none (an unknown one asked for would be echoed back as if it were)."""
+    if headers and SESSION_HEADER in headers and _status_of(exc) == 404:
+        headers = {k: v for k, v in headers.items() if k != SESSION_HEADER}
     if isinstance(exc, FaceError):
         return error_response(exc.status, exc.message, exc.code, exc.param, headers)
     return from_problem(problem_of(exc), headers)
+
+
+def _status_of(exc: FaceError | TetherError | Problem) -> int:
+    if isinstance(exc, FaceError):
+        return exc.status
+    return problem_of(exc).status_code
 
 
 async def caller_of(st: ServerState, request: Request) -> Principal:
