@@ -251,15 +251,24 @@ def test_a_one_off_calls_session_is_kept_a_while_not_for_ever(
     say(client, "hello", session=kept)
     with server.client() as c:
         assert c.get(f"/v1/sessions/{kept}").json()["expires_at"] is None
-    brief = make_server(env={"TETHER_ONE_OFF_TTL": "1"})
+    # Kept that long after its latest turn, not after its first: a client that goes on with
+    # it (as the README says to, with the header it got) does not lose it while it talks.
+    brief = make_server(env={"TETHER_ONE_OFF_TTL": "3"})
     with sdk(brief) as b:
         raw = b.chat.completions.with_raw_response.create(
             model="echo", messages=[{"role": "user", "content": "once"}]
         )
-        assert say(b, "twice", session=raw.headers[SESSION]) == "saw [once] then twice"
-        time.sleep(1.2)
+        sid = raw.headers[SESSION]
+        time.sleep(1.6)
+        assert say(b, "twice", session=sid) == "saw [once] then twice"
+        with brief.client() as c:
+            record = c.get(f"/v1/sessions/{sid}").json()
+        assert record["expires_at"] - record["updated_at"] == pytest.approx(3, abs=0.01)
+        time.sleep(1.9)  # past three seconds from the start, not from the latest turn
+        assert say(b, "thrice", session=sid) == "saw [once, twice] then thrice"
+        time.sleep(3.3)
         with pytest.raises(openai.NotFoundError):
-            say(b, "thrice", session=raw.headers[SESSION])
+            say(b, "gone", session=sid)
 
 
 def _turns(server: Server, session: str) -> list[dict[str, object]]:

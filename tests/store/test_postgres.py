@@ -393,17 +393,42 @@ async def test_an_owner_whose_turns_are_not_bounded_admits_without_the_owner_loc
             await holder.close()
 
 
+async def test_the_previous_releases_session_function_still_makes_sessions(
+    postgres_url: str,
+) -> None:
+    # Migration 21 added the idle TTL to tether_create_session as a new overload; a process of
+    # the previous release calls the 9-argument one, which makes sessions without it.
+    store = PostgresStore(postgres_url)
+    async with opened(store):
+        rows = await query(
+            postgres_url,
+            "SELECT outcome, r_session FROM tether_create_session('acme', 'alice', 'old',"
+            " 'assistant', '{}', 0, NULL, 1, 10)",
+        )
+        assert rows == [("created", "old")]
+        made = await store.get_session(SessionKey("acme", "alice", "old"))
+        assert made is not None and made.expires_at is None
+        idle = await query(postgres_url, "SELECT idle_ttl FROM sessions WHERE session_id = 'old'")
+        assert idle == [(None,)]
+
+
 async def back_to_release_12(url: str) -> None:
     """The schema as release 12 left it: no busy_sessions, no trigger, no session function,
     no lease function, no admission that starts (under a lease held, or taken), no index of
-    expiring sessions. Opening a store then runs migrations 13 on again (their functions are
-    made whole again by them)."""
+    expiring sessions, no idle TTL. Opening a store then runs migrations 13 on again (their
+    functions are made whole again by them)."""
     for sql in (
         "DROP FUNCTION tether_enqueue(text, text, text, text, text, text, double precision,"
         " text, text, text, text, bigint, boolean, bigint, bigint, bigint, text, text,"
         " double precision)",
         "DROP FUNCTION tether_acquire",
-        "DROP FUNCTION tether_create_session",
+        "DROP TRIGGER sessions_idle_expiry ON sessions",
+        "DROP FUNCTION tether_idle_expiry()",
+        "ALTER TABLE sessions DROP COLUMN idle_ttl",
+        "DROP FUNCTION tether_create_session(text, text, text, text, text, double precision,"
+        " double precision, bigint, bigint, double precision)",
+        "DROP FUNCTION tether_create_session(text, text, text, text, text, double precision,"
+        " double precision, bigint, bigint)",
         "DROP FUNCTION tether_enqueue_started",
         "DROP FUNCTION tether_enqueue_taken",
         "DROP TRIGGER turns_count_busy ON turns",

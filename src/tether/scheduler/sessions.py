@@ -173,8 +173,10 @@ class SessionService:
         ttl_seconds: float | None = None,
         exist_ok: bool = False,
         replace_expired: bool = False,
+        idle: bool = False,
     ) -> tuple[SessionRecord, bool]:
         """Create the session (``exist_ok``: or return the one there); ``(record, created)``.
+        ``idle``: ``ttl_seconds`` counts from its latest activity, not its creation.
 
         ``replace_expired`` (the HTTP API's way): an expired session under the id is deleted
         first, so the id starts afresh rather than reviving the old history. Without it an
@@ -190,6 +192,7 @@ class SessionService:
             ttl_seconds=ttl_seconds,
             exist_ok=exist_ok,
             max_sessions=self.max_sessions,
+            idle=idle,
         )
         if self._noted is not None and not record.expired():
             self._noted(record)

@@ -53,15 +53,15 @@ async def open_session(
     *,
     create: bool = True,
     message: str | None = None,
-    ttl: float | None = None,
+    idle_ttl: float | None = None,
 ) -> Opened:
     """The caller's session ``session_id`` (None: a fresh one) and the agent to run.
 
     ``create``: a session that is not there is made (an expired one starts afresh); without
     it, an unknown, foreign or expired id is SessionNotFound, like every other door's 404.
-    ``message`` is checked (size, NUL) before anything is stored. ``ttl``: seconds a session
-    made here is kept. A turn that names no agent runs the session's own agent (the app's
-    first one for a new session).
+    ``message`` is checked (size, NUL) before anything is stored. ``idle_ttl``: seconds a
+    session made here is kept after its latest activity. A turn that names no agent runs the
+    session's own agent (the app's first one for a new session).
     """
     if not st.agents:
         raise InvalidInput("this server has no agents")
@@ -72,7 +72,12 @@ async def open_session(
     if create or session_id is None:
         first = named.name if named is not None else st.agents[0].name
         record, created = await st.runtime.sessions.create(
-            key, first, exist_ok=True, replace_expired=True, ttl_seconds=ttl
+            key,
+            first,
+            exist_ok=True,
+            replace_expired=True,
+            ttl_seconds=idle_ttl,
+            idle=idle_ttl is not None,
         )
     else:
         record, created = await st.runtime.sessions.own(key), False
@@ -114,7 +119,7 @@ async def send(
     *,
     create: bool = True,
     policy: Policy = "enqueue",
-    ttl: float | None = None,
+    idle_ttl: float | None = None,
     idempotency_key: str | None = None,
 ) -> Turn:
     """Queue ``message`` on the caller's session ``session_id``: :func:`open_session` then
@@ -130,7 +135,7 @@ async def send(
     named = st.runtime.served(agent_name) if agent_name else None
     check_message(st, message)
     if not session_id:  # None or "": a fresh session, as open_session makes
-        opened = await open_session(st, caller, None, agent_name, ttl=ttl)
+        opened = await open_session(st, caller, None, agent_name, idle_ttl=idle_ttl)
         return await submit(
             st, opened, caller, message, policy=policy, idempotency_key=idempotency_key
         )
@@ -163,7 +168,8 @@ async def send(
         named.name if named is not None else first,
         exist_ok=True,
         replace_expired=True,
-        ttl_seconds=ttl,
+        ttl_seconds=idle_ttl,
+        idle=idle_ttl is not None,
     )
     return await attempt()
 

@@ -138,9 +138,9 @@ class Settings:
     """Server processes sharing the one listening socket and the one store (``serve`` only;
     ``TETHER_WORKERS``). 1: the server runs in this process, with no other."""
     one_off_ttl: float | None = 30 * 86400.0
-    """Seconds a session that an OpenAI-face call without a session made is kept (then swept
-    with its history), so stateless clients do not pile up sessions without end;
-    ``TETHER_ONE_OFF_TTL`` (``off``: kept like any other)."""
+    """Seconds a session that an OpenAI-face call without a session made is kept after its
+    latest turn (then swept with its history), so stateless clients do not pile up sessions
+    without end; ``TETHER_ONE_OFF_TTL`` (``off``: kept like any other)."""
     faces: frozenset[str] = frozenset(FACES)
     """The protocol faces served (DESIGN §9); ``TETHER_FACES_<NAME>=off`` turns one off
     (``TETHER_FACES_OPENAI=off``…)."""

@@ -80,8 +80,13 @@ class SessionStore(SessionReader, Protocol):
         ttl_seconds: float | None = None,
         exist_ok: bool = False,
         max_sessions: int | None = None,
+        idle: bool = False,
     ) -> tuple[SessionRecord, bool]:
         """Create the session; returns ``(record, created)``.
+
+        ``ttl_seconds`` counts from the creation, or with ``idle`` from the session's latest
+        activity (its expiry moves with every write that moves ``updated_at``: a turn's
+        items, its state) until an update gives it a TTL of its own.
 
         With ``exist_ok`` an existing session is returned unchanged; otherwise it is a Conflict.
         A new session when the owner already has ``max_sessions`` is LimitExceeded

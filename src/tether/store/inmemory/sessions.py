@@ -24,6 +24,7 @@ class Sessions(State):
         ttl_seconds: float | None = None,
         exist_ok: bool = False,
         max_sessions: int | None = None,
+        idle: bool = False,
     ) -> tuple[SessionRecord, bool]:
         existing = self._sessions.get(key)
         if existing is not None:
@@ -44,7 +45,7 @@ class Sessions(State):
             expires_at=now + ttl_seconds if ttl_seconds is not None else None,
             revision=1,
         )
-        self._sessions[key] = SessionState(record)
+        self._sessions[key] = SessionState(record, idle_ttl=ttl_seconds if idle else None)
         return record, True
 
     async def get_session(self, key: SessionKey) -> SessionRecord | None:
@@ -80,14 +81,16 @@ class Sessions(State):
         if expected_revision is not None and rec.revision != expected_revision:
             raise Conflict(f"session revision is {rec.revision}, not {expected_revision}")
         now = time.time()
+        if ttl_seconds is not None:
+            s.idle_ttl = None  # a TTL of its own from now on
         s.record = replace(
             rec,
             metadata=dict(metadata) if metadata is not None else rec.metadata,
             state=dict(state) if state is not None else rec.state,
             expires_at=now + ttl_seconds if ttl_seconds is not None else rec.expires_at,
-            updated_at=now,
             revision=rec.revision + 1,
         )
+        s.touch(now)
         return s.record
 
     async def delete_session(self, key: SessionKey) -> bool:

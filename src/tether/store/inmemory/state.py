@@ -60,6 +60,14 @@ class SessionState:
     lease_owner: str | None = None
     lease_token: int = field(default_factory=rules.initial_token)
     lease_expires_at: float = 0.0
+    idle_ttl: float | None = None
+    """The TTL that counts from the latest activity (create_session's ``idle``), or None."""
+
+    def touch(self, now: float) -> None:
+        """Activity (a write of items): ``updated_at`` moves, and an idle TTL's expiry with it,
+        as the SQL stores' rows do."""
+        expires = now + self.idle_ttl if self.idle_ttl is not None else self.record.expires_at
+        self.record = replace(self.record, updated_at=now, expires_at=expires)
 
     def first_active(self) -> str | None:
         return self.active[0] if self.active else None

@@ -393,9 +393,9 @@ class Turns(State):
         s.record = replace(
             s.record,
             state=rules.with_state(copy.deepcopy(s.record.state), name, copy.deepcopy(value)),
-            updated_at=time.time(),
             revision=s.record.revision + 1,
         )
+        s.touch(time.time())
 
     async def recover(self, lease: Lease) -> list[Turn]:
         s = self._fenced(lease)
@@ -416,6 +416,8 @@ class Turns(State):
         out = rules.stored_items(turn_id, s.next_item_seq, items, now)
         s.next_item_seq += len(out)
         s.items.extend(out)
+        if out:
+            s.touch(now)
         return out
 
     @staticmethod
@@ -503,9 +505,9 @@ class Turns(State):
             s.record = replace(
                 s.record,
                 state=rules.with_always(s.record.state, str(d.payload["tool"])),
-                updated_at=now,
                 revision=s.record.revision + 1,
             )
+            s.touch(now)
         return done
 
     def _close_decision(self, s: SessionState, done: Decision, now: float) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 from tether.store.postgres.functions import FUNCTIONS
-from tether.store.postgres.session_functions import SESSION_FUNCTIONS
+from tether.store.postgres.session_functions import IDLE_TTL, SESSION_FUNCTIONS
 from tether.store.postgres.steps import Conn
 
 MIGRATION_LOCK = 0x7465_7468_6572_0001
@@ -255,6 +255,7 @@ MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX sessions_expiring ON sessions (expires_at) WHERE expires_at IS NOT NULL;
         """,
     ),
+    *IDLE_TTL,  # 21: TTLs that count from the latest activity (session_functions.py)
 ]
 
 

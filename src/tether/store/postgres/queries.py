@@ -36,7 +36,7 @@ SESSION_AGENT = "SELECT agent FROM sessions WHERE pk = $1"
 
 INSERT_SESSION = (
     "INSERT INTO sessions (tenant, owner, session_id, agent, metadata, created_at, updated_at,"
-    " expires_at, lease_token) VALUES ($1, $2, $3, $4, $5, $6, $6, $7, $8)"
+    " expires_at, lease_token, idle_ttl) VALUES ($1, $2, $3, $4, $5, $6, $6, $7, $8, $9)"
     f" ON CONFLICT (tenant, owner, session_id) DO NOTHING RETURNING {SESSION_COLS}"
 )
 GET_SESSION = f"SELECT {SESSION_COLS} FROM sessions WHERE {KEY_WHERE}"
@@ -58,9 +58,12 @@ LIST_SESSIONS_NEWEST = (
     " AND ($6::text IS NULL OR strpos(session_id, $6) > 0)"
     " ORDER BY updated_at DESC, session_id LIMIT $3"
 )
+# A TTL given here is the session's own from now on: it no longer counts from the latest
+# activity (idle_ttl NULL, so migration 21's trigger leaves the expiry as set).
 UPDATE_SESSION = (
     "UPDATE sessions SET metadata = COALESCE($4, metadata), state = COALESCE($5, state),"
-    " expires_at = COALESCE($6, expires_at), updated_at = $7, revision = revision + 1"
+    " expires_at = COALESCE($6, expires_at), updated_at = $7, revision = revision + 1,"
+    " idle_ttl = CASE WHEN $6 IS NULL THEN idle_ttl END"
     f" WHERE {KEY_WHERE} AND ($8::bigint IS NULL OR revision = $8) RETURNING {SESSION_COLS}"
 )
 SESSION_REVISION = f"SELECT revision FROM sessions WHERE {KEY_WHERE}"
@@ -193,7 +196,7 @@ NOTIFY_HOLDER = (
 CREATE_SESSION = (
     "SELECT outcome, sessions_held, r_tenant, r_owner, r_session, r_agent, r_metadata,"
     " r_state, r_created, r_updated, r_expires, r_revision"
-    " FROM tether_create_session($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+    " FROM tether_create_session($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
 )
 ACTIVE_TURN_IDS = f"SELECT id, status FROM turns WHERE session_pk = $1 AND {ACTIVE} ORDER BY seq"
 NEXT_TURN_SEQ = (

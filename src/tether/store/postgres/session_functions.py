@@ -319,3 +319,76 @@ SESSION_FUNCTIONS: list[tuple[int, str]] = [
         """,
     ),
 ]
+
+IDLE_TTL: list[tuple[int, str]] = [
+    (
+        21,
+        """
+        -- A session whose TTL counts from its latest activity (a one-off the OpenAI face made,
+        -- which its client may go on with for months): idle_ttl, and its expiry moved with
+        -- every write that moves updated_at, by whichever process (or release) writes.
+        ALTER TABLE sessions ADD COLUMN idle_ttl double precision;
+        CREATE FUNCTION tether_idle_expiry() RETURNS trigger
+        LANGUAGE plpgsql AS $$
+        BEGIN
+            NEW.expires_at := NEW.updated_at + NEW.idle_ttl;
+            RETURN NEW;
+        END
+        $$;
+        CREATE TRIGGER sessions_idle_expiry BEFORE UPDATE OF updated_at ON sessions
+            FOR EACH ROW WHEN (NEW.idle_ttl IS NOT NULL) EXECUTE FUNCTION tether_idle_expiry();
+        -- tether_create_session as migration 15's, the session made with p_idle_ttl. The
+        -- 9-argument one, which processes of the previous release call, makes it without.
+        CREATE FUNCTION tether_create_session(
+            p_tenant text, p_owner text, p_session text, p_agent text, p_metadata text,
+            p_now double precision, p_expires double precision, p_token bigint,
+            p_max bigint, p_idle_ttl double precision, OUT outcome text,
+            OUT sessions_held bigint, OUT r_tenant text, OUT r_owner text, OUT r_session text,
+            OUT r_agent text, OUT r_metadata text, OUT r_state text,
+            OUT r_created double precision, OUT r_updated double precision,
+            OUT r_expires double precision, OUT r_revision bigint)
+        LANGUAGE plpgsql VOLATILE AS $$
+        BEGIN
+            PERFORM pg_advisory_xact_lock(hashtextextended(p_tenant || chr(31) || p_owner, 7));
+            SELECT s.tenant, s.owner, s.session_id, s.agent, s.metadata, s.state,
+                   s.created_at, s.updated_at, s.expires_at, s.revision
+              INTO r_tenant, r_owner, r_session, r_agent, r_metadata, r_state, r_created,
+                   r_updated, r_expires, r_revision
+              FROM sessions s
+             WHERE s.tenant = p_tenant AND s.owner = p_owner AND s.session_id = p_session;
+            IF FOUND THEN
+                outcome := 'exists';
+                RETURN;
+            END IF;
+            SELECT count(*) INTO sessions_held FROM sessions s
+             WHERE s.tenant = p_tenant AND s.owner = p_owner;
+            IF sessions_held >= p_max THEN
+                outcome := 'full';
+                RETURN;
+            END IF;
+            INSERT INTO sessions AS s (tenant, owner, session_id, agent, metadata, created_at,
+                                       updated_at, expires_at, lease_token, idle_ttl)
+            VALUES (p_tenant, p_owner, p_session, p_agent, p_metadata, p_now, p_now,
+                    p_expires, p_token, p_idle_ttl)
+            ON CONFLICT (tenant, owner, session_id) DO NOTHING
+            RETURNING s.tenant, s.owner, s.session_id, s.agent, s.metadata, s.state,
+                      s.created_at, s.updated_at, s.expires_at, s.revision
+                 INTO r_tenant, r_owner, r_session, r_agent, r_metadata, r_state, r_created,
+                      r_updated, r_expires, r_revision;
+            outcome := CASE WHEN FOUND THEN 'created' ELSE 'raced' END;
+        END
+        $$;
+        CREATE OR REPLACE FUNCTION tether_create_session(
+            p_tenant text, p_owner text, p_session text, p_agent text, p_metadata text,
+            p_now double precision, p_expires double precision, p_token bigint,
+            p_max bigint, OUT outcome text, OUT sessions_held bigint, OUT r_tenant text,
+            OUT r_owner text, OUT r_session text, OUT r_agent text, OUT r_metadata text,
+            OUT r_state text, OUT r_created double precision, OUT r_updated double precision,
+            OUT r_expires double precision, OUT r_revision bigint)
+        LANGUAGE sql VOLATILE AS $$
+            SELECT * FROM tether_create_session(p_tenant, p_owner, p_session, p_agent,
+                p_metadata, p_now, p_expires, p_token, p_max, NULL::double precision)
+        $$;
+        """,
+    ),
+]

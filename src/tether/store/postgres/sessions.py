@@ -29,17 +29,21 @@ class Sessions(Connection):
         ttl_seconds: float | None = None,
         exist_ok: bool = False,
         max_sessions: int | None = None,
+        idle: bool = False,
     ) -> tuple[SessionRecord, bool]:
         def values() -> tuple[Any, ...]:
-            """The new row's columns, as INSERT_SESSION and tether_create_session take them."""
+            """The new row's columns, as INSERT_SESSION and tether_create_session take them
+            (but for the owner's bound, which the function takes before the idle TTL)."""
             now = time.time()
             expires = now + ttl_seconds if ttl_seconds is not None else None
             return (*key_args(key), agent, meta, now, expires, rules.initial_token())
 
+        idle_ttl = ttl_seconds if idle else None
+
         meta = json.dumps(metadata or {})
         async with self._conn() as conn:
             while max_sessions is not None:
-                row = await conn.fetchrow(q.CREATE_SESSION, *values(), max_sessions)
+                row = await conn.fetchrow(q.CREATE_SESSION, *values(), max_sessions, idle_ttl)
                 assert row is not None  # a function with OUT parameters answers one row
                 outcome, held, *made = row
                 if outcome == "created":
@@ -53,7 +57,7 @@ class Sessions(Connection):
                 # 'raced': one made without a bound took the id meanwhile; ask again (it is
                 # 'exists' then, unless it went again too).
             while True:
-                row = await conn.fetchrow(q.INSERT_SESSION, *values())
+                row = await conn.fetchrow(q.INSERT_SESSION, *values(), idle_ttl)
                 if row is not None:
                     return session_row(row), True
                 if not exist_ok:

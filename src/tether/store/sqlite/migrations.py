@@ -272,6 +272,20 @@ MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX sessions_expiring ON sessions (expires_at) WHERE expires_at IS NOT NULL;
         """,
     ),
+    (
+        11,
+        """
+        -- A session whose TTL counts from its latest activity (a one-off the OpenAI face made,
+        -- which its client may go on with for months): idle_ttl, and its expiry moved with
+        -- every write that moves updated_at, by whichever process (or release) writes.
+        ALTER TABLE sessions ADD COLUMN idle_ttl REAL;
+        CREATE TRIGGER sessions_idle_expiry AFTER UPDATE OF updated_at ON sessions
+        WHEN NEW.idle_ttl IS NOT NULL
+        BEGIN
+            UPDATE sessions SET expires_at = NEW.updated_at + NEW.idle_ttl WHERE pk = NEW.pk;
+        END;
+        """,
+    ),
 ]
 
 

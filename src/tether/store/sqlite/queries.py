@@ -48,7 +48,7 @@ FENCE = f"SELECT pk, lease_token FROM sessions WHERE {KEY_WHERE}"
 SESSION_AGENT = f"SELECT agent FROM sessions WHERE {KEY_WHERE}"
 INSERT_SESSION = (
     "INSERT INTO sessions (tenant, owner, session_id, agent, metadata, created_at,"
-    " updated_at, expires_at, lease_token) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " updated_at, expires_at, lease_token, idle_ttl) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
     " ON CONFLICT (tenant, owner, session_id) DO NOTHING"
 )
 GET_SESSION = f"SELECT {SESSION_COLS} FROM sessions WHERE {KEY_WHERE}"
@@ -64,8 +64,11 @@ LIST_SESSIONS_NEWEST = (
     " AND (? IS NULL OR instr(session_id, ?) > 0)"
     " ORDER BY updated_at DESC, session_id LIMIT ?"
 )
+# A TTL given here is the session's own from now on: it no longer counts from the latest
+# activity (idle_ttl NULL, so the trigger of migration 11 leaves the expiry as set).
 UPDATE_SESSION = (
     "UPDATE sessions SET metadata = ?, state = ?, expires_at = ?, updated_at = ?,"
+    " idle_ttl = CASE WHEN ? THEN NULL ELSE idle_ttl END,"
     f" revision = revision + 1 WHERE {KEY_WHERE}"
 )
 DELETE_SESSION = f"DELETE FROM sessions WHERE {KEY_WHERE} RETURNING pk"

@@ -32,6 +32,7 @@ class Sessions(Connection):
         ttl_seconds: float | None = None,
         exist_ok: bool = False,
         max_sessions: int | None = None,
+        idle: bool = False,
     ) -> tuple[SessionRecord, bool]:
         def do(c: sqlite3.Connection) -> tuple[SessionRecord, bool]:
             if max_sessions is not None:
@@ -54,6 +55,7 @@ class Sessions(Connection):
                     now,
                     expires,
                     rules.initial_token(),
+                    ttl_seconds if idle else None,
                 ),
             )
             created = cur.rowcount == 1
@@ -121,6 +123,7 @@ class Sessions(Connection):
                     json.dumps(state if state is not None else rec.state),
                     now + ttl_seconds if ttl_seconds is not None else rec.expires_at,
                     now,
+                    ttl_seconds is not None,
                     *key_args(key),
                 ),
             )

@@ -192,6 +192,38 @@ class SessionsConformance:
         assert kept.expires_at == moved.expires_at
         assert (await store.get_session(k)) == kept
 
+    async def test_an_idle_ttl_counts_from_the_latest_activity(self, store: Store) -> None:
+        """With ``idle``, the TTL runs from the session's latest activity: every write that
+        moves ``updated_at`` (a turn's items, an update) moves the expiry with it, until an
+        update gives the session a TTL of its own. A plain TTL never moves."""
+        k, plain = key("idle"), key("plain")
+        rec, _ = await store.create_session(k, "assistant", ttl_seconds=600, idle=True)
+        await store.create_session(plain, "assistant", ttl_seconds=600)
+        assert rec.expires_at == pytest.approx(rec.created_at + 600, abs=CLOCK_SLACK)
+        await asyncio.sleep(0.05)
+        lease = await running_turn(store, k, "t1")
+        other = await running_turn(store, plain, "p1")
+        for held, turn_id in ((lease, "t1"), (other, "p1")):
+            await store.append(held, turn_id, [NewItem("assistant", "hi")], [ev(3)])
+        moved = await store.get_session(k)
+        assert moved is not None and moved.expires_at is not None
+        assert moved.updated_at >= rec.updated_at + 0.04
+        assert moved.expires_at == pytest.approx(moved.updated_at + 600, abs=0.01)
+        still = await store.get_session(plain)
+        assert still is not None and still.expires_at == pytest.approx(
+            still.created_at + 600, abs=CLOCK_SLACK
+        )
+        # An update without a TTL is activity too; one with a TTL makes it the session's own.
+        await asyncio.sleep(0.02)
+        touched = await store.update_session(k, metadata={"x": 1})
+        assert touched.expires_at == pytest.approx(touched.updated_at + 600, abs=0.01)
+        fixed = await store.update_session(k, ttl_seconds=60)
+        assert fixed.expires_at == pytest.approx(fixed.updated_at + 60, abs=0.01)
+        await asyncio.sleep(0.02)
+        await store.append(lease, "t1", [NewItem("assistant", "more")], [ev(4)])
+        after = await store.get_session(k)
+        assert after is not None and after.expires_at == fixed.expires_at
+
     async def test_delete_session_removes_everything(self, store: Store) -> None:
         k = await new_session(store)
         lease = await running_turn(store, k, "t1")

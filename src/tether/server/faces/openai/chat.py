@@ -176,10 +176,11 @@ async def open_for(
     """The caller's session for a turn of ``model``, in OpenAI's words when it is not there."""
     _known_model(st, model)
     try:
-        # A call without a session is a one-off: its session is kept a while, not for ever.
+        # A call without a session is a one-off: its session is kept a while after its latest
+        # turn (its client may go on with it), not for ever.
         ttl = st.settings.one_off_ttl if session_id is None else None
         return await open_session(
-            st, caller, session_id, model, create=False, message=text, ttl=ttl
+            st, caller, session_id, model, create=False, message=text, idle_ttl=ttl
         )
     except SessionNotFound:
         raise _no_session(session_id, missing) from None
@@ -205,7 +206,7 @@ async def send_for(
             text,
             model,
             create=False,
-            ttl=ttl,
+            idle_ttl=ttl,
             idempotency_key=idempotency_key,
         )
     except SessionNotFound:
