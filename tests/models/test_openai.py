@@ -329,6 +329,25 @@ async def test_a_refused_connection_is_unreachable_not_a_timeout_on_either_trans
 
 
 @pytest.mark.real_model
+async def test_a_provider_that_hangs_up_is_unreachable_not_a_timeout_on_either_transport() -> None:
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(100)  # part of the request, then the connection closes unanswered
+        writer.close()
+
+    server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    model = OpenAIModel("fake-model", base_url=f"http://127.0.0.1:{port}/v1", api_key="x")
+    try:
+        with pytest.raises(ModelError) as caught:
+            await collect(model, ask("hi"))
+    finally:
+        await model.aclose()
+        server.close()
+    assert caught.value.transient
+    assert str(caught.value) == "openai:fake-model: the model provider could not be reached"
+
+
+@pytest.mark.real_model
 async def test_a_provider_slower_than_the_timeout_is_a_timeout_on_either_transport() -> None:
     async with FakeOpenAIServer(latency_ms=3000) as slow:
         model = OpenAIModel("fake-model", base_url=slow.base_url, api_key="x", timeout=0.3)

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import secrets
 import socket
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 
@@ -410,6 +411,31 @@ async def test_the_previous_releases_session_function_still_makes_sessions(
         assert made is not None and made.expires_at is None
         idle = await query(postgres_url, "SELECT idle_ttl FROM sessions WHERE session_id = 'old'")
         assert idle == [(None,)]
+
+
+async def test_a_ttl_the_previous_release_sets_on_an_idle_session_is_its_own(
+    postgres_url: str,
+) -> None:
+    # As on SQLite: the previous release's UPDATE, which knows nothing of idle_ttl, gives the
+    # session a TTL of its own; later activity does not move it.
+    store = PostgresStore(postgres_url)
+    async with opened(store):
+        await store.create_session(KEY, "assistant", ttl_seconds=1000, idle=True)
+        until = time.time() + 60
+        await query(
+            postgres_url,
+            f"UPDATE sessions SET expires_at = {until!r}, updated_at = {time.time()!r},"
+            " revision = revision + 1 WHERE session_id = 's1'",
+        )
+        record = await store.get_session(KEY)
+        assert record is not None and record.expires_at == pytest.approx(until, abs=0.01)
+        await store.enqueue_turn(KEY, turn_id="t1", input="x", policy="enqueue")
+        lease = await store.acquire_lease(KEY, "node-a", 30)
+        assert lease is not None
+        await store.start_turn(lease, "t1", [NewItem("user", "x")], [])
+        after = await store.get_session(KEY)
+        assert after is not None and after.expires_at == pytest.approx(until, abs=0.01)
+        assert after.updated_at > record.updated_at
 
 
 async def back_to_release_12(url: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -218,6 +219,41 @@ async def test_an_upgraded_file_counts_the_turns_under_way_it_already_had(tmp_pa
         )
         assert admitted.status == "queued"
         assert _owner_active(path, "alice") == (2, 3)
+    finally:
+        await store.close()
+
+
+async def test_a_ttl_the_previous_release_sets_on_an_idle_session_is_its_own(
+    tmp_path: Path,
+) -> None:
+    # During a rolling upgrade an older process may give a one-off session a TTL with its own
+    # UPDATE (which knows nothing of idle_ttl): the TTL is the session's from then on, and
+    # the session's later activity does not move it.
+    path = tmp_path / "t.db"
+    store = SQLiteStore(path)
+    await store.open()
+    try:
+        await store.create_session(KEY, "assistant", ttl_seconds=1000, idle=True)
+        until = time.time() + 60
+        conn = sqlite3.connect(path, isolation_level=None)
+        try:
+            conn.execute(
+                "UPDATE sessions SET metadata = '{}', state = '{}', expires_at = ?,"
+                " updated_at = ?, revision = revision + 1"
+                " WHERE tenant = ? AND owner = ? AND session_id = ?",
+                (until, time.time(), KEY.tenant, KEY.owner, KEY.session_id),
+            )
+        finally:
+            conn.close()
+        record = await store.get_session(KEY)
+        assert record is not None and record.expires_at == until
+        await store.enqueue_turn(KEY, turn_id="t1", input="x", policy="enqueue")
+        lease = await store.acquire_lease(KEY, "node-a", 30)
+        assert lease is not None
+        await store.start_turn(lease, "t1", [NewItem("user", "x")], [])
+        after = await store.get_session(KEY)
+        assert after is not None and after.expires_at == until
+        assert after.updated_at > record.updated_at
     finally:
         await store.close()
 

@@ -316,7 +316,7 @@ class OpenAIModel:
 
     def _error(self, exc: openai.OpenAIError) -> ModelError:
         """A short, retry-classified ModelError for an SDK exception; never a traceback."""
-        if isinstance(exc, openai.APITimeoutError) and not _refused(exc):
+        if isinstance(exc, openai.APITimeoutError) and not _connection_failed(exc):
             return self._failed(
                 f"the model provider did not answer within {self.timeout:g}s", exc.__cause__
             )
@@ -462,24 +462,25 @@ def _to_openai(message: Message) -> ChatCompletionMessageParam:
     }
 
 
-def _refused(exc: BaseException) -> bool:
-    """Whether what the SDK calls a timeout was a connection that could not be made at all.
+def _connection_failed(exc: BaseException) -> bool:
+    """Whether what the SDK calls a timeout was a connection that failed: refused, reset, or
+    closed by the server before it answered (httpx's transport says so itself).
 
     The SDK's aiohttp transport maps every ``aiohttp.ClientConnectionError`` to
-    ``httpx.ConnectTimeout``, a refused connection (``ClientConnectorError``) included; the
-    aiohttp error is still in the chain, and a real timeout is a ``ServerTimeoutError`` there.
+    ``httpx.ConnectTimeout``; the aiohttp error is still in the chain, and a real timeout is a
+    ``ServerTimeoutError`` (or a plain ``TimeoutError``) there.
     """
     seen: set[int] = set()
     link: BaseException | None = exc
-    refused = False
+    failed = False
     while link is not None and id(link) not in seen:
         seen.add(id(link))
         if isinstance(link, aiohttp.ServerTimeoutError | TimeoutError):
             return False
-        if isinstance(link, aiohttp.ClientConnectorError):
-            refused = True
+        if isinstance(link, aiohttp.ClientConnectionError):
+            failed = True
         link = link.__cause__ or link.__context__
-    return refused
+    return failed
 
 
 def _server_message(exc: openai.APIStatusError) -> str:

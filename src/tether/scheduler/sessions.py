@@ -185,6 +185,8 @@ class SessionService:
         """
         if replace_expired:
             await self.drop_if_expired(key)
+        # ``idle`` only when asked: a store written against the protocol before it had the
+        # argument still makes every other session.
         record, created = await self._store.create_session(
             key,
             agent,
@@ -192,7 +194,7 @@ class SessionService:
             ttl_seconds=ttl_seconds,
             exist_ok=exist_ok,
             max_sessions=self.max_sessions,
-            idle=idle,
+            **({"idle": True} if idle else {}),
         )
         if self._noted is not None and not record.expired():
             self._noted(record)

@@ -255,7 +255,7 @@ MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX sessions_expiring ON sessions (expires_at) WHERE expires_at IS NOT NULL;
         """,
     ),
-    *IDLE_TTL,  # 21: TTLs that count from the latest activity (session_functions.py)
+    *IDLE_TTL,  # 21, 22: TTLs that count from the latest activity (session_functions.py)
 ]
 
 

@@ -391,4 +391,23 @@ IDLE_TTL: list[tuple[int, str]] = [
         $$;
         """,
     ),
+    (
+        22,
+        """
+        -- An update that sets the expiry itself gives the session a TTL of its own, whoever
+        -- makes it: migration 21's trigger moved it back to the latest activity when the
+        -- update came from a process of the previous release (which does not clear idle_ttl).
+        CREATE OR REPLACE FUNCTION tether_idle_expiry() RETURNS trigger
+        LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.expires_at IS DISTINCT FROM OLD.expires_at THEN
+                NEW.idle_ttl := NULL;
+            ELSE
+                NEW.expires_at := NEW.updated_at + NEW.idle_ttl;
+            END IF;
+            RETURN NEW;
+        END
+        $$;
+        """,
+    ),
 ]

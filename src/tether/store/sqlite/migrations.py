@@ -286,6 +286,23 @@ MIGRATIONS: list[tuple[int, str]] = [
         END;
         """,
     ),
+    (
+        12,
+        """
+        -- An update that sets the expiry itself gives the session a TTL of its own, whoever
+        -- makes it: migration 11's trigger moved it back to the latest activity when the
+        -- update came from a process of the previous release (which does not clear idle_ttl).
+        DROP TRIGGER sessions_idle_expiry;
+        CREATE TRIGGER sessions_idle_expiry AFTER UPDATE OF updated_at ON sessions
+        WHEN NEW.idle_ttl IS NOT NULL
+        BEGIN
+            UPDATE sessions SET idle_ttl = NULL
+             WHERE pk = NEW.pk AND NEW.expires_at IS NOT OLD.expires_at;
+            UPDATE sessions SET expires_at = NEW.updated_at + NEW.idle_ttl
+             WHERE pk = NEW.pk AND NEW.expires_at IS OLD.expires_at;
+        END;
+        """,
+    ),
 ]
 
 
