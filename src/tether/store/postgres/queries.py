@@ -59,7 +59,7 @@ LIST_SESSIONS_NEWEST = (
     " ORDER BY updated_at DESC, session_id LIMIT $3"
 )
 # A TTL given here is the session's own from now on: it no longer counts from the latest
-# activity (idle_ttl NULL, so migration 21's trigger leaves the expiry as set).
+# activity (idle_ttl NULL, so the idle-TTL trigger, migrations 21 and 22, leaves it as set).
 UPDATE_SESSION = (
     "UPDATE sessions SET metadata = COALESCE($4, metadata), state = COALESCE($5, state),"
     " expires_at = COALESCE($6, expires_at), updated_at = $7, revision = revision + 1,"

@@ -32,12 +32,10 @@ SESSION_FOR_ENQUEUE = f"SELECT pk, expires_at FROM sessions WHERE {KEY_WHERE}"
 # partial index turns_active only when a query's WHERE holds its very term.
 ACTIVE = "status IN ('queued', 'running', 'awaiting_input')"
 # The owner's turns under way: sessions with one, and those turns in all. A parked turn holds
-# no worker, so it counts for neither (rules.admit_for_principal). CROSS JOIN keeps the partial
-# index of active turns (few, however many sessions there are) as the outer loop; left to
-# itself the planner walks every session of the owner instead.
-# The owner's sessions with queued or running turns, and those turns (a parked turn holds no
-# worker), from the owner's own entries of the partial index (migration 9).
-# Grouped in the index's own order (a COUNT(DISTINCT) sorts them again).
+# no worker, so it counts for neither (rules.admit_for_principal). Read from the owner's own
+# entries of the partial index turns_owner_busy (migration 9), not from every owner's active
+# turns, nor every session of the owner; grouped in the index's own order (a COUNT(DISTINCT)
+# sorts them again).
 OWNER_ACTIVE = (
     "SELECT COUNT(*), COALESCE(SUM(n), 0) FROM (SELECT COUNT(*) AS n"
     " FROM turns INDEXED BY turns_owner_busy"
@@ -65,7 +63,7 @@ LIST_SESSIONS_NEWEST = (
     " ORDER BY updated_at DESC, session_id LIMIT ?"
 )
 # A TTL given here is the session's own from now on: it no longer counts from the latest
-# activity (idle_ttl NULL, so the trigger of migration 11 leaves the expiry as set).
+# activity (idle_ttl NULL, so the idle-TTL trigger, migrations 11 and 12, leaves it as set).
 UPDATE_SESSION = (
     "UPDATE sessions SET metadata = ?, state = ?, expires_at = ?, updated_at = ?,"
     " idle_ttl = CASE WHEN ? THEN NULL ELSE idle_ttl END,"
