@@ -8,7 +8,7 @@ and that is each door's own business.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from starlette.requests import Request
 
@@ -190,3 +190,13 @@ async def run_turn(
     on)."""
     turn = await send(st, caller, session_id, message, agent_name, create=create, policy=policy)
     return turn, await wait_for_turn(st, request, turn, "continue")
+
+
+def as_taken(turn: Turn, asked_at: float) -> Turn:
+    """``turn`` as the request that made it took it: a turn made by that request (created
+    after ``asked_at``) and started in the same write that admitted it is shown queued, as an
+    accepted request is answered (A2A's submitted task, OpenAI's queued background response);
+    its start follows in its events. A retry's turn, made earlier, is shown as it stands."""
+    if turn.status == "running" and turn.created_at >= asked_at:
+        return replace(turn, status="queued", started_at=None)
+    return turn

@@ -39,7 +39,7 @@ from tether.errors import (
 )
 from tether.records import POLICIES, VERDICTS, Decision, Policy, Principal, SessionKey, Turn
 from tether.records import Verdict as VerdictWord
-from tether.server.conversation import open_session, send, submit
+from tether.server.conversation import as_taken, open_session, send, submit
 from tether.server.faces.a2a import tasks
 from tether.server.faces.a2a.wire import error
 from tether.server.schemas import minted
@@ -113,12 +113,8 @@ async def begin(
         ) from None
     except (InvalidInput, TooLarge) as exc:
         raise error(InvalidParamsError, str(exc)) from None
-    if turn.status == "running" and turn.created_at >= asked_at:
-        # Made by this message, and started in the same write that admitted it: followed from
-        # its first event, the task is shown as it was taken (submitted), and its turn.started
-        # event follows (working). A retry's turn, made earlier, is shown as it stands.
-        return Begun(replace(turn, status="queued", started_at=None))
-    return Begun(turn)
+    # Followed from its first event: submitted, then its turn.started event (working).
+    return Begun(as_taken(turn, asked_at))
 
 
 def _nowhere(caller: Principal, context: str | None) -> SessionKey:

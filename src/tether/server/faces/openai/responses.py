@@ -32,7 +32,7 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -42,7 +42,7 @@ from tether.errors import SessionNotFound, TetherError
 from tether.events import MESSAGE_DELTA, TURN_AWAITING_INPUT, TURN_ENDED
 from tether.records import SESSION_ID_PATTERN, Principal, SessionKey, Turn
 from tether.server import sse
-from tether.server.conversation import Opened, submit
+from tether.server.conversation import Opened, as_taken, submit
 from tether.server.deps import State
 from tether.server.faces.openai.chat import (
     IDEMPOTENCY_PARAM,
@@ -310,12 +310,7 @@ async def create_response(request: Request, st: State) -> Response:
             headers={**headers, "Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
     if background:
-        if turn.status == "running" and turn.created_at >= asked_at:
-            # Made by this request, and started in the same write that admitted it: answered
-            # as it was taken (queued), as OpenAI answers a background request. A retry's
-            # response, made earlier, is shown as it stands.
-            turn = replace(turn, status="queued", started_at=None)
-        return JSONResponse(response_object(turn, asked), headers=headers)
+        return JSONResponse(response_object(as_taken(turn, asked_at), asked), headers=headers)
     done = await wait_for_turn(st, request, turn, "continue")
     if done is None:
         return Response(status_code=499)
