@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import urlsplit
 
-import aiohttp
 import httpx2
 import openai
 import orjson
@@ -41,6 +40,7 @@ from tether.models.base import (
     Usage,
 )
 from tether.models.guard import ensure_requests_allowed
+from tether.models.openai_errors import clip, explain
 from tether.redact import redact_url
 
 __all__ = ["OPENAI_BASE_URL", "OpenAIModel"]
@@ -56,8 +56,6 @@ _FINISH_REASONS: dict[str, FinishReason] = {
     "length": "length",
     "content_filter": "content_filter",
 }
-# 408 and 409 are retried too: OpenAI documents both as safe to retry (timeouts, lock conflicts).
-_TRANSIENT_STATUSES = frozenset({408, 409, 429})
 TRANSPORT_ENV = "TETHER_OPENAI_TRANSPORT"
 """``aiohttp`` or ``httpx``: the HTTP transport of every OpenAI client, whoever runs it."""
 _server_transport = False
@@ -101,21 +99,6 @@ def _http_client(base_url: str, timeout: float) -> httpx2.AsyncClient | None:
     if not wanted or parts.username is not None or parts.password is not None:
         return None
     return openai.DefaultAioHttpClient(timeout=timeout)
-
-
-_MAX_LOGGED = 2000
-# What a status means, in the few words a caller gets instead of the upstream's body.
-_STATUS_HINTS = {
-    400: "request refused",
-    401: "key refused",
-    403: "key refused",
-    404: "unknown model or endpoint",
-    408: "timed out",
-    409: "conflict",
-    413: "request too large",
-    422: "request refused",
-    429: "rate limited",
-}
 
 
 class OpenAIModel:
@@ -312,31 +295,12 @@ class OpenAIModel:
         # Upstreams (and proxies) may quote the request back: never log the key itself.
         if len(self._api_key) >= 8:
             text = text.replace(self._api_key, "***")
-        return _clip(redact_url(text))
+        return clip(redact_url(text))
 
     def _error(self, exc: openai.OpenAIError) -> ModelError:
         """A short, retry-classified ModelError for an SDK exception; never a traceback."""
-        if isinstance(exc, openai.APITimeoutError) and not _connection_failed(exc):
-            return self._failed(
-                f"the model provider did not answer within {self.timeout:g}s", exc.__cause__
-            )
-        if isinstance(exc, openai.APIConnectionError):
-            # The SDK's own message is a bare "Connection error."; the transport cause says why.
-            return self._failed("the model provider could not be reached", exc.__cause__ or exc)
-        if isinstance(exc, openai.APIStatusError):
-            status = exc.status_code
-            transient = status >= 500 or status in _TRANSIENT_STATUSES
-            hint = _STATUS_HINTS.get(status, "server error" if status >= 500 else "refused")
-            return self._failed(
-                f"the model provider answered HTTP {status} ({hint})",
-                _server_message(exc),
-                transient=transient,
-                status=status,
-            )
-        if isinstance(exc, openai.APIError):
-            # An error event inside an accepted stream: the server failed mid-answer.
-            return self._failed("the model provider failed mid-answer", exc.message)
-        return self._failed("the model provider request failed", exc, transient=False)
+        e = explain(exc, self.timeout)
+        return self._failed(e.what, e.detail, transient=e.transient, status=e.status)
 
 
 @dataclass(slots=True)
@@ -460,45 +424,6 @@ def _to_openai(message: Message) -> ChatCompletionMessageParam:
             for c in message.tool_calls
         ],
     }
-
-
-def _connection_failed(exc: BaseException) -> bool:
-    """Whether what the SDK calls a timeout was a connection that failed: refused, reset, or
-    closed by the server before it answered (httpx's transport says so itself).
-
-    The SDK's aiohttp transport maps every ``aiohttp.ClientConnectionError`` to
-    ``httpx.ConnectTimeout``; the aiohttp error is still in the chain, and a real timeout is a
-    ``ServerTimeoutError`` (or a plain ``TimeoutError``) there.
-    """
-    seen: set[int] = set()
-    link: BaseException | None = exc
-    failed = False
-    while link is not None and id(link) not in seen:
-        seen.add(id(link))
-        if isinstance(link, aiohttp.ServerTimeoutError | TimeoutError):
-            return False
-        if isinstance(link, aiohttp.ClientConnectionError):
-            failed = True
-        link = link.__cause__ or link.__context__
-    return failed
-
-
-def _server_message(exc: openai.APIStatusError) -> str:
-    # The SDK's message embeds the whole body ("Error code: 500 - {...}"); prefer the server's
-    # own error.message, which the SDK unwraps into ``body``.
-    body: Any = exc.body
-    if isinstance(body, dict):
-        message = body.get("message")
-        if isinstance(message, str) and message:
-            return message
-    if isinstance(body, str) and body:
-        return body
-    return exc.response.reason_phrase or exc.message
-
-
-def _clip(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= _MAX_LOGGED else text[: _MAX_LOGGED - 1] + "…"
 
 
 def _usage(chunk: dict[str, Any]) -> Usage | None:
