@@ -259,7 +259,9 @@ async def test_an_expired_ag_ui_thread_starts_afresh_whatever_it_waited_for(
     from ag_ui.core import RunAgentInput, UserMessage
 
     async with serving(tmp_path) as (c, runtime):
-        await runtime.sessions.create(key("old-thread"), "first", ttl_seconds=0.2)
+        # Expired only once the first message has been refused: a TTL that runs out while the
+        # machine is slow would make the first message start afresh too.
+        await runtime.sessions.create(key("old-thread"), "first", ttl_seconds=3600)
         waiting = SimpleNamespace(call_id="call-1", turn_id="t-old")
 
         async def pending(*args: Any, **kwargs: Any) -> list[Any]:
@@ -276,7 +278,8 @@ async def test_an_expired_ag_ui_thread_starts_afresh_whatever_it_waited_for(
             "/agui/first", content=run.model_dump_json(by_alias=True), headers=headers
         )
         assert "RUN_ERROR" in live.text and "awaiting_input" in live.text  # still waiting
-        await asyncio.sleep(0.3)
+        await runtime.sessions.update(key("old-thread"), ttl_seconds=0.01)
+        await asyncio.sleep(0.05)
         r = await c.post("/agui/first", content=run.model_dump_json(by_alias=True), headers=headers)
         assert "RUN_FINISHED" in r.text, r.text
         assert await history(runtime, "old-thread") == ["hello", "saw [] then hello"]
