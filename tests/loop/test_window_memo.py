@@ -4,6 +4,8 @@ holds."""
 
 from __future__ import annotations
 
+import dataclasses
+import random
 from collections.abc import Sequence
 
 import pytest
@@ -137,3 +139,123 @@ async def test_the_memo_stays_the_size_of_a_window() -> None:
         chosen = await select_window(reader, end, 500, memo)
         render(chosen.items, memo)
         assert len(memo) <= 2 * len(chosen.items) + 64
+
+
+class _CountingReader(_Reader):
+    def __init__(self, items: Sequence[Item]) -> None:
+        super().__init__(items)
+        self.reads = 0
+
+    async def recent(self, before_seq: int | None, limit: int) -> list[Item]:
+        self.reads += 1
+        return await super().recent(before_seq, limit)
+
+
+async def test_the_next_turns_window_reads_once_and_renders_only_the_new_items(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The last window is the next one's start: one read of the history, and the messages of
+    the items it already held are the very objects it rendered before."""
+    rendered: list[int] = []
+    real = window._piece
+
+    def counting(item: Item) -> Message | ToolCall:
+        rendered.append(item.seq)
+        return real(item)
+
+    monkeypatch.setattr(window, "_piece", counting)
+    items = [_item(n, "user" if n % 2 == 0 else "assistant", f"message {n}") for n in range(602)]
+    reader = _CountingReader(items[:600])
+    memo = ItemMemo()
+    first = await select_window(reader, 600, 1_000_000, memo)
+    assert reader.reads > 1  # a fresh window walks back a page at a time
+    assert first.messages == render(first.items)
+    reader.items, reader.reads = items, 0
+    rendered.clear()
+    second = await select_window(reader, 602, 1_000_000, memo)
+    assert reader.reads == 1
+    assert rendered == [600, 601]
+    assert second.items == items
+    assert second.messages is not None and first.messages is not None
+    assert all(a is b for a, b in zip(second.messages, first.messages, strict=False))
+    assert second.messages == render(items)
+
+
+def _turn(rng: random.Random, seq: int, turn: int) -> list[Item]:
+    """One turn's items at ``seq``: a user message, then text, tool steps, a handoff, a
+    summary, an interrupted reply, as chance has it."""
+    tid = f"turn{turn}"
+    out = [_item(seq, "user", "u" * rng.randint(1, 60), turn_id=tid)]
+    for step in range(rng.choice((0, 0, 1, 2))):
+        calls = [f"c{turn}-{step}-{n}" for n in range(rng.randint(1, 2))]
+        for call in calls:
+            meta = {"step": step}
+            out.append(
+                _item(
+                    0,
+                    "tool_call",
+                    turn_id=tid,
+                    call_id=call,
+                    tool_name="f",
+                    arguments="{}",
+                    meta=meta,
+                )
+            )
+        out += [
+            _item(0, "tool_result", "r" * rng.randint(1, 40), turn_id=tid, call_id=c) for c in calls
+        ]
+    if rng.random() < 0.1:
+        out.append(_item(0, "handoff", "other", turn_id=tid, meta={"agent": "a"}))
+    if rng.random() < 0.1:
+        out.append(_item(0, "summary", "s" * rng.randint(1, 80), turn_id=tid))
+    complete = rng.random() > 0.1
+    out.append(_item(0, "assistant", "a" * rng.randint(0, 120), turn_id=tid, complete=complete))
+    return [
+        Item(
+            seq + n,
+            i.turn_id,
+            i.kind,
+            i.content,
+            i.complete,
+            i.call_id,
+            i.tool_name,
+            i.arguments,
+            i.meta,
+            0.0,
+        )
+        for n, i in enumerate(out)
+    ]
+
+
+@pytest.mark.parametrize("seed", range(40))
+async def test_a_window_made_from_the_last_one_is_the_window_made_afresh(seed: int) -> None:
+    """Turn after turn through one memo (the history growing, the budget moving, the last turn
+    rolled back, items read again as new objects, a gap in the seqs): every window is the one
+    a fresh walk of the history chooses, and its messages are what ``render`` makes of it."""
+    rng = random.Random(seed)
+    reader = _Reader([])
+    memo = ItemMemo()
+    seq = turn = 0
+    for _ in range(60):
+        action = rng.random()
+        if action < 0.08 and reader.items:
+            last = reader.items[-1].turn_id  # the last turn rolled back
+            reader.items = [i for i in reader.items if i.turn_id != last]
+        elif action < 0.14:
+            reader.items = [dataclasses.replace(i) for i in reader.items]  # read again
+        elif action < 0.18:
+            seq += rng.randint(1, 5)  # a change without the lease leaves a gap
+        else:
+            added = _turn(rng, seq, turn)
+            reader.items += added
+            seq, turn = added[-1].seq + 1, turn + 1
+        before = seq + rng.choice((0, 0, 0, 1))
+        budget = rng.choice((30, 80, 200, 500, 2_000, 100_000))
+        for _ in range(rng.choice((1, 1, 2))):
+            made = await select_window(reader, before, budget, memo)
+            fresh = await select_window(reader, before, budget)
+            assert made.items == fresh.items and made.truncated == fresh.truncated
+            assert all(a is b for a, b in zip(made.items, fresh.items, strict=True))
+            if made.messages is not None:
+                assert made.messages == render(fresh.items)
+            budget = rng.choice((budget, budget // 2, budget * 2))

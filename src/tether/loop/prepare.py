@@ -103,7 +103,7 @@ async def prepare(ctx: TurnContext, state: TurnState, *, resumed: bool = False) 
     state.messages = [
         Message("system", system),
         *render([summary] if summary is not None else []),
-        *render(window.items, ctx.memo),
+        *(window.messages if window.messages is not None else render(window.items, ctx.memo)),
         *([Message("system", recalled)] if late else []),
         Message("user", ctx.input),
     ]

@@ -2,12 +2,14 @@
 
 :mod:`.prepare` places the window between the instructions and this turn's input. History is
 read backwards a page at a time, so the cost follows the size of the window, not the length of
-the session. Tool calls and their results are kept together or left out together: a model must
-never see one without the other.
+the session; with a memo (a lease's turns share one) the next turn's window starts from the
+last one, so it costs what was written since. Tool calls and their results are kept together or
+left out together: a model must never see one without the other.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -48,36 +50,66 @@ class _Entry:
         self.piece: Message | ToolCall | None = None
 
 
+@dataclass(slots=True)
+class _Span:
+    """The last window a memo made, for the next one to start from.
+
+    ``seen`` is every history item from the window's oldest to ``before_seq`` (summaries too),
+    as the history gave them, oldest first; ``chosen`` the window's own (no summaries, before
+    tool pairs are checked). ``messages`` renders ``chosen`` while no tool item is among them
+    (then each rendered item is one message of its own)."""
+
+    before_seq: int
+    budget: int
+    seen: list[Item]
+    chosen: list[Item]
+    messages: list[Message]
+    used: int = 0
+    truncated: bool = False
+    tools: bool = False
+
+
 class ItemMemo:
-    """What each history item costs in tokens and renders to, remembered across turns.
+    """What each history item costs in tokens and renders to, and the last window, remembered
+    across turns.
 
     The holder of a session's lease keeps one per lease
-    (:meth:`~tether.scheduler.history.HistoryCache.memo`): a turn's window then costs a lookup
-    per item, not an estimate and a rendering of every item again, so a long session's turn
-    costs about what a short one's does. An entry serves only the very item object it was made
-    from; an item read again from the store (another lease, a history that moved) is measured
-    afresh, so what is remembered can never be another item's.
+    (:meth:`~tether.scheduler.history.HistoryCache.memo`): the next turn's window is the last
+    one with the items written since added and the oldest that no longer fit taken off, so a
+    long session's turn costs about what a short one's does (walking and rendering the whole
+    window again made turn 300 cost 1.3x turn 1). What is remembered serves only the very item
+    objects it was made from: an item read again from the store (another lease, a history that
+    moved) is measured afresh, and a window whose items the history no longer gives as they
+    were is chosen afresh, so what is remembered can never be another item's.
     """
 
-    __slots__ = ("_of",)
+    __slots__ = ("_of", "span")
 
     def __init__(self) -> None:
         self._of: dict[int, _Entry] = {}
+        self.span: _Span | None = None
 
     def __len__(self) -> int:
         return len(self._of)
 
-    def _entry(self, item: Item) -> _Entry:
+    @property
+    def entries(self) -> dict[int, _Entry]:
+        """The entries by seq, for a loop over many items to look up inline (a method call
+        per item was most of what a long window cost); :meth:`entry` makes one when the
+        lookup finds none for that very item."""
+        return self._of
+
+    def entry(self, item: Item) -> _Entry:
         entry = self._of.get(item.seq)
         if entry is None or entry.item is not item:
             entry = self._of[item.seq] = _Entry(item)
         return entry
 
     def cost(self, item: Item) -> int:
-        return self._entry(item).cost
+        return self.entry(item).cost
 
     def piece(self, item: Item) -> Message | ToolCall:
-        entry = self._entry(item)
+        entry = self.entry(item)
         if entry.piece is None:
             entry.piece = _piece(item)
         return entry.piece
@@ -96,6 +128,11 @@ class Window:
     """The newest items that fit, oldest first, tool pairs whole."""
     truncated: bool
     """True when older items exist that did not fit."""
+    messages: list[Message] | None = None
+    """``render(items)``, when the memo had it at hand (no tool items in the window)."""
+
+
+_TOOL_KINDS = frozenset(("tool_call", "tool_result"))
 
 
 async def select_window(
@@ -104,38 +141,161 @@ async def select_window(
     """The newest items older than ``before_seq`` whose estimated size fits ``budget``, in order.
 
     Summary items are not part of the window: the newest one is placed before it separately.
-    ``memo`` remembers each item's size for the next turn's window.
+    ``memo`` remembers each item's size, and this window, for the next turn's: that one then
+    reads the history once, checks that it still holds the window's items (the very objects),
+    adds what is newer, and takes off the oldest items that no longer fit (or, given more room,
+    reaches further back), instead of walking and rendering every item again.
     """
     memo = memo if memo is not None else ItemMemo()
-    cost_of = memo.cost
+    span, memo.span = memo.span, None
+    first: tuple[list[Item], int] | None = None
+    if span is not None and not (span.seen and span.before_seq <= before_seq):
+        span = None
+    if span is not None:
+        asked = len(span.seen) + before_seq - span.before_seq
+        page = await history.recent(before_seq, asked)
+        if not _extend(span, page, memo):
+            span, first = None, (page, asked)  # the history moved: choose afresh from the page
+    grow = span is None or (span.truncated and budget > span.budget)
+    if span is None:
+        span = _Span(before_seq, budget, [], [], [], truncated=True)
+    span.before_seq = before_seq
+    if _drop_oldest(span, budget, memo):
+        grow = False
+    if grow:
+        await _grow(history, span, budget, memo, first)
+    span.budget = budget
+    if span.seen:
+        memo.span = span
+    memo.keep_only(span.chosen)
+    if span.tools:
+        return Window(paired(span.chosen), span.truncated)
+    return Window(list(span.chosen), span.truncated, list(span.messages))
+
+
+def _extend(span: _Span, page: list[Item], memo: ItemMemo) -> bool:
+    """Add to ``span`` the items of ``page`` (newest first, older than the new window's end)
+    newer than its end, if the rest of the page is ``span.seen`` itself; False (``span``
+    untouched) if the history no longer holds the span's items as they were."""
+    start = span.before_seq
+    fresh = 0
+    for item in page:
+        if item.seq < start:
+            break
+        fresh += 1
+    seen = span.seen
+    old = page[fresh : fresh + len(seen)]
+    if len(old) != len(seen):
+        return False
+    old.reverse()
+    if not all(map(operator.is_, old, seen)):
+        return False
+    added = page[:fresh]
+    added.reverse()
+    for item in added:
+        seen.append(item)
+        kind = item.kind
+        if kind == "summary":
+            continue
+        span.chosen.append(item)
+        span.used += memo.entry(item).cost
+        if kind in _TOOL_KINDS:
+            span.tools = True
+        elif not span.tools and kind in _RENDERED:
+            span.messages.append(_message(memo, item))
+    return True
+
+
+def _drop_oldest(span: _Span, budget: int, memo: ItemMemo) -> bool:
+    """Take the oldest chosen items off until the rest fit ``budget``; True if any went."""
+    if span.used <= budget:
+        return False
+    chosen = span.chosen
+    gone = shown = 0
+    while gone < len(chosen) and span.used > budget:
+        item = chosen[gone]
+        span.used -= memo.entry(item).cost
+        shown += item.kind in _RENDERED
+        gone += 1
+    del chosen[:gone]
+    if not span.tools:
+        del span.messages[:shown]
+    seen = span.seen
+    if not chosen:
+        seen.clear()
+    else:
+        oldest, cut = chosen[0], 0
+        while seen[cut] is not oldest:
+            cut += 1
+        del seen[:cut]
+    span.truncated = True
+    return True
+
+
+async def _grow(
+    history: HistoryReader,
+    span: _Span,
+    budget: int,
+    memo: ItemMemo,
+    first: tuple[list[Item], int] | None,
+) -> None:
+    """Add older items before ``span``'s oldest while they fit: a page at a time, newest
+    first, starting with ``first`` (a page already read, and the size asked of it)."""
+    entries = memo.entries
+    seen: list[Item] = []
     chosen: list[Item] = []
-    used = 0
-    cursor = before_seq
+    used = span.used
+    tools = span.tools
     full = False
-    tools = False
+    cursor = span.seen[0].seq if span.seen else span.before_seq
     # Small first page, doubling: a typical window is a few dozen items, and reading a page
     # costs in proportion to its size, not to the session's length.
     size = FIRST_PAGE
     while not full:
-        page = await history.recent(cursor, size)
+        if first is not None:
+            (page, size), first = first, None
+        else:
+            page = await history.recent(cursor, size)
         for item in page:
             kind = item.kind
             if kind == "summary":
+                seen.append(item)
                 continue
-            cost = cost_of(item)
+            entry = entries.get(item.seq)
+            if entry is None or entry.item is not item:
+                entry = memo.entry(item)
+            cost = entry.cost
             if used + cost > budget:
                 full = True
                 break
+            seen.append(item)
             chosen.append(item)
             used += cost
-            tools = tools or kind == "tool_call" or kind == "tool_result"
-        if len(page) < size:
+            tools = tools or kind in _TOOL_KINDS
+        if len(page) < size or not page:
             break
         cursor = page[-1].seq
         size = min(size * 2, MAX_PAGE)
+    # ``seen`` may end (at its oldest) with summaries older than the oldest item that fit:
+    # still a run of the history without a gap, which is all the next turn's check needs.
+    seen.reverse()
     chosen.reverse()
-    memo.keep_only(chosen)
-    return Window(paired(chosen) if tools else chosen, full)
+    span.seen[:0] = seen
+    span.chosen[:0] = chosen
+    span.used = used
+    span.truncated = full
+    if tools:
+        span.tools = True
+        span.messages.clear()
+    else:
+        span.messages[:0] = [_message(memo, i) for i in chosen if i.kind in _RENDERED]
+
+
+def _message(memo: ItemMemo, item: Item) -> Message:
+    """The message an item that is no tool item renders to, remembered."""
+    piece = memo.piece(item)
+    assert isinstance(piece, Message)
+    return piece
 
 
 def paired(items: list[Item]) -> list[Item]:
@@ -174,14 +334,23 @@ def render(items: Sequence[Item], memo: ItemMemo | None = None) -> list[Message]
     """History items as chat messages; a step's text and tool calls become one message.
 
     Other kinds (handoffs, say) are not shown to the model."""
-    piece_of = memo.piece if memo is not None else _piece
+    entries = memo.entries if memo is not None else None
     out: list[Message] = []
     prev: Item | None = None
     for item in items:
         if item.kind not in _RENDERED:
             prev = item
             continue
-        piece = piece_of(item)
+        if memo is None or entries is None:
+            piece = _piece(item)
+        else:
+            # The memo's lookup inline: this loop runs over the whole window every turn.
+            entry = entries.get(item.seq)
+            if entry is None or entry.item is not item:
+                entry = memo.entry(item)
+            if entry.piece is None:
+                entry.piece = _piece(item)
+            piece = entry.piece
         if isinstance(piece, Message):
             out.append(piece)
         else:

@@ -26,13 +26,11 @@ from urllib.parse import urlsplit
 import httpx2
 import openai
 import orjson
-from openai.types.chat import ChatCompletionMessageParam
 
 from tether.errors import ConfigError, ModelError
 from tether.models.base import (
     Finish,
     FinishReason,
-    Message,
     ModelEvent,
     ModelRequest,
     TextDelta,
@@ -41,6 +39,7 @@ from tether.models.base import (
 )
 from tether.models.guard import ensure_requests_allowed
 from tether.models.openai_errors import clip, explain
+from tether.models.openai_messages import Encoded
 from tether.redact import redact_url
 
 __all__ = ["OPENAI_BASE_URL", "OpenAIModel"]
@@ -136,6 +135,7 @@ class OpenAIModel:
         self._official = custom_base_url is None
         self._client: openai.AsyncOpenAI | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
+        self._encoded = Encoded()
 
     @property
     def name(self) -> str:
@@ -177,7 +177,7 @@ class OpenAIModel:
     def _body(self, request: ModelRequest) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.model,
-            "messages": [_to_openai(m) for m in request.messages],
+            "messages": self._encoded(request.messages),
             "stream": True,
             "stream_options": {"include_usage": True},
         }
@@ -398,32 +398,6 @@ def _loads(data: bytes) -> Any:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
         return json.loads(data)
-
-
-def _to_openai(message: Message) -> ChatCompletionMessageParam:
-    if message.role == "system":
-        return {"role": "system", "content": message.content}
-    if message.role == "user":
-        return {"role": "user", "content": message.content}
-    if message.role == "tool":
-        if message.tool_call_id is None:
-            raise ModelError("a tool message needs a tool_call_id")
-        return {"role": "tool", "content": message.content, "tool_call_id": message.tool_call_id}
-    if not message.tool_calls:
-        return {"role": "assistant", "content": message.content}
-    # OpenAI wants null (not "") content next to tool calls that come without text.
-    return {
-        "role": "assistant",
-        "content": message.content or None,
-        "tool_calls": [
-            {
-                "id": c.id,
-                "type": "function",
-                "function": {"name": c.name, "arguments": c.arguments},
-            }
-            for c in message.tool_calls
-        ],
-    }
 
 
 def _usage(chunk: dict[str, Any]) -> Usage | None:
