@@ -62,17 +62,35 @@ def test_a_message_object_is_encoded_once_while_it_is_remembered(
     assert len(enc) == 6
 
 
-def test_what_is_remembered_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(openai_messages, "MAX_BYTES", 2_000)
+def test_what_is_remembered_is_bounded_and_what_is_sent_again_stays(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two generations of at most half the bytes each: a conversation's messages, sent turn
+    after turn, stay remembered (encoded once) however many others come and go; a message sent
+    once is forgotten; one too large is never kept."""
+    monkeypatch.setattr(openai_messages, "MAX_BYTES", 4_000)
     monkeypatch.setattr(openai_messages, "LARGEST", 500)
+    encoded: list[Message] = []
+    real = openai_messages.to_openai
+
+    def counting(message: Message) -> object:
+        encoded.append(message)
+        return real(message)
+
+    monkeypatch.setattr(openai_messages, "to_openai", counting)
     enc = Encoded()
-    held = [Message("user", f"{n} " + "x" * 100) for n in range(100)]
-    for n in range(0, 100, 5):
-        assert _body(enc(held[n : n + 5])) == [to_openai(m) for m in held[n : n + 5]]
-        assert len(enc) <= 2_000 // 100
+    kept = [Message("user", f"kept {n}") for n in range(5)]
+    once = [Message("user", f"{n} " + "x" * 100) for n in range(200)]
+    for n in range(0, 200, 4):
+        prompt = [*kept, *once[n : n + 4]]
+        assert _body(enc(prompt)) == [to_openai(m) for m in prompt]
+        assert len(enc) <= 4_000 // 100
+    assert encoded.count(kept[0]) == 1
+    assert all(m in enc for m in kept)
+    assert once[0] not in enc and once[-1] in enc
     big = Message("user", "y" * 1_000)
     assert _body(enc([big])) == [to_openai(big)]
-    assert all(entry[0] is not big for entry in enc._of.values())
+    assert big not in enc
 
 
 def test_a_tool_message_without_its_call_is_refused() -> None:

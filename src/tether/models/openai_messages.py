@@ -21,8 +21,11 @@ from tether.errors import ModelError
 from tether.models.base import Message
 
 MAX_BYTES = 16 * 1024 * 1024
-"""Encoded bytes remembered at most, across every conversation of a model: past it, all are
-forgotten at once (each conversation's next turn encodes its prompt again)."""
+"""Encoded bytes remembered at most, across every conversation of a model, in two generations
+of half that each: entries are made in the young one, and found in the old one they move to
+the young one; when the young one is full it becomes the old one and the old one is dropped.
+A message nobody sends again (a turn's own input: the next turn renders it from the history as
+another object) is gone after two generations; one each turn sends stays."""
 LARGEST = 64 * 1024
 """A message encoded to more is not remembered: a few such would crowd out the rest."""
 
@@ -62,34 +65,42 @@ class Encoded:
     messages (the instructions with this turn's recall, made anew each turn) are never
     remembered."""
 
-    __slots__ = ("_bytes", "_of")
+    __slots__ = ("_bytes", "_old", "_young")
 
     def __init__(self) -> None:
-        self._of: dict[int, tuple[Message, orjson.Fragment, int]] = {}
+        self._young: dict[int, _Entry] = {}
+        self._old: dict[int, _Entry] = {}
         self._bytes = 0
+        """Of the young generation."""
 
     def __len__(self) -> int:
-        return len(self._of)
+        return len(self._young.keys() | self._old.keys())
+
+    def __contains__(self, message: object) -> bool:
+        return any(d.get(id(message), (None,))[0] is message for d in (self._young, self._old))
 
     def __call__(self, messages: Sequence[Message]) -> list[orjson.Fragment]:
-        found = list(map(self._of.get, map(id, messages)))
+        found = list(map(self._young.get, map(id, messages)))
         at = -1
         with contextlib.suppress(ValueError):  # list.index: no None left
             while True:
                 at = found.index(None, at + 1)
-                found[at] = self._encode(messages[at])
-        return list(map(_FRAGMENT, cast("list[tuple[Message, orjson.Fragment, int]]", found)))
+                found[at] = self._entry(messages[at])
+        return list(map(_FRAGMENT, cast("list[_Entry]", found)))
 
-    def _encode(self, message: Message) -> tuple[Message, orjson.Fragment, int]:
-        raw = orjson.dumps(to_openai(message))
-        entry = (message, orjson.Fragment(raw), len(raw))
-        if message.role != "system" and len(raw) <= LARGEST:
-            if self._bytes + len(raw) > MAX_BYTES:
-                self._of.clear()
-                self._bytes = 0
-            self._of[id(message)] = entry
-            self._bytes += len(raw)
+    def _entry(self, message: Message) -> _Entry:
+        entry = self._old.get(id(message))
+        if entry is None:
+            raw = orjson.dumps(to_openai(message))
+            entry = (message, orjson.Fragment(raw), len(raw))
+            if message.role == "system" or len(raw) > LARGEST:
+                return entry
+        if self._bytes + entry[2] > MAX_BYTES // 2:
+            self._old, self._young, self._bytes = self._young, {}, 0
+        self._young[id(message)] = entry
+        self._bytes += entry[2]
         return entry
 
 
+_Entry = tuple[Message, orjson.Fragment, int]
 _FRAGMENT = operator.itemgetter(1)
