@@ -56,7 +56,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import idle
-from _serve import descendants, free_port, tree_cpu
+from _serve import descendants, free_port, threads_cpu_ns, tree_cpu
 from http_load import (
     INSTRUCTIONS,
     MODEL,
@@ -88,7 +88,7 @@ SESSIONS = 64
 LONG_TURNS = 300
 LONG_WINDOW = 50
 LONG_REPEATS = 3
-"""Long sessions run one after the other for each row, their windows pooled (1 with --quick)."""
+"""Pairs of staggered long sessions for each row, their windows pooled (1 with --quick)."""
 
 # Issue 15's targets.
 CPU_TARGET_MS = 1.5  # 64 sessions, 0 ms, SQLite
@@ -235,36 +235,46 @@ class Long:
 
 
 async def long_session(subject: Subject, repeats: int) -> Long:
-    """``repeats`` sessions one after the other, each ``LONG_TURNS`` turns back to back (the
-    model at 0 ms). A window of 50 turns of ~3 ms is ~150 ms of CPU, counted in 10 ms ticks,
-    and the host's noise moved a single session's ratio by a third between runs: the windows
-    of several sessions are pooled."""
+    """``repeats`` + 1 sessions of up to ``LONG_TURNS`` turns back to back (the model at 0 ms),
+    staggered: while one session does its turns 251-300, the next one does its turns 1-50, a
+    turn of each in turn. Measured one after the other, the two windows of one session were
+    seconds apart, and this host's drift in between moved the ratio by up to a third from one
+    run to the next; alternated, the drift falls on both alike. The server's CPU is read
+    around each measured turn, in nanoseconds (``/proc/<pid>/task/*/schedstat``); the windows
+    of the ``repeats`` pairs are pooled."""
     srv, load = subject.srv, Load(subject.srv)
+    measure_cpu = subject.key != "direct"
     first: list[float] = []
     last: list[float] = []
-    cpu_first = cpu_last = 0.0
+    cpu = {"first": 0.0, "last": 0.0}
+
+    async def turn(conv: Conversation, n: int, window: str | None = None) -> None:
+        before = threads_cpu_ns(srv.tether.pid) if window and measure_cpu else 0
+        start = time.perf_counter()
+        if not await load.turn(client, subject.path, conv, n):
+            raise RuntimeError(f"{subject.label}: turn {n + 1} failed: {dict(load.errors)}")
+        took = time.perf_counter() - start
+        if window is not None:
+            (last if window == "last" else first).append(took)
+            if measure_cpu:
+                cpu[window] += (threads_cpu_ns(srv.tether.pid) - before) / 1e9
+
+    late = LONG_TURNS - LONG_WINDOW
+    convs = [Conversation(f"long-{subject.key}-{r}") for r in range(repeats + 1)]
     async with clients(1) as (client,):
+        await load.create(client, subject.path, convs[0])
+        for n in range(late):
+            await turn(convs[0], n)
         for r in range(repeats):
-            conv = Conversation(f"long-{subject.key}-{r}")
-            await load.create(client, subject.path, conv)
-            latencies: list[float] = []
-            marks: dict[int, float] = {}
-            for n in range(LONG_TURNS):
-                if n in (0, LONG_TURNS - LONG_WINDOW):
-                    marks[n] = srv.server_cpu()
-                start = time.perf_counter()
-                if not await load.turn(client, subject.path, conv, n):
-                    raise RuntimeError(f"{subject.label}: turn {n + 1} failed: {dict(load.errors)}")
-                latencies.append(time.perf_counter() - start)
-                if n + 1 in (LONG_WINDOW, LONG_TURNS):
-                    marks[n + 1] = srv.server_cpu()
-            first += latencies[:LONG_WINDOW]
-            last += latencies[-LONG_WINDOW:]
-            cpu_first += marks[LONG_WINDOW] - marks[0]
-            cpu_last += marks[LONG_TURNS] - marks[LONG_TURNS - LONG_WINDOW]
-    if subject.key == "direct":
-        cpu_first = cpu_last = 0.0
-    return Long(subject.label, first, last, cpu_first, cpu_last)
+            older, newer = convs[r], convs[r + 1]
+            await load.create(client, subject.path, newer)
+            for n in range(LONG_WINDOW):
+                await turn(older, late + n, "last")
+                await turn(newer, n, "first")
+            if r + 1 < repeats:
+                for n in range(LONG_WINDOW, late):
+                    await turn(newer, n)
+    return Long(subject.label, first, last, cpu["first"], cpu["last"])
 
 
 # -- the store lock, seen from outside -----------------------------------------------------------
@@ -563,8 +573,9 @@ def load_table(title: str, rows: list[Row]) -> Table:
 
 def long_table(longs: list[Long]) -> Table:
     table = Table(
-        title=f"Sessions of {LONG_TURNS} turns back to back (each row: {LONG_REPEATS} sessions,"
-        " windows pooled), 0 ms model"
+        title=f"Sessions of {LONG_TURNS} turns back to back (each row: pairs of"
+        " sessions, one's turns 251-300 alternated with the next one's 1-50, windows pooled),"
+        " 0 ms model"
     )
     for col in ("", "mean ms 1-50", "mean ms 251-300", "ratio", "p50 ms 1-50", "p50 ms 251-300"):
         table.add_column(col, justify="left" if not col else "right")

@@ -1,7 +1,9 @@
-"""Messages on OpenAI's wire (models/openai_messages.py): each message object is encoded once
-while it is in use, and what is sent is what encoding it afresh sends."""
+"""Messages on OpenAI's wire (models/openai_messages.py): a conversation's prompt is encoded once
+as it grows, and what is sent is always what encoding every message afresh sends."""
 
 from __future__ import annotations
+
+import random
 
 import orjson
 import pytest
@@ -11,88 +13,134 @@ from tether.models import Message, ToolCall, openai_messages
 from tether.models.openai_messages import Encoded, to_openai
 
 
-def _body(fragments: list[orjson.Fragment]) -> list[object]:
-    loaded = orjson.loads(orjson.dumps(fragments))
-    assert isinstance(loaded, list)
-    return loaded
+def _sent(enc: Encoded, prompt: list[Message]) -> object:
+    return orjson.loads(orjson.dumps({"messages": enc.array(prompt)}))["messages"]
 
 
-def _prompt() -> list[Message]:
-    return [
-        Message("system", "be brief"),
-        Message("user", 'say "hi" \u2603 \x01'),
-        Message("assistant", "", (ToolCall("c1", "find", '{"q": 1}'),)),
-        Message("tool", "found", tool_call_id="c1"),
-        Message("assistant", "done"),
+def _afresh(prompt: list[Message]) -> list[object]:
+    return [to_openai(m) for m in prompt]
+
+
+def _same(encoded: list[Message], expected: list[Message]) -> bool:
+    """The same message objects, in any order."""
+    return sorted(map(id, encoded)) == sorted(map(id, expected))
+
+
+def test_a_prompt_is_its_messages_as_json() -> None:
+    prompts = [
+        [],
+        [Message("user", "alone")],
+        [Message("system", "only instructions")],
+        [Message("system", "be brief"), Message("user", "hi")],
+        [
+            Message("system", "be brief"),
+            Message("user", 'say "hi" \u2603 \x01'),
+            Message("assistant", "", (ToolCall("c1", "find", '{"q": 1}'),)),
+            Message("tool", "found", tool_call_id="c1"),
+            Message("assistant", "done"),
+            Message("user", "and?"),
+        ],
     ]
+    enc = Encoded()
+    for prompt in prompts:
+        assert _sent(enc, prompt) == _afresh(prompt)
+    assert to_openai(prompts[-1][2])["content"] is None  # null, not "", beside tool calls
 
 
-def test_the_fragments_are_the_messages_as_json() -> None:
-    prompt = _prompt()
-    assert _body(Encoded()(prompt)) == [to_openai(m) for m in prompt]
-    assert to_openai(prompt[2])["content"] is None  # null, not "", beside tool calls
-
-
-def test_a_message_object_is_encoded_once_while_it_is_remembered(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_the_next_turn_encodes_only_what_is_new(monkeypatch: pytest.MonkeyPatch) -> None:
     encoded: list[Message] = []
-    real = openai_messages.to_openai
+    real = openai_messages.encode
 
-    def counting(message: Message) -> object:
+    def counting(message: Message) -> bytes:
         encoded.append(message)
         return real(message)
 
-    monkeypatch.setattr(openai_messages, "to_openai", counting)
+    monkeypatch.setattr(openai_messages, "encode", counting)
     enc = Encoded()
-    prompt = _prompt()
-    enc(prompt)
-    assert encoded == prompt
+    history = [Message("user" if n % 2 == 0 else "assistant", f"m{n}") for n in range(600)]
+    first = [Message("system", "be brief"), *history, Message("user", "next")]
+    assert _sent(enc, first) == _afresh(first)
+    assert len(encoded) == 602
     encoded.clear()
-    # The next turn: the same objects, a new system message, one more message at the end.
-    following = [Message("system", "be brief"), *prompt[1:], Message("user", "and?")]
-    assert _body(enc(following)) == [to_openai(m) for m in following]
-    assert encoded == [following[0], following[-1]]
-    # An equal message that is another object is encoded on its own (nothing is taken for
-    # another object's), and system messages are never kept.
+    # The next turn: the same history objects, the turn before's two items (rendered anew from
+    # history), a new system message and a new input.
+    added = [Message("user", "next"), Message("assistant", "ok")]
+    second = [Message("system", "be brief"), *history, *added, Message("user", "then")]
+    assert _sent(enc, second) == _afresh(second)
+    assert _same(encoded, [second[0], *added, second[-1]])
+    # The window full: its oldest ten go, two more come.
     encoded.clear()
-    twin = Message("user", 'say "hi" \u2603 \x01')
-    enc([twin])
-    assert encoded == [twin]
-    assert len(enc) == 6
+    more = [Message("user", "then"), Message("assistant", "fine")]
+    third = [Message("system", "be brief"), *history[10:], *added, *more, Message("user", "x")]
+    assert _sent(enc, third) == _afresh(third)
+    assert _same(encoded, [third[0], *more, third[-1]])
+    assert len(enc) == 1
 
 
-def test_what_is_remembered_is_bounded_and_what_is_sent_again_stays(
-    monkeypatch: pytest.MonkeyPatch,
+def test_a_run_is_used_only_for_its_very_messages() -> None:
+    """Equal messages that are other objects, or the same objects in another order, are
+    encoded as they are: nothing is taken for another object's JSON."""
+    enc = Encoded()
+    history = [Message("user", f"m{n}") for n in range(5)]
+    enc.array([*history, Message("user", "next")])
+    twins = [Message("user", f"m{n}") for n in range(5)]
+    assert _sent(enc, [*twins, Message("user", "x")]) == _afresh([*twins, Message("user", "x")])
+    shuffled = [history[1], history[0], *history[2:], Message("user", "y")]
+    assert _sent(enc, shuffled) == _afresh(shuffled)
+    edited = [*history[:3], Message("user", "changed"), history[4], Message("user", "z")]
+    assert _sent(enc, edited) == _afresh(edited)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_conversations_that_grow_slide_retry_and_interleave_are_sent_as_they_are(
+    seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Two generations of at most half the bytes each: a conversation's messages, sent turn
-    after turn, stay remembered (encoded once) however many others come and go; a message sent
-    once is forgotten; one too large is never kept."""
-    monkeypatch.setattr(openai_messages, "MAX_BYTES", 4_000)
-    monkeypatch.setattr(openai_messages, "LARGEST", 500)
-    encoded: list[Message] = []
-    real = openai_messages.to_openai
-
-    def counting(message: Message) -> object:
-        encoded.append(message)
-        return real(message)
-
-    monkeypatch.setattr(openai_messages, "to_openai", counting)
+    """Several conversations through one model, turn after turn in random order: windows that
+    grow, lose their oldest messages, take tool steps, are retried as they were, or are
+    rendered afresh (another lease); a budget small enough that runs are dropped. Every prompt
+    is sent as encoding each of its messages afresh would send it."""
+    monkeypatch.setattr(openai_messages, "MAX_BYTES", 6_000 + seed * 500)
+    rng = random.Random(seed)
     enc = Encoded()
-    kept = [Message("user", f"kept {n}") for n in range(5)]
-    once = [Message("user", f"{n} " + "x" * 100) for n in range(200)]
-    for n in range(0, 200, 4):
-        prompt = [*kept, *once[n : n + 4]]
-        assert _body(enc(prompt)) == [to_openai(m) for m in prompt]
-        assert len(enc) <= 4_000 // 100
-    assert encoded.count(kept[0]) == 1
-    assert all(m in enc for m in kept)
-    assert once[0] not in enc and once[-1] in enc
-    big = Message("user", "y" * 1_000)
-    assert _body(enc([big])) == [to_openai(big)]
-    assert big not in enc
+    windows: list[list[Message]] = [[] for _ in range(4)]
+    last: list[list[Message]] = [[] for _ in range(4)]
+    for step in range(300):
+        c = rng.randrange(4)
+        window = windows[c]
+        action = rng.random()
+        if action < 0.1 and last[c]:
+            prompt = last[c]  # a retry of the same request
+        else:
+            if action < 0.2:
+                window[:] = [
+                    Message(m.role, m.content, m.tool_calls, m.tool_call_id) for m in window
+                ]
+            elif action < 0.35 and window:
+                del window[: rng.randint(1, min(6, len(window)))]
+            for n in range(rng.choice((1, 2, 2, 4))):
+                if rng.random() < 0.2:
+                    call = ToolCall(f"c{step}-{n}", "f", "{}")
+                    window += [
+                        Message("assistant", "", (call,)),
+                        Message("tool", "r", tool_call_id=call.id),
+                    ]
+                else:
+                    window.append(Message(rng.choice(("user", "assistant")), f"{c}:{step}:{n}"))
+            system = [Message("system", "sys")] if rng.random() < 0.8 else []
+            prompt = [*system, *window, Message("user", f"input {step}")]
+        last[c] = prompt
+        assert _sent(enc, prompt) == _afresh(prompt)
+
+
+def test_what_is_remembered_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(openai_messages, "MAX_BYTES", 20_000)
+    enc = Encoded()
+    for c in range(200):
+        history = [Message("user", f"{c}-{n} " + "x" * 100) for n in range(5)]
+        enc.array([*history, Message("user", "q")])
+    assert len(enc) <= 20_000 // 500
 
 
 def test_a_tool_message_without_its_call_is_refused() -> None:
     with pytest.raises(ModelError, match="tool_call_id"):
-        Encoded()([Message("tool", "orphan")])
+        Encoded().array([Message("tool", "orphan"), Message("user", "q")])

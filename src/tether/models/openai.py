@@ -177,7 +177,7 @@ class OpenAIModel:
     def _body(self, request: ModelRequest) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.model,
-            "messages": self._encoded(request.messages),
+            "messages": self._encoded.array(request.messages),
             "stream": True,
             "stream_options": {"include_usage": True},
         }

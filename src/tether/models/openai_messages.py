@@ -1,18 +1,21 @@
-"""Chat messages in the OpenAI wire shape, each encoded once while it is in use.
+"""Chat messages in the OpenAI wire shape, and a conversation's prompt encoded once as it grows.
 
 A long conversation's prompt is mostly the prompt of its previous turn: the window memo
 (:class:`~tether.loop.window.ItemMemo`) hands out the very same :class:`Message` objects turn
-after turn, so their JSON is remembered by identity and spliced into the request body
-(``orjson.Fragment``) rather than built and encoded again: at 600 messages that was ~0.1 ms a
-turn, growing with the session.
+after turn, with the turn before's messages added at the end (and, once the window is full,
+the oldest taken off the front). :class:`Encoded` keeps the JSON of the run of messages it
+last sent for each conversation, finds it again by the identity of the run's last message,
+checks that the prompt holds the same objects, and encodes only what is new: the request body
+costs what was written since, not a walk over every message (at 600 messages, building and
+encoding each one was ~0.2 ms a turn, growing with the session).
 """
 
 from __future__ import annotations
 
-import contextlib
+import itertools
 import operator
 from collections.abc import Sequence
-from typing import cast
+from dataclasses import dataclass
 
 import orjson
 from openai.types.chat import ChatCompletionMessageParam
@@ -20,14 +23,14 @@ from openai.types.chat import ChatCompletionMessageParam
 from tether.errors import ModelError
 from tether.models.base import Message
 
-MAX_BYTES = 16 * 1024 * 1024
-"""Encoded bytes remembered at most, across every conversation of a model, in two generations
-of half that each: entries are made in the young one, and found in the old one they move to
-the young one; when the young one is full it becomes the old one and the old one is dropped.
-A message nobody sends again (a turn's own input: the next turn renders it from the history as
-another object) is gone after two generations; one each turn sends stays."""
-LARGEST = 64 * 1024
-"""A message encoded to more is not remembered: a few such would crowd out the rest."""
+MAX_BYTES = 32 * 1024 * 1024
+"""Encoded bytes of runs kept at most, across every conversation of a model, in two generations
+of half that each: runs are made in the young one, and one found in the old one moves to the
+young one; when the young one is full it becomes the old one and the old one is dropped. A
+conversation that sends nothing for a generation is encoded afresh on its next turn."""
+PROBE = 64
+"""How far back from a prompt's end a remembered run's last message is looked for: a turn adds
+its input, its reply and its tool calls and results (two messages a call)."""
 
 
 def to_openai(message: Message) -> ChatCompletionMessageParam:
@@ -56,51 +59,104 @@ def to_openai(message: Message) -> ChatCompletionMessageParam:
     }
 
 
-class Encoded:
-    """Messages' JSON, remembered by the identity of the message object.
+def encode(message: Message) -> bytes:
+    return orjson.dumps(to_openai(message))
 
-    An entry holds its message alive, so while it is filed under a message's ``id`` no other
-    object can have that id: finding an entry under ``id(message)`` is finding that message's
-    (which is what lets the lookups run in C, with no loop in Python over the prompt). System
-    messages (the instructions with this turn's recall, made anew each turn) are never
-    remembered."""
+
+@dataclass(slots=True)
+class _Run:
+    """Messages sent one after another, and their JSON joined by commas."""
+
+    messages: list[Message]
+    joined: bytes
+    starts: list[int]
+    """Where each message's JSON starts, counted from ``origin``."""
+    origin: int = 0
+    """The count at which ``joined`` starts (a run made from another's tail keeps its counts)."""
+
+
+class Encoded:
+    """Prompts as JSON arrays, each conversation's remembered as a run of messages.
+
+    A run holds its messages alive, so while it is filed under its last message's ``id`` no
+    other object can have that id; and a run is used only for a prompt that holds its very
+    message objects, in order. The prompt's leading system message (the instructions with this
+    turn's recall, made anew each turn) and its last message (this turn's input, which the next
+    turn renders from history as another object) are never part of a run."""
 
     __slots__ = ("_bytes", "_old", "_young")
 
     def __init__(self) -> None:
-        self._young: dict[int, _Entry] = {}
-        self._old: dict[int, _Entry] = {}
+        self._young: dict[int, _Run] = {}
+        self._old: dict[int, _Run] = {}
         self._bytes = 0
         """Of the young generation."""
 
     def __len__(self) -> int:
+        """Runs remembered."""
         return len(self._young.keys() | self._old.keys())
 
-    def __contains__(self, message: object) -> bool:
-        return any(d.get(id(message), (None,))[0] is message for d in (self._young, self._old))
+    def array(self, messages: Sequence[Message]) -> orjson.Fragment:
+        """``messages`` as one JSON array, ready for ``orjson.dumps``."""
+        lead = 1 if messages and messages[0].role == "system" else 0
+        tail = len(messages) - 1
+        if tail <= lead:
+            return orjson.Fragment(b"[" + b",".join(map(encode, messages)) + b"]")
+        found = self._find(messages, lead, tail)
+        if found is None:
+            run = self._run(messages[lead:tail])
+        else:
+            old, count = found
+            run = self._extend(old, count, messages[lead + count : tail])
+        self._keep(run)
+        lead_json = [part for m in messages[:lead] for part in (encode(m), b",")]
+        return orjson.Fragment(
+            b"".join([b"[", *lead_json, run.joined, b",", encode(messages[tail]), b"]"])
+        )
 
-    def __call__(self, messages: Sequence[Message]) -> list[orjson.Fragment]:
-        found = list(map(self._young.get, map(id, messages)))
-        at = -1
-        with contextlib.suppress(ValueError):  # list.index: no None left
-            while True:
-                at = found.index(None, at + 1)
-                found[at] = self._entry(messages[at])
-        return list(map(_FRAGMENT, cast("list[_Entry]", found)))
+    def _find(self, messages: Sequence[Message], lead: int, tail: int) -> tuple[_Run, int] | None:
+        """A remembered run whose last messages are ``messages[lead:]`` up to some point before
+        ``tail``, and how many of the prompt's messages it gives; it is no longer filed."""
+        for end in range(tail - 1, max(lead, tail - PROBE) - 1, -1):
+            key = id(messages[end])
+            run = self._young.get(key) or self._old.get(key)
+            if run is None:
+                continue
+            count, held = end + 1 - lead, len(run.messages)
+            if count <= held and all(
+                map(
+                    operator.is_,
+                    itertools.islice(run.messages, held - count, held),
+                    itertools.islice(messages, lead, end + 1),
+                )
+            ):
+                if self._young.pop(key, None) is not None:
+                    self._bytes -= len(run.joined)
+                self._old.pop(key, None)
+                return run, count
+        return None
 
-    def _entry(self, message: Message) -> _Entry:
-        entry = self._old.get(id(message))
-        if entry is None:
-            raw = orjson.dumps(to_openai(message))
-            entry = (message, orjson.Fragment(raw), len(raw))
-            if message.role == "system" or len(raw) > LARGEST:
-                return entry
-        if self._bytes + entry[2] > MAX_BYTES // 2:
+    @staticmethod
+    def _run(messages: Sequence[Message]) -> _Run:
+        encoded = list(map(encode, messages))
+        starts = list(itertools.accumulate((len(e) + 1 for e in encoded[:-1]), initial=0))
+        return _Run(list(messages), b",".join(encoded), starts)
+
+    @staticmethod
+    def _extend(run: _Run, count: int, added: Sequence[Message]) -> _Run:
+        """The last ``count`` messages of ``run``, then ``added``."""
+        held = len(run.messages)
+        first = run.starts[held - count]
+        encoded = list(map(encode, added))
+        starts = run.starts[held - count :]
+        if encoded:
+            end = run.origin + len(run.joined)  # where the comma before added[0] goes
+            starts += itertools.accumulate((len(e) + 1 for e in encoded[:-1]), initial=end + 1)
+        joined = b",".join([memoryview(run.joined)[first - run.origin :], *encoded])
+        return _Run(run.messages[held - count :] + list(added), joined, starts, first)
+
+    def _keep(self, run: _Run) -> None:
+        if self._bytes + len(run.joined) > MAX_BYTES // 2:
             self._old, self._young, self._bytes = self._young, {}, 0
-        self._young[id(message)] = entry
-        self._bytes += entry[2]
-        return entry
-
-
-_Entry = tuple[Message, orjson.Fragment, int]
-_FRAGMENT = operator.itemgetter(1)
+        self._young[id(run.messages[-1])] = run
+        self._bytes += len(run.joined)
