@@ -92,9 +92,9 @@ async def turn_cost(size: int, tools: bool, keep: bool) -> float:
     for _ in range(ROUNDS):
         start = time.process_time()
         for _ in range(TURNS):
-            window: Window = await select_window(
-                history, history.items[-1].seq + 1, budget, memo if keep else ItemMemo()
-            )
+            if not keep:
+                memo = ItemMemo()
+            window: Window = await select_window(history, history.items[-1].seq + 1, budget, memo)
             if not keep:
                 encoded = Encoded()
             # (A tool result whose call did not fit is left out with it.)

@@ -259,3 +259,29 @@ async def test_a_window_made_from_the_last_one_is_the_window_made_afresh(seed: i
             if made.messages is not None:
                 assert made.messages == render(fresh.items)
             budget = rng.choice((budget, budget // 2, budget * 2))
+
+
+async def test_a_window_with_tool_steps_keeps_its_messages_turn_after_turn() -> None:
+    """A step's text and calls are one message, made once: the next turn's window gives the
+    very same message objects for the turns it already held (a model remembers what it made
+    of them by identity), and only the new turn's are made."""
+    rng = random.Random(7)
+    reader = _Reader([])
+    seq = 0
+    for turn in range(40):
+        added = _turn(rng, seq, turn)
+        reader.items += added
+        seq = added[-1].seq + 1
+    memo = ItemMemo()
+    first = await select_window(reader, seq, 1_000_000, memo)
+    assert first.messages is not None
+    assert any(m.tool_calls for m in first.messages)
+    added = _turn(random.Random(8), seq, 40)
+    reader.items += added
+    second = await select_window(reader, added[-1].seq + 1, 1_000_000, memo)
+    assert second.messages is not None
+    assert second.messages == render(
+        (await select_window(reader, added[-1].seq + 1, 1_000_000)).items
+    )
+    held = len(first.messages)
+    assert all(a is b for a, b in zip(second.messages[:held], first.messages, strict=True))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tether.models.base import Message, ToolCall
@@ -51,22 +51,155 @@ class _Entry:
 
 
 @dataclass(slots=True)
+class _Group:
+    """Consecutive window items, and what they render to: either a run of turns without tool
+    items (``plain``: each item renders to a message of its own, or to none), or the items of
+    one turn with tool items, its tool pairs made whole within it (a turn writes its calls'
+    results itself) and a step's text and calls merged into one message (never across
+    turns)."""
+
+    items: list[Item]
+    kept: list[Item]
+    """``items`` without a call whose result is not among them, or a result whose call is not
+    (for a plain group, ``items`` itself)."""
+    messages: list[Message]
+    plain: bool
+    whole: bool = True
+    """Nothing was left out of ``kept``."""
+
+
+@dataclass(slots=True)
 class _Span:
     """The last window a memo made, for the next one to start from.
 
     ``seen`` is every history item from the window's oldest to ``before_seq`` (summaries too),
     as the history gave them, oldest first; ``chosen`` the window's own (no summaries, before
-    tool pairs are checked). ``messages`` renders ``chosen`` while no tool item is among them
-    (then each rendered item is one message of its own)."""
+    tool pairs are checked), in ``groups``; ``kept`` and ``messages`` are the groups' own end
+    to end. When no group but the oldest left anything out, they are the window's items and
+    its rendering (the oldest may have lost a call whose result is still in the window)."""
 
     before_seq: int
     budget: int
-    seen: list[Item]
-    chosen: list[Item]
-    messages: list[Message]
+    seen: list[Item] = field(default_factory=list)
+    chosen: list[Item] = field(default_factory=list)
+    groups: list[_Group] = field(default_factory=list)
+    kept: list[Item] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
     used: int = 0
     truncated: bool = False
-    tools: bool = False
+    broken: int = 0
+    """Groups that are not whole."""
+
+    def whole(self) -> bool:
+        return self.broken == 0 or (self.broken == 1 and not self.groups[0].whole)
+
+    def append(self, items: list[Item], memo: ItemMemo) -> None:
+        """Groups for ``items`` (chosen, oldest first), after the newest."""
+        new = _grouped(items, memo)
+        if not new:
+            return
+        if self.groups:
+            last, head = self.groups[-1], new[0]
+            if last.items[-1].turn_id == head.items[0].turn_id and not (last.plain and head.plain):
+                self.rebuild(memo)  # a turn in both (not seen in practice): group it afresh
+                return
+            if last.plain and head.plain:
+                last.items += head.items
+                last.messages += head.messages
+                self.kept += head.items
+                self.messages += head.messages
+                new = new[1:]
+        for group in new:
+            self.groups.append(group)
+            self.kept += group.kept
+            self.messages += group.messages
+            self.broken += not group.whole
+
+    def prepend(self, items: list[Item], memo: ItemMemo) -> None:
+        """Groups for ``items`` (chosen, oldest first), before the oldest."""
+        new = _grouped(items, memo)
+        if not new:
+            return
+        if self.groups:
+            first, end = self.groups[0], new[-1]
+            same_turn = first.items[0].turn_id == end.items[-1].turn_id
+            if same_turn and not (first.plain and end.plain):
+                self.rebuild(memo)  # a turn cut at the window's edge, with tool items
+                return
+            if first.plain and end.plain:
+                first.items[:0] = end.items
+                first.messages[:0] = end.messages
+                self.kept[:0] = end.items
+                self.messages[:0] = end.messages
+                new = new[:-1]
+        self.groups[:0] = new
+        self.kept[:0] = [i for g in new for i in g.kept]
+        self.messages[:0] = [m for g in new for m in g.messages]
+        self.broken += sum(not g.whole for g in new)
+
+    def drop(self, count: int, memo: ItemMemo) -> None:
+        """Take the oldest ``count`` chosen items out of the groups."""
+        while count:
+            first = self.groups[0]
+            if len(first.items) <= count:
+                del self.groups[0]
+                del self.kept[: len(first.kept)], self.messages[: len(first.messages)]
+                self.broken -= not first.whole
+                count -= len(first.items)
+            elif first.plain:
+                shown = sum(i.kind in _RENDERED for i in first.items[:count])
+                del first.items[:count], first.messages[:shown]  # kept is items
+                del self.kept[:count], self.messages[:shown]
+                return
+            else:
+                del self.groups[0]
+                del self.kept[: len(first.kept)], self.messages[: len(first.messages)]
+                self.broken -= not first.whole
+                self.prepend(first.items[count:], memo)
+                return
+
+    def rebuild(self, memo: ItemMemo) -> None:
+        """The groups of ``chosen`` made afresh."""
+        self.groups = _grouped(self.chosen, memo)
+        self.kept = [i for g in self.groups for i in g.kept]
+        self.messages = [m for g in self.groups for m in g.messages]
+        self.broken = sum(not g.whole for g in self.groups)
+
+
+def _grouped(items: list[Item], memo: ItemMemo) -> list[_Group]:
+    """``items`` (consecutive, oldest first) in groups: a turn with tool items on its own, the
+    turns between them together."""
+    out: list[_Group] = []
+    entries = memo.entries
+    count, start = len(items), 0
+    while start < count:
+        turn, end, tools = items[start].turn_id, start, False
+        while end < count and items[end].turn_id == turn:
+            tools = tools or items[end].kind in _TOOL_KINDS
+            end += 1
+        part = items[start:end]
+        start = end
+        if tools:
+            kept = paired(part)
+            out.append(_Group(part, kept, render(kept, memo), False, len(kept) == len(part)))
+            continue
+        shown: list[Message] = []
+        for item in part:
+            if item.kind in _RENDERED:
+                # The memo's lookup inline: a window made afresh renders every item.
+                entry = entries.get(item.seq)
+                if entry is None or entry.item is not item:
+                    entry = memo.entry(item)
+                if entry.piece is None:
+                    entry.piece = _piece(item)
+                assert isinstance(entry.piece, Message)
+                shown.append(entry.piece)
+        if out and out[-1].plain:
+            out[-1].items += part  # its kept is its items
+            out[-1].messages += shown
+        else:
+            out.append(_Group(part, part, shown, True))
+    return out
 
 
 class ItemMemo:
@@ -129,7 +262,8 @@ class Window:
     truncated: bool
     """True when older items exist that did not fit."""
     messages: list[Message] | None = None
-    """``render(items)``, when the memo had it at hand (no tool items in the window)."""
+    """``render(items)``, when the memo had it at hand: the same message objects turn after
+    turn (so that a model can remember what it made of them)."""
 
 
 _TOOL_KINDS = frozenset(("tool_call", "tool_result"))
@@ -158,7 +292,7 @@ async def select_window(
             span, first = None, (page, asked)  # the history moved: choose afresh from the page
     grow = span is None or (span.truncated and budget > span.budget)
     if span is None:
-        span = _Span(before_seq, budget, [], [], [], truncated=True)
+        span = _Span(before_seq, budget, truncated=True)
     span.before_seq = before_seq
     if _drop_oldest(span, budget, memo):
         grow = False
@@ -168,9 +302,11 @@ async def select_window(
     if span.seen:
         memo.span = span
     memo.keep_only(span.chosen)
-    if span.tools:
+    if not span.whole():
+        # A turn's calls without their results (or results without calls) in the window:
+        # pair them over the whole window, as a window made afresh does.
         return Window(paired(span.chosen), span.truncated)
-    return Window(list(span.chosen), span.truncated, list(span.messages))
+    return Window(list(span.kept), span.truncated, list(span.messages))
 
 
 def _extend(span: _Span, page: list[Item], memo: ItemMemo) -> bool:
@@ -192,17 +328,14 @@ def _extend(span: _Span, page: list[Item], memo: ItemMemo) -> bool:
         return False
     added = page[:fresh]
     added.reverse()
+    chosen: list[Item] = []
     for item in added:
         seen.append(item)
-        kind = item.kind
-        if kind == "summary":
-            continue
-        span.chosen.append(item)
-        span.used += memo.entry(item).cost
-        if kind in _TOOL_KINDS:
-            span.tools = True
-        elif not span.tools and kind in _RENDERED:
-            span.messages.append(_message(memo, item))
+        if item.kind != "summary":
+            chosen.append(item)
+            span.used += memo.entry(item).cost
+    span.chosen += chosen
+    span.append(chosen, memo)
     return True
 
 
@@ -211,15 +344,12 @@ def _drop_oldest(span: _Span, budget: int, memo: ItemMemo) -> bool:
     if span.used <= budget:
         return False
     chosen = span.chosen
-    gone = shown = 0
+    gone = 0
     while gone < len(chosen) and span.used > budget:
-        item = chosen[gone]
-        span.used -= memo.entry(item).cost
-        shown += item.kind in _RENDERED
+        span.used -= memo.entry(chosen[gone]).cost
         gone += 1
     del chosen[:gone]
-    if not span.tools:
-        del span.messages[:shown]
+    span.drop(gone, memo)
     seen = span.seen
     if not chosen:
         seen.clear()
@@ -245,7 +375,6 @@ async def _grow(
     seen: list[Item] = []
     chosen: list[Item] = []
     used = span.used
-    tools = span.tools
     full = False
     cursor = span.seen[0].seq if span.seen else span.before_seq
     # Small first page, doubling: a typical window is a few dozen items, and reading a page
@@ -271,7 +400,6 @@ async def _grow(
             seen.append(item)
             chosen.append(item)
             used += cost
-            tools = tools or kind in _TOOL_KINDS
         if len(page) < size or not page:
             break
         cursor = page[-1].seq
@@ -284,18 +412,7 @@ async def _grow(
     span.chosen[:0] = chosen
     span.used = used
     span.truncated = full
-    if tools:
-        span.tools = True
-        span.messages.clear()
-    else:
-        span.messages[:0] = [_message(memo, i) for i in chosen if i.kind in _RENDERED]
-
-
-def _message(memo: ItemMemo, item: Item) -> Message:
-    """The message an item that is no tool item renders to, remembered."""
-    piece = memo.piece(item)
-    assert isinstance(piece, Message)
-    return piece
+    span.prepend(chosen, memo)
 
 
 def paired(items: list[Item]) -> list[Item]:
