@@ -115,8 +115,9 @@ class Encoded:
         )
 
     def _find(self, messages: Sequence[Message], lead: int, tail: int) -> tuple[_Run, int] | None:
-        """A remembered run whose last messages are ``messages[lead:]`` up to some point before
-        ``tail``, and how many of the prompt's messages it gives; it is no longer filed."""
+        """A remembered run that ends with ``messages[lead:lead + count]`` (the very objects;
+        the messages after them, up to ``tail``, are new), and that ``count``; the run is no
+        longer filed (the caller files the longer one it makes of it)."""
         for end in range(tail - 1, max(lead, tail - PROBE) - 1, -1):
             key = id(messages[end])
             run = self._young.get(key) or self._old.get(key)
