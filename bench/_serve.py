@@ -29,7 +29,8 @@ def cpu_seconds(pid: int) -> float:
 
 def threads_cpu_ns(pid: int) -> int:
     """Nanoseconds on a CPU of every thread of ``pid`` (``/proc/<pid>/task/*/schedstat``):
-    exact where ``/proc/<pid>/stat`` counts in 10 ms ticks, so it can be read around one turn."""
+    exact where ``/proc/<pid>/stat`` counts in 10 ms ticks, so it can be read around one turn.
+    Only ``pid``'s own threads: not its children (``tether serve --workers N``'s workers)."""
     total = 0
     for tid in os.listdir(f"/proc/{pid}/task"):
         with (

@@ -227,6 +227,19 @@ def _turn(rng: random.Random, seq: int, turn: int) -> list[Item]:
     ]
 
 
+def _walked(items: list[Item], before: int, budget: int) -> tuple[list[Item], bool]:
+    """The window as the first release chose it, as plainly as it can be said: the newest items
+    before ``before`` that fit (summaries aside), tool pairs whole over all of them."""
+    chosen: list[Item] = []
+    used = 0
+    for item in reversed([i for i in items if i.seq < before and i.kind != "summary"]):
+        if used + window.item_tokens(item) > budget:
+            return window.paired(chosen[::-1]), True
+        chosen.append(item)
+        used += window.item_tokens(item)
+    return window.paired(chosen[::-1]), False
+
+
 @pytest.mark.parametrize("seed", range(40))
 async def test_a_window_made_from_the_last_one_is_the_window_made_afresh(seed: int) -> None:
     """Turn after turn through one memo (the history growing, the budget moving, the last turn
@@ -256,6 +269,7 @@ async def test_a_window_made_from_the_last_one_is_the_window_made_afresh(seed: i
             fresh = await select_window(reader, before, budget)
             assert made.items == fresh.items and made.truncated == fresh.truncated
             assert all(a is b for a, b in zip(made.items, fresh.items, strict=True))
+            assert (made.items, made.truncated) == _walked(reader.items, before, budget)
             if made.messages is not None:
                 assert made.messages == render(fresh.items)
             budget = rng.choice((budget, budget // 2, budget * 2))

@@ -77,6 +77,43 @@ def test_the_next_turn_encodes_only_what_is_new(monkeypatch: pytest.MonkeyPatch)
     assert len(enc) == 1
 
 
+def test_leading_system_messages_made_anew_each_turn_are_no_part_of_the_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The instructions and the summary of what fell out of the window come first and are made
+    anew every turn: the run after them is still found."""
+    encoded: list[Message] = []
+    real = openai_messages.encode
+
+    def counting(message: Message) -> bytes:
+        encoded.append(message)
+        return real(message)
+
+    monkeypatch.setattr(openai_messages, "encode", counting)
+    enc = Encoded()
+    history = [Message("user" if n % 2 == 0 else "assistant", f"m{n}") for n in range(100)]
+    for turn in range(3):
+        encoded.clear()
+        lead = [Message("system", "be brief"), Message("system", "Summary: earlier things")]
+        prompt = [*lead, *history, Message("user", f"question {turn}")]
+        assert _sent(enc, prompt) == _afresh(prompt)
+        if turn:
+            assert _same(encoded, [*lead, history[-2], history[-1], prompt[-1]])
+        history += [Message("user", f"question {turn}"), Message("assistant", f"answer {turn}")]
+
+
+def test_what_the_runs_are_counted_to_hold_is_what_they_hold() -> None:
+    """Two prompts whose runs end with the same message: the second replaces the first, and
+    the count of what is held goes down by what the first held."""
+    enc = Encoded()
+    shared = Message("assistant", "same ending")
+    enc.array([Message("user", "one"), shared, Message("user", "q")])
+    enc.array([Message("user", "another, longer beginning"), shared, Message("user", "q")])
+    assert len(enc) == 1
+    held = sum(openai_messages._held(run) for run in enc._young.values())
+    assert enc._bytes == held
+
+
 def test_a_run_is_used_only_for_its_very_messages() -> None:
     """Equal messages that are other objects, or the same objects in another order, are
     encoded as they are: nothing is taken for another object's JSON."""

@@ -76,7 +76,8 @@ class _Span:
     as the history gave them, oldest first; ``chosen`` the window's own (no summaries, before
     tool pairs are checked), in ``groups``; ``kept`` and ``messages`` are the groups' own end
     to end. When no group but the oldest left anything out, they are the window's items and
-    its rendering (the oldest may have lost a call whose result is still in the window)."""
+    its rendering (the oldest may have lost a result whose call fell off the window's edge;
+    call ids are unique in a session, so no other group holds that call)."""
 
     before_seq: int
     budget: int

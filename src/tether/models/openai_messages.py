@@ -23,14 +23,19 @@ from openai.types.chat import ChatCompletionMessageParam
 from tether.errors import ModelError
 from tether.models.base import Message
 
-MAX_BYTES = 32 * 1024 * 1024
-"""Encoded bytes of runs kept at most, across every conversation of a model, in two generations
-of half that each: runs are made in the young one, and one found in the old one moves to the
-young one; when the young one is full it becomes the old one and the old one is dropped. A
-conversation that sends nothing for a generation is encoded afresh on its next turn."""
+MAX_BYTES = 64 * 1024 * 1024
+"""Memory the runs may keep, across every conversation of a model, in two generations of half
+that each: runs are made in the young one, and one found in the old one moves to the young one;
+when the young one is full it becomes the old one and the old one is dropped. A conversation
+that sends nothing for a generation is encoded afresh on its next turn. What a run keeps is
+counted as twice its JSON (the JSON, and the messages' text it holds alive) and
+:data:`PER_MESSAGE` for each message."""
+PER_MESSAGE = 200
+"""Bytes a run keeps alive for each message besides its text: the message object, its place in
+the run's list, its offset."""
 PROBE = 64
 """How far back from a prompt's end a remembered run's last message is looked for: a turn adds
-its input, its reply and its tool calls and results (two messages a call)."""
+its input, its reply, a message for each step's calls and one for each call's result."""
 
 
 def to_openai(message: Message) -> ChatCompletionMessageParam:
@@ -80,9 +85,9 @@ class Encoded:
 
     A run holds its messages alive, so while it is filed under its last message's ``id`` no
     other object can have that id; and a run is used only for a prompt that holds its very
-    message objects, in order. The prompt's leading system message (the instructions with this
-    turn's recall, made anew each turn) and its last message (this turn's input, which the next
-    turn renders from history as another object) are never part of a run."""
+    message objects, in order. The prompt's leading system messages and its last message (this
+    turn's input, which the next turn renders from history as another object) are never part of
+    a run."""
 
     __slots__ = ("_bytes", "_old", "_young")
 
@@ -98,7 +103,11 @@ class Encoded:
 
     def array(self, messages: Sequence[Message]) -> orjson.Fragment:
         """``messages`` as one JSON array, ready for ``orjson.dumps``."""
-        lead = 1 if messages and messages[0].role == "system" else 0
+        # The leading system messages (the instructions with this turn's recall, the summary of
+        # what fell out of the window) are made anew each turn: never part of a run.
+        lead = 0
+        while lead < len(messages) and messages[lead].role == "system":
+            lead += 1
         tail = len(messages) - 1
         if tail <= lead:
             return orjson.Fragment(b"[" + b",".join(map(encode, messages)) + b"]")
@@ -132,7 +141,7 @@ class Encoded:
                 )
             ):
                 if self._young.pop(key, None) is not None:
-                    self._bytes -= len(run.joined)
+                    self._bytes -= _held(run)
                 self._old.pop(key, None)
                 return run, count
         return None
@@ -157,7 +166,15 @@ class Encoded:
         return _Run(run.messages[held - count :] + list(added), joined, starts, first)
 
     def _keep(self, run: _Run) -> None:
-        if self._bytes + len(run.joined) > MAX_BYTES // 2:
+        key = id(run.messages[-1])
+        replaced = self._young.pop(key, None)
+        if replaced is not None:  # another prompt's run that ended with the same message
+            self._bytes -= _held(replaced)
+        if self._bytes + _held(run) > MAX_BYTES // 2:
             self._old, self._young, self._bytes = self._young, {}, 0
-        self._young[id(run.messages[-1])] = run
-        self._bytes += len(run.joined)
+        self._young[key] = run
+        self._bytes += _held(run)
+
+
+def _held(run: _Run) -> int:
+    return 2 * len(run.joined) + PER_MESSAGE * len(run.messages)
