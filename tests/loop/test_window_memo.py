@@ -50,6 +50,20 @@ class _Reader:
         return None
 
 
+def _seqs_through(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
+    """The seqs of the items that ``window.<name>`` (a function of one item) is called with
+    from now on, in order."""
+    seqs: list[int] = []
+    real = getattr(window, name)
+
+    def counting(item: Item) -> object:
+        seqs.append(item.seq)
+        return real(item)
+
+    monkeypatch.setattr(window, name, counting)
+    return seqs
+
+
 def _mixed() -> list[Item]:
     """Every kind a window renders: text, a step with text and two calls, their results, an
     interrupted reply, a handoff (never shown) and a summary (kept out of the window)."""
@@ -98,14 +112,7 @@ async def test_a_window_through_the_memo_is_the_window_without_it() -> None:
 async def test_the_next_turns_window_measures_only_the_new_items(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    measured: list[int] = []
-    real = window.item_tokens
-
-    def counting(item: Item) -> int:
-        measured.append(item.seq)
-        return real(item)
-
-    monkeypatch.setattr(window, "item_tokens", counting)
+    measured = _seqs_through(monkeypatch, "item_tokens")
     items = [_item(n, "user" if n % 2 == 0 else "assistant", f"message {n}") for n in range(400)]
     reader = _Reader(items[:300])
     memo = ItemMemo()
@@ -156,14 +163,7 @@ async def test_the_next_turns_window_reads_once_and_renders_only_the_new_items(
 ) -> None:
     """The last window is the next one's start: one read of the history, and the messages of
     the items it already held are the very objects it rendered before."""
-    rendered: list[int] = []
-    real = window._piece
-
-    def counting(item: Item) -> Message | ToolCall:
-        rendered.append(item.seq)
-        return real(item)
-
-    monkeypatch.setattr(window, "_piece", counting)
+    rendered = _seqs_through(monkeypatch, "_piece")
     items = [_item(n, "user" if n % 2 == 0 else "assistant", f"message {n}") for n in range(602)]
     reader = _CountingReader(items[:600])
     memo = ItemMemo()

@@ -21,6 +21,19 @@ def _afresh(prompt: list[Message]) -> list[object]:
     return [to_openai(m) for m in prompt]
 
 
+def _counted(monkeypatch: pytest.MonkeyPatch) -> list[Message]:
+    """The messages encoded from now on, in order."""
+    encoded: list[Message] = []
+    real = openai_messages.encode
+
+    def counting(message: Message) -> bytes:
+        encoded.append(message)
+        return real(message)
+
+    monkeypatch.setattr(openai_messages, "encode", counting)
+    return encoded
+
+
 def _same(encoded: list[Message], expected: list[Message]) -> bool:
     """The same message objects, in any order."""
     return sorted(map(id, encoded)) == sorted(map(id, expected))
@@ -48,14 +61,7 @@ def test_a_prompt_is_its_messages_as_json() -> None:
 
 
 def test_the_next_turn_encodes_only_what_is_new(monkeypatch: pytest.MonkeyPatch) -> None:
-    encoded: list[Message] = []
-    real = openai_messages.encode
-
-    def counting(message: Message) -> bytes:
-        encoded.append(message)
-        return real(message)
-
-    monkeypatch.setattr(openai_messages, "encode", counting)
+    encoded = _counted(monkeypatch)
     enc = Encoded()
     history = [Message("user" if n % 2 == 0 else "assistant", f"m{n}") for n in range(600)]
     first = [Message("system", "be brief"), *history, Message("user", "next")]
@@ -82,14 +88,7 @@ def test_leading_system_messages_made_anew_each_turn_are_no_part_of_the_run(
 ) -> None:
     """The instructions and the summary of what fell out of the window come first and are made
     anew every turn: the run after them is still found."""
-    encoded: list[Message] = []
-    real = openai_messages.encode
-
-    def counting(message: Message) -> bytes:
-        encoded.append(message)
-        return real(message)
-
-    monkeypatch.setattr(openai_messages, "encode", counting)
+    encoded = _counted(monkeypatch)
     enc = Encoded()
     history = [Message("user" if n % 2 == 0 else "assistant", f"m{n}") for n in range(100)]
     for turn in range(3):

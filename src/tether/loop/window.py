@@ -142,22 +142,18 @@ class _Span:
         """Take the oldest ``count`` chosen items out of the groups."""
         while count:
             first = self.groups[0]
-            if len(first.items) <= count:
-                del self.groups[0]
-                del self.kept[: len(first.kept)], self.messages[: len(first.messages)]
-                self.broken -= not first.whole
-                count -= len(first.items)
-            elif first.plain:
+            if first.plain and len(first.items) > count:
                 shown = sum(i.kind in _RENDERED for i in first.items[:count])
                 del first.items[:count], first.messages[:shown]  # kept is items
                 del self.kept[:count], self.messages[:shown]
                 return
-            else:
-                del self.groups[0]
-                del self.kept[: len(first.kept)], self.messages[: len(first.messages)]
-                self.broken -= not first.whole
+            del self.groups[0]
+            del self.kept[: len(first.kept)], self.messages[: len(first.messages)]
+            self.broken -= not first.whole
+            if len(first.items) > count:  # a tool turn cut: group what is left of it afresh
                 self.prepend(first.items[count:], memo)
                 return
+            count -= len(first.items)
 
     def rebuild(self, memo: ItemMemo) -> None:
         """The groups of ``chosen`` made afresh."""
