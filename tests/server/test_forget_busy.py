@@ -1,6 +1,7 @@
 """``DELETE /v1/users/me/data`` on a busy SQLite server: while another user keeps writing, the
 forget answers 200 once its deletion has committed, and the forgotten text is gone from the
-database file and its write-ahead log when it answers."""
+database file and its write-ahead log when it answers (the file rewritten: a copy of a row that
+a page rebalance left behind under Bob's writes is no row, and ``secure_delete`` misses it)."""
 
 from __future__ import annotations
 
@@ -108,7 +109,8 @@ def test_forget_me_while_another_user_writes_answers_200_and_leaves_no_trace(
             assert r.status_code == 200, r.text
             report = r.json()
             assert report["sessions"] == 1 and report["documents"] == 1 and report["memory"] >= 2
-            assert canary.encode() not in database_bytes(db)
+            # (What the server logged says whether its scrub of the file was held off.)
+            assert canary.encode() not in database_bytes(db), srv.output()[-2000:]
             assert alice.get("/v1/sessions").json()["data"] == []
     assert bob.statuses and set(bob.statuses) <= {200, 201}, sorted(set(bob.statuses))
     assert b"zqxbravocanary" in database_bytes(db)

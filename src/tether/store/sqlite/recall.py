@@ -249,9 +249,10 @@ class Recall(Connection):
     # -- forget ----------------------------------------------------------------------------------
     async def forget_user(self, tenant: str, user: str) -> ForgetReport:
         def do(c: sqlite3.Connection) -> ForgetReport:
-            # Forgetting means no trace in the file either: freed cells and pages are zeroed
-            # (secure_delete ON, then back to the connection's FAST), and the full-text index,
-            # which keeps deleted terms in its older segments until they merge, is merged now.
+            # Forgetting means no trace in the file either. Most of it goes now: freed cells and
+            # pages are zeroed (secure_delete ON, then back to the connection's FAST), and the
+            # full-text index, which keeps deleted terms in its older segments until they
+            # merge, is merged; the scrub below takes the rest.
             c.execute("PRAGMA secure_delete=ON")
             try:
                 return forget(c)
@@ -272,9 +273,9 @@ class Recall(Connection):
             return ForgetReport(sessions=sessions, memory=memory, documents=documents)
 
         report = await self._write(do)
-        # The old page images may still sit in the write-ahead log: fold it into the file and
-        # empty it. That is a call of its own, outside any transaction (SQLite refuses a
-        # checkpoint inside one, as in another caller's batch), and it never fails the forget:
-        # the deletion has committed.
-        await self._empty_wal()
+        # Copies of deleted rows may remain in pages' unused space and in the write-ahead log:
+        # the file is rewritten and the log emptied. That is a call of its own, outside any
+        # transaction (SQLite refuses both inside one, as in another caller's batch), and it
+        # never fails the forget: the deletion has committed.
+        await self._scrub()
         return report
