@@ -10,7 +10,7 @@ import re
 import uuid
 
 import pytest
-from playwright.sync_api import Locator, Page, expect
+from playwright.sync_api import Locator, Page, Route, expect
 
 from tests.console.conftest import TIMEOUT_MS, Console, Shoot
 from tests.console.proxy import DroppingProxy
@@ -340,6 +340,39 @@ def test_a_turn_sent_from_elsewhere_shows_up(console: Console, fake: FakeOpenAIS
     expect(turn(page, 2).locator(".bubble.user")).to_contain_text("from a script")
     expect(turn(page, 2).locator(".text")).to_have_text("echo: from a script")
     expect(page.locator("article.turn")).to_have_count(2)
+
+
+def test_a_message_sent_while_the_history_loads_is_drawn_once_after_it(
+    console: Console, fake: FakeOpenAIServer
+) -> None:
+    sid = new_session(console, "alice")
+    with console.api("alice") as c:
+        r = c.post(f"/v1/sessions/{sid}/turns", json={"input": "an earlier message"})
+        assert r.status_code == 200, r.text
+    page = console.page("alice")
+    held: list[Route] = []
+
+    def turns(route: Route) -> None:
+        if route.request.method == "GET" and not held and "cursor=" not in route.request.url:
+            held.append(route)  # the history read answers only once the message is in
+            return
+        if route.request.method == "POST":
+            route.fulfill(response=route.fetch())  # the page learns of its turn first...
+            while held:
+                held.pop().continue_()  # ...then the history, which holds it already
+            return
+        route.continue_()
+
+    page.route(f"**/v1/sessions/{sid}/turns*", turns)
+    with page.expect_request(lambda r: r.method == "GET" and "/turns?" in r.url):
+        page.goto(f"{console.url}/#/sessions/{sid}")
+    expect(page.get_by_role("heading", name=sid)).to_be_visible()
+    send(page, "typed before the history came")
+    expect(turn(page, 2).locator(".text")).to_have_text("echo: typed before the history came")
+    expect(turn(page, 1).locator(".text")).to_have_text("echo: an earlier message")
+    expect(page.locator("article.turn")).to_have_count(2)
+    labels = [a.get_attribute("aria-label") for a in page.locator("article.turn").all()]
+    assert labels == ["Turn 1", "Turn 2"]
 
 
 def test_ask_user_questions_are_answered_by_choice_and_by_text(

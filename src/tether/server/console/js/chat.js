@@ -64,7 +64,12 @@ export async function chatView(main, { sid }, { signal, app }) {
   }
 
   // -- history ---------------------------------------------------------------------------
-  const turns = await allTurns(get, sid, signal);
+  // The composer is usable while the history loads: a message sent meanwhile draws its turn
+  // at once, and the history (which may already hold that turn) draws only the others, before it.
+  const loaded = await allTurns(get, sid, signal);
+  const drawn = new Set(views.map((v) => v.turn.id));
+  const turns = loaded.filter((t) => !drawn.has(t.id));
+  const before = views[0]?.el ?? null; // history goes above any turn sent meanwhile
   const earlier = turns.slice(0, Math.max(0, turns.length - RECENT));
   hidden = earlier.length;
   if (earlier.length) {
@@ -80,11 +85,11 @@ export async function chatView(main, { sid }, { signal, app }) {
       hidden = 0;
       replay(older.filter((v) => v.ended));
     });
-    transcript.append(button);
+    transcript.insertBefore(button, before);
   }
   const recent = turns.slice(-RECENT).map((t) => new TurnView(sid, t));
-  views.push(...recent);
-  transcript.append(...recent.map((v) => v.el));
+  views.unshift(...recent);
+  for (const view of recent) transcript.insertBefore(view.el, before);
   for (const view of recent.filter((v) => !v.ended)) follow(view);
   replay(recent.filter((v) => v.ended)).then(() => scrollDown());
 
