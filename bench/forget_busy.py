@@ -4,13 +4,16 @@ Reproduce (from the repository root)::
 
     .venv/bin/python bench/forget_busy.py               # 10 forgets, 3 writing threads
     .venv/bin/python bench/forget_busy.py --rounds 30 --writers 6
+    .venv/bin/python bench/forget_busy.py --file-mb 200   # on a file grown to ~200 MB first
 
 A real ``tether serve`` (the test apps' scripted ``echo`` agent) on SQLite in a temporary
 directory, with API keys for ``alice`` and ``bob``. Bob's threads write memory items and do
 turns back to back for the whole run. Each round, Alice gets a session with a turn, a memory
 item and a document, all carrying a word of their own, and then deletes all her data. For each
 forget the script records what the client got and how long it took, and whether Alice's word
-is still in the database file or in its write-ahead log right after the answer.
+is still in the database file or in its write-ahead log right after the answer. A forget
+rewrites the file (``VACUUM``), so its time grows with the file: ``--file-mb`` grows it first
+with turns of a third user (written through the store, before the server starts).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import httpx
 
 from _serve import serve as run_server
 from tether.keys import mint_key
+from tether.records import NewItem, SessionKey, TurnEnding
 from tether.store import SQLiteStore
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,6 +53,35 @@ def make_keys(path: Path) -> dict[str, str]:
             await store.close()
 
     return asyncio.run(make())
+
+
+def grow(path: Path, mb: int) -> None:
+    """Turns of ``carol`` (a 2 KB answer each) until the file holds about ``mb`` MB."""
+
+    async def fill() -> None:
+        store = SQLiteStore(path)
+        await store.open()
+        try:
+            key = SessionKey("acme", "carol", "filler")
+            await store.create_session(key, "assistant")
+            lease = await store.acquire_lease(key, "bench", 3600)
+            assert lease is not None
+            reply, n = "word " * 400, 0
+            while file_bytes(path) < mb * 1_000_000:
+                tid = f"t{n}"
+                await store.enqueue_turn(key, turn_id=tid, input="hi", policy="enqueue")
+                await store.start_turn(lease, tid, [NewItem("user", "hi")], [])
+                ending = TurnEnding("completed", "answered", output=reply, complete=True)
+                await store.end_turn(lease, tid, ending, [NewItem("assistant", reply)], [])
+                n += 1
+        finally:
+            await store.close()
+
+    asyncio.run(fill())
+
+
+def file_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
 
 
 def serve(data_dir: Path) -> contextlib.AbstractContextManager[str]:
@@ -80,11 +113,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--writers", type=int, default=3)
+    parser.add_argument("--file-mb", type=int, default=0, help="grow the file to this first")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tether-forget-") as tmp:
         data = Path(tmp)
         db = data / "tether.db"
         keys = make_keys(db)
+        if args.file_mb:
+            grow(db, args.file_mb)
+        size = file_bytes(db)
         with serve(data) as url:
             stop, bob_got = threading.Event(), Counter[int]()
             threads = [
@@ -113,7 +150,10 @@ def main() -> None:
             stop.set()
             for t in threads:
                 t.join()
-    print(f"{args.rounds} forgets while {args.writers} threads of another user write:")
+    print(
+        f"{args.rounds} forgets while {args.writers} threads of another user write"
+        f" (file {size / 1e6:.0f} MB at the start):"
+    )
     print(f"  DELETE /v1/users/me/data answered: {dict(got)}")
     print(
         f"  time to answer: p50 {statistics.median(seconds) * 1000:.0f} ms, "

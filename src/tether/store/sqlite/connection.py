@@ -45,7 +45,7 @@ CHECKPOINT_BUSY_MS = 50
 the store's one thread serves nobody else meanwhile, so attempts are short and repeated."""
 CHECKPOINT_PAUSES = (0.02, 0.05, 0.1, 0.2, 0.4)
 """Pauses between the attempts at scrubbing made before a forget answers (about 1 s in all,
-besides the attempts themselves: a ``VACUUM`` takes ~4 ms a MB of file on this machine)."""
+besides the attempts themselves: a ``VACUUM`` takes ~5 ms a MB of file on the 2-core test machine)."""
 CHECKPOINT_LATER = 2.0
 CHECKPOINT_LATER_TRIES = 300
 """Then, in the background: an attempt every ``CHECKPOINT_LATER`` s, this many times at most
