@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tether.records import Namespace, NewEvent, NewItem, SessionKey, TurnEnding
 from tether.store import SQLiteStore
-from tether.store.sqlite import connection
+from tether.store.sqlite import scrub
+from tether.store.sqlite.scrub import Scrubber
 from tether.testing.conformance._support import put
 
 ALICE, BOB = Namespace.user("acme", "alice"), Namespace.user("acme", "bob")
@@ -82,10 +85,42 @@ async def test_forget_while_another_user_writes_answers_and_leaves_no_trace(
         await store.close()
 
 
+def scrubber(store: SQLiteStore) -> Scrubber:
+    got = getattr(store, "_scrubber", None)
+    assert isinstance(got, Scrubber)
+    return got
+
+
+async def retries_done(store: SQLiteStore) -> None:
+    """Wait for the scrub's retries in the background, if any."""
+    later = getattr(scrubber(store), "_later", None)
+    if later is not None:
+        await asyncio.wait_for(later, NO_HANG)
+
+
+def wal_size(path: Path) -> int:
+    wal = path.with_name(path.name + "-wal")
+    return wal.stat().st_size if wal.exists() else 0
+
+
+@pytest.fixture
+def statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The scrub's statements as they run (VACUUM, checkpoints); retries 50 ms apart."""
+    ran: list[str] = []
+    real = scrub._briefly
+
+    def briefly(c: sqlite3.Connection, *, sql: str, busy_ms: int) -> tuple[Any, ...] | None:
+        ran.append(sql.split()[0] if sql == "VACUUM" else "CHECKPOINT")
+        return real(c, sql=sql, busy_ms=busy_ms)
+
+    monkeypatch.setattr(scrub, "_briefly", briefly)
+    monkeypatch.setattr(scrub, "LATER", 0.05)
+    return ran
+
+
 async def test_a_checkpoint_held_off_by_a_reader_is_retried_until_the_wal_is_empty(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, statements: list[str]
 ) -> None:
-    monkeypatch.setattr(connection, "CHECKPOINT_LATER", 0.05, raising=False)
     path = tmp_path / "tether.db"
     store = SQLiteStore(path)
     await store.open()
@@ -101,14 +136,141 @@ async def test_a_checkpoint_held_off_by_a_reader_is_retried_until_the_wal_is_emp
         assert canary.encode() in await asyncio.to_thread(database_bytes, path)
 
         reader.execute("COMMIT")
-        # The retries in the background: they end once the WAL is truncated.
-        later: set[asyncio.Task[None]] = getattr(store, "_later", set())
-        await asyncio.wait_for(asyncio.gather(*later), NO_HANG)
-        assert (tmp_path / "tether.db-wal").stat().st_size == 0
+        await retries_done(store)  # they end once the WAL is truncated
+        assert wal_size(path) == 0
         assert canary.encode() not in await asyncio.to_thread(database_bytes, path)
+        assert statements.count("VACUUM") == 1  # rewritten once; then only checkpoints
     finally:
         reader.close()
         await store.close()
+
+
+async def test_a_forget_that_deleted_nothing_rewrites_nothing_and_forgets_at_once_share_one(
+    tmp_path: Path, statements: list[str]
+) -> None:
+    path = tmp_path / "tether.db"
+    store = SQLiteStore(path)
+    await store.open()
+    try:
+        report = await store.forget_user("acme", "nobody")
+        assert (report.sessions, report.memory, report.documents) == (0, 0, 0)
+        assert statements == []  # anyone may ask to be forgotten: that costs no rewrite
+        users = [f"u{n}" for n in range(6)]
+        for user in users:
+            await put(store, Namespace.user("acme", user), f"m-{user}", f"{user}'s zqxnote")
+        reports = await asyncio.gather(*(store.forget_user("acme", u) for u in users))
+        assert all(r.memory == 1 for r in reports)
+        # One rewrite for those that committed before it began, one more at most for the rest.
+        assert 1 <= statements.count("VACUUM") <= 2, statements
+        assert b"zqxnote" not in await asyncio.to_thread(database_bytes, path)
+    finally:
+        await store.close()
+
+
+async def test_without_room_for_a_copy_the_wal_is_still_emptied_and_the_rewrite_waits(
+    tmp_path: Path, statements: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "tether.db"
+    store = SQLiteStore(path)
+    await store.open()
+    free = [0]
+    monkeypatch.setattr(scrub, "_free", lambda _: free[0])
+    try:
+        canary = "zqxalpharoomcanary"
+        await seed_alice(store, canary)
+        await asyncio.wait_for(store.forget_user("acme", "alice"), NO_HANG)
+        assert "VACUUM" not in statements  # not tried: it would fill the disk and fail
+        assert statements and wal_size(path) == 0  # the log is emptied all the same
+        assert scrubber(store).pending
+        free[0] = 1 << 40  # room again: the retries in the background rewrite it
+        await retries_done(store)
+        assert statements.count("VACUUM") == 1 and not scrubber(store).pending
+        assert canary.encode() not in await asyncio.to_thread(database_bytes, path)
+    finally:
+        await store.close()
+
+
+async def test_a_writer_elsewhere_holds_the_rewrite_off_until_it_commits(
+    tmp_path: Path, statements: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "tether.db"
+    store = SQLiteStore(path)
+    await store.open()
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    briefly = scrub._briefly
+
+    def writer_first(c: sqlite3.Connection, *, sql: str, busy_ms: int) -> tuple[Any, ...] | None:
+        if not other.in_transaction and "VACUUM" not in statements:
+            # Another process begins a write as the forget's deletion has committed, and
+            # holds it longer than the attempts made before the forget answers.
+            other.execute("BEGIN IMMEDIATE")
+        return briefly(c, sql=sql, busy_ms=busy_ms)
+
+    monkeypatch.setattr(scrub, "_briefly", writer_first)
+    try:
+        canary = "zqxalphalockcanary"
+        await seed_alice(store, canary)
+        await asyncio.wait_for(store.forget_user("acme", "alice"), NO_HANG)
+        assert statements.count("VACUUM") == 6 and scrubber(store).pending  # all refused
+        assert canary.encode() in await asyncio.to_thread(database_bytes, path)
+        other.execute("COMMIT")
+        await retries_done(store)
+        assert not scrubber(store).pending and wal_size(path) == 0
+        assert canary.encode() not in await asyncio.to_thread(database_bytes, path)
+    finally:
+        other.close()
+        await store.close()
+
+
+async def test_a_reader_holding_a_snapshot_gets_no_second_copy_of_the_file_in_the_wal(
+    tmp_path: Path, statements: list[str]
+) -> None:
+    path = tmp_path / "tether.db"
+    store = SQLiteStore(path)
+    await store.open()
+    reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        for n in range(200):  # a file of some size, so that a copy of it shows in the WAL
+            await put(store, BOB, f"b-{n}", f"Bob's note {n} " + "pad " * 200)
+        await seed_alice(store, "zqxalphaone")
+        reader.execute("BEGIN")
+        reader.execute("SELECT COUNT(*) FROM memory").fetchone()
+        await store.forget_user("acme", "alice")
+        after_one = wal_size(path)
+        await seed_alice(store, "zqxalphatwo")
+        await store.forget_user("acme", "alice")
+        assert statements.count("VACUUM") == 1  # the first copy is still in the log
+        assert wal_size(path) < after_one + path.stat().st_size // 2
+        reader.execute("COMMIT")
+        await retries_done(store)
+        assert statements.count("VACUUM") == 2 and not scrubber(store).pending
+        raw = await asyncio.to_thread(database_bytes, path)
+        assert b"zqxalphaone" not in raw and b"zqxalphatwo" not in raw
+    finally:
+        reader.close()
+        await store.close()
+
+
+async def test_closing_the_store_mid_scrub_stops_the_retries_and_says_what_remains(
+    tmp_path: Path, statements: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "tether.db"
+    store = SQLiteStore(path)
+    await store.open()
+    reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        await seed_alice(store, "zqxalphaclosed")
+        reader.execute("BEGIN")
+        reader.execute("SELECT COUNT(*) FROM memory").fetchone()
+        await store.forget_user("acme", "alice")
+        later = getattr(scrubber(store), "_later", None)
+        assert later is not None and not later.done()
+        with caplog.at_level(logging.ERROR, logger="tether.store"):
+            await store.close()  # as `tether forget` does once it has answered
+        assert later.done()
+        assert "could not be scrubbed before the store closed" in caplog.text
+    finally:
+        reader.close()
 
 
 async def test_no_copy_of_a_row_left_behind_by_a_page_rebuild_outlives_the_forget(

@@ -16,13 +16,14 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from tether.errors import StoreError
 from tether.store.sqlite.doorbell import Doorbell
 from tether.store.sqlite.migrations import migrate
+from tether.store.sqlite.scrub import Scrubber
 from tether.store.sqlite.worker import SQLiteWorker
 
 T = TypeVar("T")
@@ -40,17 +41,6 @@ checkpoints at 1,000 pages), which ordinary traffic fills before the next checkp
 PING_WITHIN = 2.0
 """Readiness answers within this many seconds: a store that cannot take a write by then (a
 queue that long, a lock held that long by another process) is not ready."""
-CHECKPOINT_BUSY_MS = 50
-"""A scrub's ``VACUUM`` or checkpoint waits this long for another process's lock or readers:
-the store's one thread serves nobody else meanwhile, so attempts are short and repeated."""
-CHECKPOINT_PAUSES = (0.02, 0.05, 0.1, 0.2, 0.4)
-"""Pauses between the attempts at scrubbing made before a forget answers (about 1 s in all,
-besides the attempts themselves: a ``VACUUM`` takes ~5 ms a MB of file on the 2-core test machine)."""
-CHECKPOINT_LATER = 2.0
-CHECKPOINT_LATER_TRIES = 300
-"""Then, in the background: an attempt every ``CHECKPOINT_LATER`` s, this many times at most
-(10 minutes; closing the store, which deletes the WAL when no other process has it open,
-stops them too)."""
 
 
 class Connection:
@@ -68,7 +58,7 @@ class Connection:
         self._synchronous = synchronous
         self._min_free_bytes = min_free_bytes
         self._worker: SQLiteWorker | None = None
-        self._later: set[asyncio.Task[None]] = set()
+        self._scrubber: Scrubber | None = None
         self._doorbell = Doorbell(self.path)
         self._versions: dict[VersionsKey, tuple[Stamp, tuple[int, ...]]] = {}
         """Memory version reads and the stamp they were read under (:mod:`.recall`)."""
@@ -107,6 +97,7 @@ class Connection:
         except sqlite3.Error as exc:
             raise StoreError(f"sqlite: cannot open {self.path}: {exc}") from exc
         self._worker = worker
+        self._scrubber = Scrubber(self.path, self._alone, busy_ms=BUSY_MS)
         # Every commit of ours rings the other processes on this file; this one hears theirs.
         worker.on_commit = self._doorbell.ring
         self._doorbell.listen()
@@ -129,9 +120,9 @@ class Connection:
         return conn
 
     async def close(self) -> None:
-        for task in list(self._later):
-            task.cancel()
-        await asyncio.gather(*self._later, return_exceptions=True)
+        scrubber, self._scrubber = self._scrubber, None
+        if scrubber is not None:
+            await scrubber.close()  # while the thread runs: a last scrub may be owed
         worker, self._worker = self._worker, None
         if worker is not None:
             await worker.stop()
@@ -179,72 +170,12 @@ class Connection:
         if st.f_bavail * st.f_frsize < self._min_free_bytes:
             raise StoreError(f"sqlite: less than {self._min_free_bytes} bytes free")
 
-    # -- scrubbing the file and the write-ahead log -----------------------------------------
+    # -- scrubbing ---------------------------------------------------------------------------
     async def _scrub(self) -> None:
-        """Rewrite the file (``VACUUM``), then fold the WAL into it and truncate the WAL, so
-        that neither keeps a byte of what was just deleted. ``secure_delete`` zeroes a row
-        where it lives when it is deleted, but a copy that a B-tree rebalance left in a page's
-        unused space (the row, or an older version of it, moved to another page) is no row and
-        stays; only rewriting every page removes such copies. Never fails the caller, whose
-        deletion has committed: when another process holds the write lock or an old snapshot
-        (or the disk cannot take the copy), it is tried again, then in the background."""
-        done, vacuumed = await self._scrub_with(CHECKPOINT_PAUSES, vacuumed=False)
-        if done:
-            return
-        log.warning("the SQLite file could not be scrubbed yet after a forget; retrying")
-        self._spawn(self._scrub_later(vacuumed))
-
-    async def _scrub_later(self, vacuumed: bool) -> None:
-        pauses = (CHECKPOINT_LATER,) * CHECKPOINT_LATER_TRIES
-        if (await self._scrub_with(pauses, vacuumed=vacuumed))[0]:
-            log.warning("the SQLite file is scrubbed")
-        else:
-            log.error("the SQLite file could not be scrubbed: deleted data may remain in it")
-
-    async def _scrub_with(self, pauses: tuple[float, ...], *, vacuumed: bool) -> tuple[bool, bool]:
-        """Attempts after each pause; (scrubbed, vacuumed). Once the file is rewritten, only
-        the WAL's old frames hold deleted data, so later attempts only checkpoint."""
-        for pause in (0.0, *pauses):
-            await asyncio.sleep(pause)
-            try:
-                vacuumed = vacuumed or await self._alone(_vacuum)
-                if vacuumed and await self._alone(_checkpoint):
-                    return True, True
-            except StoreError:
-                pass  # closed meanwhile, or the disk is full: the next attempt decides
-        return False, vacuumed
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        """Run ``coro`` in the background until it ends or the store closes."""
-        task = asyncio.create_task(coro)
-        self._later.add(task)
-        task.add_done_callback(self._later.discard)
-
-
-def _vacuum(c: sqlite3.Connection) -> bool:
-    """One ``VACUUM`` (every page written anew, a copy of the live rows and nothing else),
-    outside any transaction: False when another process held the write lock past a short wait
-    or the disk could not take the copy."""
-    return _briefly(c, "VACUUM") is not None
-
-
-def _checkpoint(c: sqlite3.Connection) -> bool:
-    """One ``wal_checkpoint(TRUNCATE)``, outside any transaction: True when the WAL is empty."""
-    row = _briefly(c, "PRAGMA wal_checkpoint(TRUNCATE)")
-    return row is not None and int(row[0]) == 0
-
-
-def _briefly(c: sqlite3.Connection, sql: str) -> tuple[Any, ...] | None:
-    """``sql`` waiting at most ``CHECKPOINT_BUSY_MS`` for another process's lock; its first
-    row (``()`` when none), or None when it failed (SQLITE_BUSY or SQLITE_FULL, say)."""
-    c.execute(f"PRAGMA busy_timeout={CHECKPOINT_BUSY_MS}")
-    try:
-        row = c.execute(sql).fetchone()
-    except sqlite3.OperationalError:
-        return None
-    finally:
-        c.execute(f"PRAGMA busy_timeout={BUSY_MS}")
-    return tuple(row) if row is not None else ()
+        """After a forget that deleted something: rewrite the file and empty the WAL, so
+        that neither keeps a byte of it (:mod:`.scrub`); never fails the caller."""
+        if self._scrubber is not None:
+            await self._scrubber.after_forget()
 
 
 def _use_wal(conn: sqlite3.Connection) -> None:

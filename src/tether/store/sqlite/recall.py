@@ -274,8 +274,8 @@ class Recall(Connection):
 
         report = await self._write(do)
         # Copies of deleted rows may remain in pages' unused space and in the write-ahead log:
-        # the file is rewritten and the log emptied. That is a call of its own, outside any
-        # transaction (SQLite refuses both inside one, as in another caller's batch), and it
-        # never fails the forget: the deletion has committed.
-        await self._scrub()
+        # the file is rewritten and the log emptied (never failing the forget: the deletion
+        # has committed). A forget that deleted nothing leaves nothing to scrub.
+        if report.sessions or report.memory or report.documents:
+            await self._scrub()
         return report
