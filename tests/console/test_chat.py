@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Callable
 
 import pytest
 from playwright.sync_api import Locator, Page, Route, expect
@@ -342,37 +343,78 @@ def test_a_turn_sent_from_elsewhere_shows_up(console: Console, fake: FakeOpenAIS
     expect(page.locator("article.turn")).to_have_count(2)
 
 
-def test_a_message_sent_while_the_history_loads_is_drawn_once_after_it(
-    console: Console, fake: FakeOpenAIServer
-) -> None:
-    sid = new_session(console, "alice")
-    with console.api("alice") as c:
-        r = c.post(f"/v1/sessions/{sid}/turns", json={"input": "an earlier message"})
-        assert r.status_code == 200, r.text
-    page = console.page("alice")
+def hold_history_until_sent(page: Page, sid: str, meanwhile: Callable[[], None] = print) -> None:
+    """The page's first read of the session's turns answers only once the page has sent a
+    message and the answer to that has reached it (``meanwhile`` runs in between)."""
     held: list[Route] = []
 
     def turns(route: Route) -> None:
         if route.request.method == "GET" and not held and "cursor=" not in route.request.url:
-            held.append(route)  # the history read answers only once the message is in
+            held.append(route)
             return
         if route.request.method == "POST":
             route.fulfill(response=route.fetch())  # the page learns of its turn first...
+            meanwhile()
             while held:
                 held.pop().continue_()  # ...then the history, which holds it already
             return
         route.continue_()
 
     page.route(f"**/v1/sessions/{sid}/turns*", turns)
+
+
+def open_holding_history(console: Console, sid: str, meanwhile: Callable[[], None] = print) -> Page:
+    page = console.page("alice")
+    hold_history_until_sent(page, sid, meanwhile)
     with page.expect_request(lambda r: r.method == "GET" and "/turns?" in r.url):
         page.goto(f"{console.url}/#/sessions/{sid}")
     expect(page.get_by_role("heading", name=sid)).to_be_visible()
+    return page
+
+
+def turn_labels(page: Page) -> list[str | None]:
+    return [a.get_attribute("aria-label") for a in page.locator("article.turn").all()]
+
+
+def test_a_message_sent_while_the_history_loads_is_drawn_once_in_its_place(
+    console: Console, fake: FakeOpenAIServer
+) -> None:
+    sid = new_session(console, "alice")
+    with console.api("alice") as c:
+        r = c.post(f"/v1/sessions/{sid}/turns", json={"input": "an earlier message"})
+        assert r.status_code == 200, r.text
+
+    def another_tab() -> None:  # sends too, after this page's message and before the history
+        with console.api("alice") as c:
+            r = c.post(f"/v1/sessions/{sid}/turns", json={"input": "from another tab"})
+            assert r.status_code == 200, r.text
+
+    page = open_holding_history(console, sid, another_tab)
     send(page, "typed before the history came")
     expect(turn(page, 2).locator(".text")).to_have_text("echo: typed before the history came")
     expect(turn(page, 1).locator(".text")).to_have_text("echo: an earlier message")
+    expect(turn(page, 3).locator(".text")).to_have_text("echo: from another tab")
+    expect(page.locator("article.turn")).to_have_count(3)
+    assert turn_labels(page) == ["Turn 1", "Turn 2", "Turn 3"]
+
+
+def test_a_running_turn_of_the_history_streams_ahead_of_one_sent_while_it_loaded(
+    console: Console, fake: FakeOpenAIServer
+) -> None:
+    sid = new_session(console, "alice")
+    fake.chunk_delay_ms = 100
+    fake.script(LONG, "second answer")
+    with console.api("alice") as c:
+        r = c.post(f"/v1/sessions/{sid}/turns", json={"input": "talk long", "wait": False})
+        assert r.status_code == 202, r.text
+    page = open_holding_history(console, sid)
+    send(page, "queued behind it")
     expect(page.locator("article.turn")).to_have_count(2)
-    labels = [a.get_attribute("aria-label") for a in page.locator("article.turn").all()]
-    assert labels == ["Turn 1", "Turn 2"]
+    # Turn 1 streams for ~4 s: its words show while it runs, not all at once when it ends.
+    expect(turn(page, 1).locator(".text")).to_contain_text("w3")
+    expect(turn(page, 1).locator(".outcome")).not_to_contain_text("completed")
+    expect(turn(page, 2).locator(".text")).to_have_text("second answer")
+    assert reply_text(turn(page, 1)) == LONG
 
 
 def test_ask_user_questions_are_answered_by_choice_and_by_text(

@@ -30,6 +30,7 @@ export async function chatView(main, { sid }, { signal, app }) {
   if (!session) return notFound(main, sid);
 
   const views = []; // TurnViews in order
+  let loading = true; // the history is not in yet (a turn sent meanwhile waits to be followed)
   let hidden = 0; // earlier turns not drawn (yet)
   const transcript = h("section", { class: "transcript", "aria-label": "Conversation" });
   const header = h("header", { class: "session-head" });
@@ -65,11 +66,12 @@ export async function chatView(main, { sid }, { signal, app }) {
 
   // -- history ---------------------------------------------------------------------------
   // The composer is usable while the history loads: a message sent meanwhile draws its turn
-  // at once, and the history (which may already hold that turn) draws only the others, before it.
+  // at once (addTurn), and the history, which may hold that turn already, draws the others.
+  // Then every turn stands in the session's order (seq), and live turns are followed in that
+  // order too: a queued turn has nothing to show until the one ahead of it ends.
   const loaded = await allTurns(get, sid, signal);
   const drawn = new Set(views.map((v) => v.turn.id));
   const turns = loaded.filter((t) => !drawn.has(t.id));
-  const before = views[0]?.el ?? null; // history goes above any turn sent meanwhile
   const earlier = turns.slice(0, Math.max(0, turns.length - RECENT));
   hidden = earlier.length;
   if (earlier.length) {
@@ -85,13 +87,15 @@ export async function chatView(main, { sid }, { signal, app }) {
       hidden = 0;
       replay(older.filter((v) => v.ended));
     });
-    transcript.insertBefore(button, before);
+    transcript.append(button);
   }
   const recent = turns.slice(-RECENT).map((t) => new TurnView(sid, t));
-  views.unshift(...recent);
-  for (const view of recent) transcript.insertBefore(view.el, before);
-  for (const view of recent.filter((v) => !v.ended)) follow(view);
-  replay(recent.filter((v) => v.ended)).then(() => scrollDown());
+  const sentMeanwhile = views.splice(0);
+  views.push(...[...recent, ...sentMeanwhile].sort((a, b) => a.turn.seq - b.turn.seq));
+  transcript.append(...views.map((v) => v.el)); // a turn drawn meanwhile moves into its place
+  loading = false;
+  for (const view of views.filter((v) => !v.ended)) follow(view);
+  replay(views.filter((v) => v.ended)).then(() => scrollDown());
 
   /** A turn new to this page (ours, or sent from elsewhere), drawn once whoever saw it first. */
   function addTurn(turn) {
@@ -99,6 +103,7 @@ export async function chatView(main, { sid }, { signal, app }) {
     const view = new TurnView(sid, turn);
     views.push(view);
     transcript.append(view.el);
+    if (loading) return composer.update(); // followed (or replayed) in order once the history is in
     if (view.ended) replay([view]);
     else follow(view);
   }
