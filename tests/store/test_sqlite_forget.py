@@ -9,6 +9,7 @@ import contextlib
 import logging
 import random
 import sqlite3
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -269,6 +270,34 @@ async def test_closing_the_store_mid_scrub_stops_the_retries_and_says_what_remai
             await store.close()  # as `tether forget` does once it has answered
         assert later.done()
         assert "could not be scrubbed before the store closed" in caplog.text
+    finally:
+        reader.close()
+
+
+async def test_a_forget_whose_scrub_the_store_closes_under_still_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "tether.db"
+    store = SQLiteStore(path)
+    await store.open()
+    tried = threading.Event()
+    briefly = scrub._briefly
+
+    def attempt(c: sqlite3.Connection, *, sql: str, busy_ms: int) -> tuple[Any, ...] | None:
+        tried.set()
+        return briefly(c, sql=sql, busy_ms=busy_ms)
+
+    monkeypatch.setattr(scrub, "_briefly", attempt)
+    reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        await seed_alice(store, "zqxalphashutdown")
+        reader.execute("BEGIN")  # the attempts before answering go on for ~1 s
+        reader.execute("SELECT COUNT(*) FROM memory").fetchone()
+        forget = asyncio.create_task(store.forget_user("acme", "alice"))
+        assert await asyncio.to_thread(tried.wait, NO_HANG)
+        await store.close()  # the server shuts down meanwhile
+        report = await asyncio.wait_for(forget, NO_HANG)
+        assert report.sessions == 1  # the deletion committed: the caller is told so
     finally:
         reader.close()
 

@@ -84,7 +84,16 @@ class Scrubber:
             task = self._pass
             if task is None or task.done():
                 task = self._pass = asyncio.create_task(self._attempts(PAUSES))
-            if not await asyncio.shield(task):
+            try:
+                ok = await asyncio.shield(task)
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise  # this caller is cancelled: the scrub goes on for the others
+                return  # the store closes under it: close() makes the last attempt
+            if self._done >= mine:
+                return  # covered, though the pass went on for forgets that came later
+            if not ok:
                 log.warning("the SQLite file could not be scrubbed yet after a forget; retrying")
                 self._go_on_later()
                 return
