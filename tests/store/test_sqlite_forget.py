@@ -10,7 +10,7 @@ import logging
 import random
 import sqlite3
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,27 +63,38 @@ async def bob_writing(store: SQLiteStore, writers: int = 4) -> AsyncIterator[lis
         await asyncio.gather(*tasks)
 
 
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
+    opened = SQLiteStore(tmp_path / "tether.db")
+    await opened.open()
+    yield opened
+    await opened.close()  # again, for a test that closed it: closing twice is harmless
+
+
+@pytest.fixture
+def elsewhere(store: SQLiteStore) -> Iterator[sqlite3.Connection]:
+    """Another connection to the store's file, as another process has."""
+    conn = sqlite3.connect(store.path, isolation_level=None, check_same_thread=False)
+    yield conn
+    conn.close()
+
+
 async def test_forget_while_another_user_writes_answers_and_leaves_no_trace(
-    tmp_path: Path,
+    store: SQLiteStore,
 ) -> None:
-    path = tmp_path / "tether.db"
-    store = SQLiteStore(path)
-    await store.open()
-    try:
-        canaries = [f"zqxalpha{n}canary" for n in range(5)]
-        async with bob_writing(store) as written:
-            for canary in canaries:
-                await seed_alice(store, canary)
-                report = await asyncio.wait_for(store.forget_user("acme", "alice"), NO_HANG)
-                assert report.sessions == 1 and report.memory >= 1
-                # Done means gone from the files, with Bob still writing.
-                raw = await asyncio.to_thread(database_bytes, path)
-                assert canary.encode() not in raw
-        assert written[0] > 0
-        assert b"zqxbravocanary" in await asyncio.to_thread(database_bytes, path)
-        assert await store.list_memory([ALICE]) == []
-    finally:
-        await store.close()
+    path = store.path
+    canaries = [f"zqxalpha{n}canary" for n in range(5)]
+    async with bob_writing(store) as written:
+        for canary in canaries:
+            await seed_alice(store, canary)
+            report = await asyncio.wait_for(store.forget_user("acme", "alice"), NO_HANG)
+            assert report.sessions == 1 and report.memory >= 1
+            # Done means gone from the files, with Bob still writing.
+            raw = await asyncio.to_thread(database_bytes, path)
+            assert canary.encode() not in raw
+    assert written[0] > 0
+    assert b"zqxbravocanary" in await asyncio.to_thread(database_bytes, path)
+    assert await store.list_memory([ALICE]) == []
 
 
 def scrubber(store: SQLiteStore) -> Scrubber:
@@ -120,166 +131,131 @@ def statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 async def test_a_checkpoint_held_off_by_a_reader_is_retried_until_the_wal_is_empty(
-    tmp_path: Path, statements: list[str]
+    store: SQLiteStore, elsewhere: sqlite3.Connection, statements: list[str]
 ) -> None:
-    path = tmp_path / "tether.db"
-    store = SQLiteStore(path)
-    await store.open()
-    reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    try:
-        canary = "zqxalphaheldcanary"
-        await seed_alice(store, canary)
-        # Another process reading an old snapshot: no checkpoint can fold the WAL past it.
-        reader.execute("BEGIN")
-        reader.execute("SELECT COUNT(*) FROM memory").fetchone()
-        report = await asyncio.wait_for(store.forget_user("acme", "alice"), NO_HANG)
-        assert report.sessions == 1  # answered: the deletion committed
-        assert canary.encode() in await asyncio.to_thread(database_bytes, path)
+    path = store.path
+    canary = "zqxalphaheldcanary"
+    await seed_alice(store, canary)
+    # Another process reading an old snapshot: no checkpoint can fold the WAL past it.
+    elsewhere.execute("BEGIN")
+    elsewhere.execute("SELECT COUNT(*) FROM memory").fetchone()
+    report = await asyncio.wait_for(store.forget_user("acme", "alice"), NO_HANG)
+    assert report.sessions == 1  # answered: the deletion committed
+    assert canary.encode() in await asyncio.to_thread(database_bytes, path)
 
-        reader.execute("COMMIT")
-        await retries_done(store)  # they end once the WAL is truncated
-        assert wal_size(path) == 0
-        assert canary.encode() not in await asyncio.to_thread(database_bytes, path)
-        assert statements.count("VACUUM") == 1  # rewritten once; then only checkpoints
-    finally:
-        reader.close()
-        await store.close()
+    elsewhere.execute("COMMIT")
+    await retries_done(store)  # they end once the WAL is truncated
+    assert wal_size(path) == 0
+    assert canary.encode() not in await asyncio.to_thread(database_bytes, path)
+    assert statements.count("VACUUM") == 1  # rewritten once; then only checkpoints
 
 
 async def test_a_forget_that_deleted_nothing_rewrites_nothing_and_forgets_at_once_share_one(
-    tmp_path: Path, statements: list[str]
+    store: SQLiteStore, statements: list[str]
 ) -> None:
-    path = tmp_path / "tether.db"
-    store = SQLiteStore(path)
-    await store.open()
-    try:
-        report = await store.forget_user("acme", "nobody")
-        assert (report.sessions, report.memory, report.documents) == (0, 0, 0)
-        assert statements == []  # anyone may ask to be forgotten: that costs no rewrite
-        users = [f"u{n}" for n in range(6)]
-        for user in users:
-            await put(store, Namespace.user("acme", user), f"m-{user}", f"{user}'s zqxnote")
-        reports = await asyncio.gather(*(store.forget_user("acme", u) for u in users))
-        assert all(r.memory == 1 for r in reports)
-        # One rewrite for those that committed before it began, one more at most for the rest.
-        assert 1 <= statements.count("VACUUM") <= 2, statements
-        assert b"zqxnote" not in await asyncio.to_thread(database_bytes, path)
-    finally:
-        await store.close()
+    path = store.path
+    report = await store.forget_user("acme", "nobody")
+    assert (report.sessions, report.memory, report.documents) == (0, 0, 0)
+    assert statements == []  # anyone may ask to be forgotten: that costs no rewrite
+    users = [f"u{n}" for n in range(6)]
+    for user in users:
+        await put(store, Namespace.user("acme", user), f"m-{user}", f"{user}'s zqxnote")
+    reports = await asyncio.gather(*(store.forget_user("acme", u) for u in users))
+    assert all(r.memory == 1 for r in reports)
+    # One rewrite for those that committed before it began, one more at most for the rest.
+    assert 1 <= statements.count("VACUUM") <= 2, statements
+    assert b"zqxnote" not in await asyncio.to_thread(database_bytes, path)
 
 
 async def test_without_room_for_a_copy_the_wal_is_still_emptied_and_the_rewrite_waits(
-    tmp_path: Path, statements: list[str], monkeypatch: pytest.MonkeyPatch
+    store: SQLiteStore, statements: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = tmp_path / "tether.db"
-    store = SQLiteStore(path)
-    await store.open()
+    path = store.path
     free = [0]
     monkeypatch.setattr(scrub, "_free", lambda _: free[0])
-    try:
-        canary = "zqxalpharoomcanary"
-        await seed_alice(store, canary)
-        await asyncio.wait_for(store.forget_user("acme", "alice"), NO_HANG)
-        assert "VACUUM" not in statements  # not tried: it would fill the disk and fail
-        assert statements and wal_size(path) == 0  # the log is emptied all the same
-        assert scrubber(store).pending
-        free[0] = 1 << 40  # room again: the retries in the background rewrite it
-        await retries_done(store)
-        assert statements.count("VACUUM") == 1 and not scrubber(store).pending
-        assert canary.encode() not in await asyncio.to_thread(database_bytes, path)
-    finally:
-        await store.close()
+    canary = "zqxalpharoomcanary"
+    await seed_alice(store, canary)
+    await asyncio.wait_for(store.forget_user("acme", "alice"), NO_HANG)
+    assert "VACUUM" not in statements  # not tried: it would fill the disk and fail
+    assert statements and wal_size(path) == 0  # the log is emptied all the same
+    assert scrubber(store).pending
+    free[0] = 1 << 40  # room again: the retries in the background rewrite it
+    await retries_done(store)
+    assert statements.count("VACUUM") == 1 and not scrubber(store).pending
+    assert canary.encode() not in await asyncio.to_thread(database_bytes, path)
 
 
 async def test_a_writer_elsewhere_holds_the_rewrite_off_until_it_commits(
-    tmp_path: Path, statements: list[str], monkeypatch: pytest.MonkeyPatch
+    store: SQLiteStore,
+    elsewhere: sqlite3.Connection,
+    statements: list[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    path = tmp_path / "tether.db"
-    store = SQLiteStore(path)
-    await store.open()
-    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    path = store.path
     briefly = scrub._briefly
 
     def writer_first(c: sqlite3.Connection, *, sql: str, busy_ms: int) -> tuple[Any, ...] | None:
-        if not other.in_transaction and "VACUUM" not in statements:
+        if not elsewhere.in_transaction and "VACUUM" not in statements:
             # Another process begins a write as the forget's deletion has committed, and
             # holds it longer than the attempts made before the forget answers.
-            other.execute("BEGIN IMMEDIATE")
+            elsewhere.execute("BEGIN IMMEDIATE")
         return briefly(c, sql=sql, busy_ms=busy_ms)
 
     monkeypatch.setattr(scrub, "_briefly", writer_first)
-    try:
-        canary = "zqxalphalockcanary"
-        await seed_alice(store, canary)
-        await asyncio.wait_for(store.forget_user("acme", "alice"), NO_HANG)
-        assert statements.count("VACUUM") == 6 and scrubber(store).pending  # all refused
-        assert canary.encode() in await asyncio.to_thread(database_bytes, path)
-        other.execute("COMMIT")
-        await retries_done(store)
-        assert not scrubber(store).pending and wal_size(path) == 0
-        assert canary.encode() not in await asyncio.to_thread(database_bytes, path)
-    finally:
-        other.close()
-        await store.close()
+    canary = "zqxalphalockcanary"
+    await seed_alice(store, canary)
+    await asyncio.wait_for(store.forget_user("acme", "alice"), NO_HANG)
+    assert statements.count("VACUUM") == 6 and scrubber(store).pending  # all refused
+    assert canary.encode() in await asyncio.to_thread(database_bytes, path)
+    elsewhere.execute("COMMIT")
+    await retries_done(store)
+    assert not scrubber(store).pending and wal_size(path) == 0
+    assert canary.encode() not in await asyncio.to_thread(database_bytes, path)
 
 
 async def test_a_reader_holding_a_snapshot_gets_no_second_copy_of_the_file_in_the_wal(
-    tmp_path: Path, statements: list[str]
+    store: SQLiteStore, elsewhere: sqlite3.Connection, statements: list[str]
 ) -> None:
-    path = tmp_path / "tether.db"
-    store = SQLiteStore(path)
-    await store.open()
-    reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    try:
-        for n in range(200):  # a file of some size, so that a copy of it shows in the WAL
-            await put(store, BOB, f"b-{n}", f"Bob's note {n} " + "pad " * 200)
-        await seed_alice(store, "zqxalphaone")
-        reader.execute("BEGIN")
-        reader.execute("SELECT COUNT(*) FROM memory").fetchone()
-        await store.forget_user("acme", "alice")
-        after_one = wal_size(path)
-        await seed_alice(store, "zqxalphatwo")
-        await store.forget_user("acme", "alice")
-        assert statements.count("VACUUM") == 1  # the first copy is still in the log
-        assert wal_size(path) < after_one + path.stat().st_size // 2
-        reader.execute("COMMIT")
-        await retries_done(store)
-        assert statements.count("VACUUM") == 2 and not scrubber(store).pending
-        raw = await asyncio.to_thread(database_bytes, path)
-        assert b"zqxalphaone" not in raw and b"zqxalphatwo" not in raw
-    finally:
-        reader.close()
-        await store.close()
+    path = store.path
+    for n in range(200):  # a file of some size, so that a copy of it shows in the WAL
+        await put(store, BOB, f"b-{n}", f"Bob's note {n} " + "pad " * 200)
+    await seed_alice(store, "zqxalphaone")
+    elsewhere.execute("BEGIN")
+    elsewhere.execute("SELECT COUNT(*) FROM memory").fetchone()
+    await store.forget_user("acme", "alice")
+    after_one = wal_size(path)
+    await seed_alice(store, "zqxalphatwo")
+    await store.forget_user("acme", "alice")
+    assert statements.count("VACUUM") == 1  # the first copy is still in the log
+    assert wal_size(path) < after_one + path.stat().st_size // 2
+    elsewhere.execute("COMMIT")
+    await retries_done(store)
+    assert statements.count("VACUUM") == 2 and not scrubber(store).pending
+    raw = await asyncio.to_thread(database_bytes, path)
+    assert b"zqxalphaone" not in raw and b"zqxalphatwo" not in raw
 
 
 async def test_closing_the_store_mid_scrub_stops_the_retries_and_says_what_remains(
-    tmp_path: Path, statements: list[str], caplog: pytest.LogCaptureFixture
+    store: SQLiteStore,
+    elsewhere: sqlite3.Connection,
+    statements: list[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    path = tmp_path / "tether.db"
-    store = SQLiteStore(path)
-    await store.open()
-    reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    try:
-        await seed_alice(store, "zqxalphaclosed")
-        reader.execute("BEGIN")
-        reader.execute("SELECT COUNT(*) FROM memory").fetchone()
-        await store.forget_user("acme", "alice")
-        later = getattr(scrubber(store), "_later", None)
-        assert later is not None and not later.done()
-        with caplog.at_level(logging.ERROR, logger="tether.store"):
-            await store.close()  # as `tether forget` does once it has answered
-        assert later.done()
-        assert "could not be scrubbed before the store closed" in caplog.text
-    finally:
-        reader.close()
+    await seed_alice(store, "zqxalphaclosed")
+    elsewhere.execute("BEGIN")
+    elsewhere.execute("SELECT COUNT(*) FROM memory").fetchone()
+    await store.forget_user("acme", "alice")
+    later = getattr(scrubber(store), "_later", None)
+    assert later is not None and not later.done()
+    with caplog.at_level(logging.ERROR, logger="tether.store"):
+        await store.close()  # as `tether forget` does once it has answered
+    assert later.done()
+    assert "could not be scrubbed before the store closed" in caplog.text
 
 
 async def test_a_forget_whose_scrub_the_store_closes_under_still_answers(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    store: SQLiteStore, elsewhere: sqlite3.Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = tmp_path / "tether.db"
-    store = SQLiteStore(path)
-    await store.open()
     tried = threading.Event()
     briefly = scrub._briefly
 
@@ -288,18 +264,14 @@ async def test_a_forget_whose_scrub_the_store_closes_under_still_answers(
         return briefly(c, sql=sql, busy_ms=busy_ms)
 
     monkeypatch.setattr(scrub, "_briefly", attempt)
-    reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    try:
-        await seed_alice(store, "zqxalphashutdown")
-        reader.execute("BEGIN")  # the attempts before answering go on for ~1 s
-        reader.execute("SELECT COUNT(*) FROM memory").fetchone()
-        forget = asyncio.create_task(store.forget_user("acme", "alice"))
-        assert await asyncio.to_thread(tried.wait, NO_HANG)
-        await store.close()  # the server shuts down meanwhile
-        report = await asyncio.wait_for(forget, NO_HANG)
-        assert report.sessions == 1  # the deletion committed: the caller is told so
-    finally:
-        reader.close()
+    await seed_alice(store, "zqxalphashutdown")
+    elsewhere.execute("BEGIN")  # the attempts before answering go on for ~1 s
+    elsewhere.execute("SELECT COUNT(*) FROM memory").fetchone()
+    forget = asyncio.create_task(store.forget_user("acme", "alice"))
+    assert await asyncio.to_thread(tried.wait, NO_HANG)
+    await store.close()  # the server shuts down meanwhile
+    report = await asyncio.wait_for(forget, NO_HANG)
+    assert report.sessions == 1  # the deletion committed: the caller is told so
 
 
 async def test_no_copy_of_a_row_left_behind_by_a_page_rebuild_outlives_the_forget(
