@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 
 from tether.store.postgres.functions import FUNCTIONS
-from tether.store.postgres.owner_functions import OWNER_FUNCTIONS
 from tether.store.postgres.session_functions import IDLE_TTL, SESSION_FUNCTIONS
 from tether.store.postgres.steps import Conn
 
@@ -257,7 +256,6 @@ MIGRATIONS: list[tuple[int, str]] = [
         """,
     ),
     *IDLE_TTL,  # 21, 22: TTLs that count from the latest activity (session_functions.py)
-    *OWNER_FUNCTIONS,  # 23: admissions of one owner side by side (owner_functions.py)
 ]
 
 
