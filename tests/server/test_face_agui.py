@@ -63,8 +63,8 @@ def run(
         assert r.status_code == 200, r.read()
         assert r.headers["content-type"].startswith("text/event-stream")
         for line in r.iter_lines():
-            if not line:
-                continue
+            if not line or line.startswith(":"):
+                continue  # a comment: the stream's ping while nothing happens
             assert line.startswith("data: "), line
             found.append(EVENT.validate_json(line.removeprefix("data: ")))
     return sent, found
@@ -140,6 +140,43 @@ def test_a_second_run_on_the_thread_continues_it(server: Server) -> None:
     with server.client() as c:
         turns = c.get(f"/v1/sessions/{thread}/turns").json()["data"]
     assert [t["input"] for t in turns] == ["one", "two"]
+
+
+def test_a_run_sent_again_is_the_same_turn_and_one_ending_with_the_reply_is_refused(
+    server: Server,
+) -> None:
+    # AG-UI clients send the whole conversation with every run. Before, a retried run, or one
+    # whose conversation ended with the agent's reply (nothing new said), had the last user
+    # message answered again: a second turn, and the history held the message twice.
+    thread = new_thread()
+    once = RunAgentInput(
+        thread_id=thread,
+        run_id="run-once",
+        messages=[UserMessage(id="u1", content="hello")],
+    ).model_dump_json(by_alias=True)
+    _, first = run(server, "echo", once)
+    _, again = run(server, "echo", once)
+    assert kinds(again) == kinds(first) and text_of(again) == text_of(first) == "saw [] then hello"
+    assert again[-1] == first[-1]  # RUN_FINISHED: the same turn, the same reply
+    answered = json.loads(once) | {
+        "runId": "run-next",
+        "messages": [
+            {"id": "u1", "role": "user", "content": "hello"},
+            {"id": "a1", "role": "assistant", "content": "saw [] then hello"},
+        ],
+    }
+    with server.client() as c:
+        r = c.post("/agui/echo", content=json.dumps(answered), headers=_JSON)
+        assert_problem(r, 400)
+        assert "nothing new to answer" in r.json()["detail"]
+        turns = c.get(f"/v1/sessions/{thread}/turns").json()["data"]
+        items = c.get(f"/v1/sessions/{thread}/items").json()["data"]
+    assert [t["input"] for t in turns] == ["hello"]
+    assert [i["kind"] for i in items] == ["user", "assistant"]
+    # The same ids with another text are another message, not a retry: it is answered.
+    other = json.loads(once) | {"messages": [{"id": "u1", "role": "user", "content": "bye"}]}
+    _, third = run(server, "echo", json.dumps(other))
+    assert text_of(third) == "saw [hello] then bye"
 
 
 def test_a_failed_model_is_a_run_error(server: Server, fake_openai: FakeOpenAIServer) -> None:

@@ -270,6 +270,38 @@ async def test_a_turn_awaiting_a_decision_says_how_to_decide_it(server: Server) 
     assert turn["id"] == tid and turn["output"] == "noted: The user answered: Ada"
 
 
+async def test_a_message_behind_a_turn_awaiting_a_decision_is_withdrawn_not_queued(
+    server: Server,
+) -> None:
+    # A tool error must mean nothing was done: a host (or its model) calls again. Before, the
+    # message stayed queued behind the waiting turn, and it and every retry ran once the
+    # decision was made.
+    async with mcp_client(server) as c:
+        first = await c.call_tool("asker", {"message": "hello"})
+        sid, waiting_id = data(first)["session_id"], data(first)["turn_id"]
+        second = await c.call_tool("asker", {"message": "second", "session_id": sid})
+    assert second.is_error
+    withdrawn = data(second)
+    assert withdrawn["code"] == "awaiting_input" and withdrawn["status"] == "cancelled"
+    assert withdrawn["behind"] == waiting_id and withdrawn["turn_id"] != waiting_id
+    assert "was not sent" in text(second)
+    (decision,) = withdrawn["decisions"]
+    assert f"POST /v1/sessions/{sid}/turns/{waiting_id}/decisions" in text(second)
+    async with httpx.AsyncClient(base_url=server.url) as h:
+        r = await h.post(
+            f"/v1/sessions/{sid}/turns/{waiting_id}/decisions",
+            json={"call_id": decision["call_id"], "answer": "Ada"},
+        )
+        assert r.status_code == 200, r.text
+    await until_status(server, sid, "completed", "failed", "cancelled")
+    await asyncio.sleep(0.3)  # time for a turn left queued behind it to start, were there one
+    found = await turns(server, sid)
+    assert [(t["input"], t["status"]) for t in found] == [
+        ("hello", "completed"),
+        ("second", "cancelled"),
+    ]
+
+
 async def test_the_face_can_be_switched_off(make_server: ServerFactory) -> None:
     srv = make_server(env={"TETHER_FACES_MCP": "off"})
     with srv.client() as c:

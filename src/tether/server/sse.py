@@ -9,13 +9,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
+
+from starlette.types import Message, Send
 
 from tether.errors import InvalidInput
 from tether.records import Event
 
-PING_SECONDS = 15.0
+PING_SECONDS = 3.0
+"""An idle event stream gets a comment line this often. Proxies close a stream idle for a
+minute or so, and HTTP clients give up sooner: httpx's default read timeout is 5 s, and it is
+the client of the MCP and A2A SDKs, whose examples use it as it comes. A model that thinks for
+longer than that before its first token must not cost the caller its turn."""
+PING = b": ping\n\n"
 MAX_SEQ = 2**63 - 1
 """The largest seq a cursor may name: beyond it no stored integer exists (SQLite, PostgreSQL)."""
 LAST_EVENT_ID = r"^([ \t]*[A-Za-z0-9_-]{1,64}:[0-9]{1,18}[ \t]*)?$"
@@ -56,7 +64,7 @@ async def encoded(
     """``encode`` of each of ``items`` (a face's own frames), with a comment line every
     ``ping`` idle seconds, so proxies keep an idle stream open."""
     async for item in pinged(items, ping):
-        yield b": ping\n\n" if item is None else encode(item)
+        yield PING if item is None else encode(item)
 
 
 async def pinged(items: AsyncIterator[T], seconds: float) -> AsyncIterator[T | None]:
@@ -89,3 +97,43 @@ async def pinged(items: AsyncIterator[T], seconds: float) -> AsyncIterator[T | N
         close = getattr(iterator, "aclose", None)
         if close is not None:
             await close()
+
+
+class KeepAlive:
+    """An ASGI ``send`` for a response made elsewhere (an SDK's): once that response is an event
+    stream, :data:`PING` goes out whenever it has sent nothing for ``every`` seconds, until its
+    body ends. Run :meth:`pinging` beside the response, and hand the response :meth:`send`."""
+
+    def __init__(self, send: Send, every: float = PING_SECONDS) -> None:
+        self._send = send
+        self._every = every
+        self._lock = asyncio.Lock()  # a ping never lands inside another send
+        self._last = time.monotonic()
+        self._streaming = False
+        self._ended = False
+
+    async def send(self, message: Message) -> None:
+        async with self._lock:
+            if message["type"] == "http.response.start":
+                headers = dict(message.get("headers") or [])
+                kind = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+                self._streaming = kind == b"text/event-stream"
+            elif message["type"] == "http.response.body" and not message.get("more_body"):
+                self._ended = True
+            self._last = time.monotonic()
+            await self._send(message)
+
+    async def pinging(self) -> None:
+        """Ping while the stream is idle, until it ends (or the client is gone: a send fails)."""
+        while not self._ended:
+            await asyncio.sleep(max(self._last + self._every - time.monotonic(), 0.05))
+            async with self._lock:
+                idle = time.monotonic() - self._last >= self._every
+                if self._ended or not self._streaming or not idle:
+                    continue
+                ping: Message = {"type": "http.response.body", "body": PING, "more_body": True}
+                try:
+                    await self._send(ping)
+                except Exception:  # the client went away: the response finds out for itself
+                    return
+                self._last = time.monotonic()

@@ -3,12 +3,17 @@
 For CopilotKit-style frontends (``@ag-ui/client``'s ``HttpAgent`` pointed at the URL). The
 ``threadId`` is a tether session in the caller's namespace, made the first time it is named
 (AG-UI clients mint thread ids themselves); ``runId`` is echoed on ``RUN_STARTED`` and the run's
-last event. The history is tether's, so the input is only the **last user message** of
-``messages``, on a new thread as on an existing one: a client that resends the whole
-conversation does not duplicate it, and the other messages (system, assistant, tool) are not
-sent to the agent. Only text content parts are taken.
+last event. The history is tether's, so the input is only the **last message** of
+``messages``, which must be the user's, on a new thread as on an existing one: a client that
+resends the whole conversation does not duplicate it, and the other messages (system,
+assistant, tool) are not sent to the agent. A conversation that ends with another message (the
+agent's own reply: nothing new was said) is refused (400) rather than answered again. Only
+text content parts are taken. The same run sent again (its ``runId``, the last message's
+``id`` and its text unchanged: a client retrying) is the same turn, its events streamed from
+the start, never a second turn.
 
-The stream (SSE ``data:`` lines of ``ag_ui.encoder.EventEncoder``): ``RUN_STARTED``; a ``CUSTOM``
+The stream (SSE ``data:`` lines of ``ag_ui.encoder.EventEncoder``, and a comment line every
+few idle seconds, :data:`tether.server.sse.PING_SECONDS`): ``RUN_STARTED``; a ``CUSTOM``
 event ``tether.turn`` ``{turn_id, session_id, cancel}`` naming the turn (a Stop button POSTs to
 ``cancel``: a closed stream does not stop a turn); the agent's
 text as ``TEXT_MESSAGE_START`` / ``TEXT_MESSAGE_CONTENT`` (from tether's ``message.delta``) /
@@ -43,8 +48,11 @@ there). ``TETHER_FACES_AGUI=off`` switches the face off.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from ag_ui.core import (
     PROTOCOL_VERSION,
@@ -64,6 +72,7 @@ from starlette.responses import Response, StreamingResponse
 from tether import events
 from tether.errors import InvalidInput, SessionNotFound, TetherError
 from tether.records import SESSION_ID_PATTERN, Decision, Principal, SessionKey, Turn, Verdict
+from tether.server import sse
 from tether.server.conversation import agent_named, open_session, send
 from tether.server.deps import State, check_message
 from tether.server.faces.agui_events import Translation
@@ -99,9 +108,9 @@ async def run_agent(agent: str, request: Request, st: State) -> Response:
             "frontend tools are not supported: the agent's own tools run inside tether "
             f"(got {', '.join(t.name for t in run.tools)})"
         )
-    message = None if run.resume else _last_user_text(run)
+    message = None if run.resume else _said(run)
     return StreamingResponse(
-        _stream(st, caller, agent, run, message),
+        sse.encoded(_stream(st, caller, agent, run, message), str.encode),
         media_type=EventEncoder().get_content_type(),
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
@@ -119,24 +128,45 @@ def _parse(raw: bytes) -> RunAgentInput:
     return run
 
 
-def _last_user_text(run: RunAgentInput) -> str:
-    """The new input: the last user message's text (tether keeps the history)."""
-    for message in reversed(run.messages):
-        if message.role != "user":
-            continue
-        if isinstance(message.content, str):
-            return message.content
+@dataclass(frozen=True)
+class _Said:
+    """A run's new input: the text of its last message, the user's, and the key that makes the
+    same run sent again the same turn."""
+
+    text: str
+    retry_key: str
+
+
+def _said(run: RunAgentInput) -> _Said:
+    """The new input: the last message, which must be the user's (tether keeps the history)."""
+    if not run.messages:
+        raise InvalidInput("messages holds no user message (and there is no resume)")
+    message = run.messages[-1]
+    if message.role != "user":
+        # The conversation as the client has it ends with the agent's reply (or the like):
+        # answering its last user message again would put a second answer in the history.
+        raise InvalidInput(
+            f"the last message is a {message.role} message, so there is nothing new to answer: "
+            "send the user's new message last (tether keeps the history)"
+        )
+    if isinstance(message.content, str):
+        text = message.content
+    else:
         parts = []
         for part in message.content:
             if not isinstance(part, TextPart):
                 raise InvalidInput("only text content parts are supported")
             parts.append(part.text)
-        return "".join(parts)
-    raise InvalidInput("messages holds no user message (and there is no resume)")
+        text = "".join(parts)
+    # The turn's idempotency key: a retried run (same run, same message, same text) gets the
+    # turn the first one made. Hashed: a run id or message id may hold any character; the text
+    # is in it so that ids a client reuses for another message never refuse that message.
+    said = json.dumps([run.run_id, message.id, text]).encode()
+    return _Said(text, "agui-" + hashlib.sha256(said).hexdigest()[:40])
 
 
 async def _stream(
-    st: ServerState, caller: Principal, agent: str, run: RunAgentInput, message: str | None
+    st: ServerState, caller: Principal, agent: str, run: RunAgentInput, message: _Said | None
 ) -> AsyncIterator[str]:
     encoder = EventEncoder()
     started = RunStartedEvent(
@@ -169,7 +199,7 @@ async def _events(
     caller: Principal,
     agent: str,
     run: RunAgentInput,
-    message: str | None,
+    message: _Said | None,
     translation: Translation,
 ) -> AsyncIterator[BaseEvent]:
     if message is None:
@@ -179,10 +209,12 @@ async def _events(
         async for event in _follow(st, opened.key, turn, translation, answered):
             yield event
         return
-    check_message(st, message)  # its size first, as before anything is read
+    check_message(st, message.text)  # its size first, as before anything is read
     await _refuse_if_waiting(st, SessionKey.of(caller, run.thread_id))
     # The admission finds the thread's session; one that is not there (or expired) is made.
-    turn = await send(st, caller, run.thread_id, message, agent)
+    turn = await send(
+        st, caller, run.thread_id, message.text, agent, idempotency_key=message.retry_key
+    )
     yield _turn_event(turn)
     async for event in _follow(st, turn.key, turn, translation, None):
         yield event

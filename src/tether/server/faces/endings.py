@@ -53,8 +53,10 @@ class Waiting:
     message: str
 
 
-async def waiting(st: ServerState, turn: Turn) -> Waiting:
-    """What ``turn`` (not ended: awaiting input, or queued behind a turn that is) waits for."""
+async def waiting(st: ServerState, turn: Turn, *, withdrawn: bool = False) -> Waiting:
+    """What ``turn`` (not ended: awaiting input, or queued behind a turn that is) waits for;
+    ``withdrawn``: the turn was queued behind one that waits, and has been cancelled since (the
+    message says it was not sent)."""
     scheduler = st.runtime.scheduler
     ahead = await scheduler.parked_ahead(turn)
     waits_on = ahead.id if ahead is not None else turn.id
@@ -62,13 +64,23 @@ async def waiting(st: ServerState, turn: Turn) -> Waiting:
     sid = turn.key.session_id
     asks = "; ".join(_asks(d.payload) for d in pending) or "a decision"
     where = f"/v1/sessions/{sid}/turns/{waits_on}"
-    message = (
-        f"turn {turn.id} of session {sid} is waiting for a human decision ({asks})"
-        + (f", behind turn {waits_on} of the same session" if ahead is not None else "")
-        + f". Decide it through tether's API: POST {where}/decisions with "
+    how = (
+        f"Decide it through tether's API: POST {where}/decisions with "
         '{"call_id": ..., "decision": "approve"|"deny"|"always"} or {"call_id": ..., "answer": ...}'
-        f"; then follow GET /v1/sessions/{sid}/turns/{turn.id} (or its /events) to the reply."
     )
+    if withdrawn:
+        message = (
+            f"session {sid} is waiting for a human decision on turn {waits_on} ({asks}), so "
+            f"this message was not sent (its turn {turn.id} was withdrawn). {how}; then follow "
+            f"GET {where} (or its /events) to the reply, and send the message again."
+        )
+    else:
+        message = (
+            f"turn {turn.id} of session {sid} is waiting for a human decision ({asks})"
+            + (f", behind turn {waits_on} of the same session" if ahead is not None else "")
+            + f". {how}; then follow GET /v1/sessions/{sid}/turns/{turn.id} (or its /events)"
+            " to the reply."
+        )
     decisions = [DecisionOut.of(d).model_dump(mode="json") for d in pending]
     return Waiting(waits_on, ahead.id if ahead is not None else None, decisions, message)
 

@@ -17,8 +17,11 @@ saying what happened and ``structuredContent`` ``{code, message, status, reason,
 turn_id}``: ``failed`` (``model_error`` when the provider failed), ``cancelled``,
 ``interrupted``, ``limit_reached``…; a turn waiting for a human decision is code
 ``awaiting_input`` with its pending ``decisions`` and how to decide them through tether's API
-(``POST /v1/sessions/{sid}/turns/{tid}/decisions``, then follow the turn). Refusals before a
-turn (a full queue, a message over its bound) are tool errors with tether's reason code too.
+(``POST /v1/sessions/{sid}/turns/{tid}/decisions``, then follow the turn). A message to a
+session whose earlier turn waits so is withdrawn rather than left queued behind it (code
+``awaiting_input``, status ``cancelled``, ``behind`` that turn): a tool error means nothing was
+done, and a host that calls again must not pile up turns. Refusals before a turn (a full
+queue, a message over its bound) are tool errors with tether's reason code too.
 Protocol faults stay MCP errors: an unknown tool is ``-32602``, an internal fault ``-32603``
 (with no detail).
 
@@ -29,6 +32,9 @@ transport has no state to apply it with): it cancels the caller's own call of th
 on this process, and nothing when it is ambiguous (two of the caller's calls share the id). A
 handshake-era client that merely disconnects does not cancel (the spec says a disconnect is not
 a cancel): the turn goes on and stays readable through tether's API.
+
+A call's response stream is pinged while the turn runs (:data:`tether.server.sse.PING_SECONDS`),
+so a client's read timeout does not end a call whose model thinks long.
 
 Authentication is the same principal as every door: ``Authorization: Bearer`` or ``X-API-Key``
 on each HTTP request, resolved before the SDK sees the request; refused requests get a JSON-RPC
@@ -49,6 +55,7 @@ import anyio
 import mcp_types as types
 from fastapi import FastAPI
 from mcp.server import Server, ServerRequestContext
+from mcp.server import _streamable_http_modern as modern_http
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
@@ -58,6 +65,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from tether.errors import SessionNotFound, TetherError
 from tether.records import SESSION_ID_PATTERN, Principal, SessionKey, Turn
+from tether.server import sse
 from tether.server.conversation import send
 from tether.server.faces.endings import ended_code, ended_message, refusal, waiting
 from tether.server.problems import Problem
@@ -119,6 +127,13 @@ class McpFace:
         )
         self.calls = _Calls()
         self._closing = False
+        # At 2026-07-28 the SDK holds a call's response back (no headers) for up to this long,
+        # then answers with an event stream pinged as often. Its 15 s outlast httpx's default
+        # read timeout (5 s), the very client its examples use: a call on a model that thinks
+        # longer failed, and its closed stream cancelled the turn. (Handshake-era streams get
+        # tether's pings below.) A private name of the pinned SDK: tests/server/
+        # test_faces_keepalive.py fails if it stops meaning this.
+        modern_http._SSE_PING_INTERVAL = sse.PING_SECONDS
 
     def install(self, app: FastAPI) -> None:
         # A plain route to an ASGI app (this object: Starlette would take a bound method for a
@@ -147,7 +162,17 @@ class McpFace:
         if scope["method"] == "POST":
             body, receive = await _buffered(receive)
             self._apply_cancel(caller, body)
-        await self.manager.handle_request({**scope, _PRINCIPAL: caller}, receive, send)
+        # The SDK sends a call's response stream nothing until the turn has ended: pinged, a
+        # client's read timeout (httpx's is 5 s) does not end the call (and cancel the turn)
+        # while the model thinks.
+        alive = sse.KeepAlive(send)
+        scope = {**scope, _PRINCIPAL: caller}
+        async with anyio.create_task_group() as pings:
+            pings.start_soon(alive.pinging)
+            try:
+                await self.manager.handle_request(scope, receive, alive.send)
+            finally:
+                pings.cancel_scope.cancel()
 
     def _apply_cancel(self, caller: Principal, body: bytes) -> None:
         """A handshake-era ``notifications/cancelled``: cancel the caller's call it names."""
@@ -221,16 +246,25 @@ class McpFace:
 
     async def _outcome(self, turn: Turn) -> types.CallToolResult:
         sid = turn.key.session_id
-        about = {"session_id": sid, "turn_id": turn.id, "status": turn.status}
         if not turn.ended:
-            wait = await waiting(self.st, turn)
+            # Queued behind a turn that waits for a human, the turn is withdrawn: a tool error
+            # must mean that nothing was done, for a host (or its model) calls again, and each
+            # call would queue one more turn, all to run once the decision is made.
+            withdrawn = turn.status == "queued"
+            wait = await waiting(self.st, turn, withdrawn=withdrawn)
+            if withdrawn:
+                scheduler = self.st.runtime.scheduler
+                turn = await scheduler.cancel(turn.key, turn.id, "caller_cancelled")
             return _error(
                 "awaiting_input",
                 wait.message,
-                **about,
+                session_id=sid,
+                turn_id=turn.id,
+                status=turn.status,
                 decisions=wait.decisions,
                 behind=wait.behind,
             )
+        about = {"session_id": sid, "turn_id": turn.id, "status": turn.status}
         if turn.status != "completed":
             return _error(ended_code(turn), ended_message(turn), **about, reason=turn.reason)
         reply = turn.output or ""

@@ -24,9 +24,6 @@ from tether.server import sse
 from tether.server.faces.a2a import tasks
 from tether.server.state import ServerState
 
-PING_SECONDS = 15.0
-"""An SSE comment line this often while nothing happens, so proxies keep the stream open."""
-
 
 async def follow(st: ServerState, turn: Turn, after_seq: int) -> AsyncIterator[pb.StreamResponse]:
     """The turn's A2A events after its event ``after_seq``, until it ends or asks a human."""
@@ -95,8 +92,8 @@ def _ended(turn: Turn, event: Event) -> Turn:
 
 def frames(items: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
     """SSE ``data:`` frames of JSON-RPC answers, with a comment line every idle
-    :data:`PING_SECONDS`; closing this closes ``items``."""
-    return sse.encoded(items, _data_frame, PING_SECONDS)
+    :data:`tether.server.sse.PING_SECONDS`; closing this closes ``items``."""
+    return sse.encoded(items, _data_frame, sse.PING_SECONDS)
 
 
 def _data_frame(item: dict[str, Any]) -> bytes:
