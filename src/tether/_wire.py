@@ -119,8 +119,11 @@ def ended(turn: dict[str, Any]) -> bool:
 
 
 def waiting(turn: dict[str, Any]) -> list[dict[str, Any]]:
-    """The pending decisions of a turn that waits for them (none for any other turn)."""
-    if turn.get("status") != AWAITING_INPUT:
+    """The pending decisions a turn waits for: its own (``awaiting_input``), or, queued
+    ``behind`` a turn that waits, that turn's, which the server's answer lists (none for any
+    other turn)."""
+    status = turn.get("status")
+    if status != AWAITING_INPUT and not (status == "queued" and turn.get("behind")):
         return []
     return [d for d in turn.get("decisions") or [] if d.get("status") == "pending"]
 

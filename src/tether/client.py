@@ -216,6 +216,14 @@ class Client:
                 with contextlib.suppress(DecisionRequired):
                     self._decide_with(session_id, event.data, on_decision)
 
+    def follow_turn(
+        self, session_id: str, turn_id: str, *, after: int = 0
+    ) -> Iterator[RemoteEvent]:
+        """A turn's events after its event ``after``: those stored, then live to its end (or
+        to the server's shutdown). Nothing is decided on the way: see :meth:`decide`."""
+        path = f"{_wire.turn_path(session_id, turn_id)}/events"
+        yield from self._events("GET", path, params={"after": after}, timeout=_STREAM_TIMEOUT)
+
     def _events(self, method: str, path: str, **kw: Any) -> Iterator[RemoteEvent]:
         try:
             with self._http.stream(method, path, **kw) as response:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
 import re
@@ -542,3 +543,50 @@ def test_a_turn_that_did_not_complete_is_said_once_in_words(
     console = Console(file=io.StringIO(), width=200, color_system=None)
     show_event(console, "turn.ended", {"status": status, "reason": reason})
     assert console.file.getvalue().strip() == (line or "")  # type: ignore[attr-defined]
+
+
+# -- a turn left waiting by another client -------------------------------------------------------
+async def _park_locally(data: Path, sid: str) -> None:
+    """A turn of the session ``sid`` on ``data``'s store that waits for an approval, as a
+    script's ``Agent.chat`` without ``on_decision`` leaves it."""
+    from tether.records import LOCAL_PRINCIPAL, SessionKey
+    from tether.runtime import Runtime
+    from tether.store import open_store_url
+
+    runtime = Runtime(open_store_url(str(data / "tether.db")), data_dir=data, agents=apps.agents)
+    async with runtime:
+        key = SessionKey.of(LOCAL_PRINCIPAL, sid)
+        await runtime.sessions.create(key, "approver")
+        turn = await runtime.scheduler.submit(
+            key, "launch it", principal=LOCAL_PRINCIPAL, agent=runtime.served("approver").ref
+        )
+        parked = await runtime.scheduler.wait(key, turn.id, until_input=True)
+        assert parked.status == "awaiting_input"
+
+
+@pytest.mark.slow
+def test_a_message_behind_a_turn_left_waiting_asks_that_turns_question_first(
+    start_chat: Start, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    # Before, the chat followed only its new turn, which could not start before someone
+    # decided the earlier one: nothing was shown, for ever.
+    sid = "left-waiting"
+    if request.node.callspec.params["start_chat"] == "remote":
+        server: Server = request.getfixturevalue("server")
+        with server.client() as c:
+            body = {"message": "launch it", "agent_name": "approver", "session_id": sid}
+            assert c.post("/api/chat", json=body).status_code == 202
+    else:
+        asyncio.run(_park_locally(tmp_path / "data", sid))
+    child = start_chat("--agent", "approver", "--session", sid)
+    child.expect_exact(PROMPT)
+    child.sendline("and then?")
+    child.expect_exact("sent before this message, waits for a decision first")
+    child.expect_exact(APPROVE_LAUNCH)
+    child.sendline("y")
+    child.expect_exact("tool said: launched rocket")
+    child.expect_exact(APPROVE_LAUNCH)  # the new message's own turn asks in its turn
+    child.sendline("n")
+    child.expect_exact(f"tool said: {REFUSED_RESULT}")
+    child.expect_exact(PROMPT)
+    leave(child)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from contextlib import closing
 from typing import Any
@@ -164,3 +165,37 @@ async def test_a_remote_session_decides_with_callbacks_sync_and_async(server: Se
             await remote.achat("launch", on_decision=lambda d: None)
         [left] = remote.decisions()
         assert remote.decide(left, "approve") == "tool said: launched rocket"
+
+
+async def test_a_message_behind_a_turn_that_waits_raises_or_decides_that_turns_decision(
+    server: Server,
+) -> None:
+    # Before, the client followed only the new turn, which cannot start before the earlier one
+    # is decided: chat() waited for ever, with or without on_decision.
+    async with AsyncClient(server.url) as client:
+        with pytest.raises(DecisionRequired) as first:
+            await client.chat("pick", session_id="cb", agent_name="asker")
+        with pytest.raises(DecisionRequired) as behind:
+            await asyncio.wait_for(client.chat("hello", session_id="cb", agent_name="echo"), 20)
+        waiting = behind.value.decision
+        assert (waiting.turn_id, waiting.call_id) == (
+            first.value.decision.turn_id,
+            first.value.decision.call_id,
+        )
+        asked: list[Decision] = []
+
+        def pick(d: Decision) -> DecisionAnswer:
+            asked.append(d)
+            return "Mars"
+
+        reply = await asyncio.wait_for(
+            client.chat("and then", session_id="cb", agent_name="echo", on_decision=pick), 20
+        )
+        assert [d.call_id for d in asked] == [waiting.call_id]
+        assert reply["response"] == "saw [pick, hello] then and then"
+    with closing(Session(agent_url=server.url, agent_name="asker", session_id="cb")) as remote:
+        with pytest.raises(DecisionRequired):
+            remote.chat("pick")
+        with pytest.raises(DecisionRequired) as sync_behind:
+            remote.chat("hi")
+        assert sync_behind.value.decision.payload["question"] == PICK["question"]

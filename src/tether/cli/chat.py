@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
-from tether import events
+from tether import _wire, events
 from tether.cli._chat_commands import (
     HISTORY_EXCHANGES,
     RESUME_EXCHANGES,
@@ -32,7 +32,15 @@ from tether.cli._options import DataDirOpt, KeyOpt, ModelOpt, UrlOpt, settings
 from tether.cli._output import errors, out
 from tether.cli._terminal import Interrupted, Terminal, read_prompt
 from tether.errors import ConfigError, DecisionMade, TetherError
-from tether.records import LOCAL_PRINCIPAL, Decision, Event, SessionKey, Verdict, new_session_id
+from tether.records import (
+    LOCAL_PRINCIPAL,
+    Decision,
+    Event,
+    SessionKey,
+    Turn,
+    Verdict,
+    new_session_id,
+)
 
 if TYPE_CHECKING:
     from tether.client import Client
@@ -172,12 +180,45 @@ class _LocalChat:
 
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGINT, cancel_turn)
-        stream = self.runtime.scheduler.events(key, turn.id)
         try:
-            await self._follow(stream)
+            await self._ahead_of(turn)
+            stream = self.runtime.scheduler.events(key, turn.id)
+            try:
+                await self._follow(stream)
+            finally:
+                await stream.aclose()
         finally:
             loop.remove_signal_handler(signal.SIGINT)
-            await stream.aclose()
+
+    async def _ahead_of(self, turn: Turn) -> None:
+        """An earlier turn that waits for a human (another client left it so) holds ``turn``
+        back: its question is shown and asked here, and it is followed to its end, as many
+        times as that takes (before, the chat waited on ``turn``'s events, which could not come
+        before someone decided)."""
+        scheduler = self.runtime.scheduler
+        while (ahead := await scheduler.parked_ahead(turn)) is not None:
+            pending = await scheduler.decisions(self.key, turn_id=ahead.id, status="pending")
+            calls = {d.call_id for d in pending}
+            asked = await self.runtime.sessions.stored_events(self.key, ahead.id)
+            # From just before its first question still open: what it said before was seen
+            # where it was sent.
+            start = next(
+                (
+                    e.seq - 1
+                    for e in asked
+                    if e.type == events.DECISION_REQUESTED and e.data.get("call_id") in calls
+                ),
+                asked[-1].seq if asked else 0,
+            )
+            self.out.print(
+                f"turn {ahead.id}, sent before this message, waits for a decision first",
+                style="yellow",
+            )
+            stream = scheduler.events(self.key, ahead.id, after_seq=start)
+            try:
+                await self._follow(stream)
+            finally:
+                await stream.aclose()
 
     async def _follow(self, stream: AsyncGenerator[Event, None]) -> None:
         """Show the turn's events; a question it asks is read while its events go on being
@@ -327,6 +368,7 @@ class _RemoteChat:
 
     def send(self, text: str) -> None:
         try:
+            self._earlier()
             for event in self.client.stream_turn(self.sid, text, on_decision=self._ask):
                 show_event(self.out, event.type, event.data)
         except KeyboardInterrupt:
@@ -335,6 +377,41 @@ class _RemoteChat:
             self.out.print(ending("cancelled", "client_disconnected"), style="red")
         except TetherError as exc:
             self.out.print(str(exc), style="red", markup=False)
+
+    def _earlier(self) -> None:
+        """An earlier turn that waits for a human (another client left it so) would hold a new
+        message back, and its stream would show nothing until someone decided: its question is
+        shown and asked first, and it is followed to its end, as many times as that takes."""
+        while pending := self.client.decisions(self.sid, status="pending"):
+            waiting = pending[0].turn_id
+            calls = {d.call_id for d in pending if d.turn_id == waiting}
+            self.out.print(
+                f"turn {waiting}, sent before this message, waits for a decision first",
+                style="yellow",
+            )
+            # Its events from the start, shown from its first question still open on (what it
+            # said before was seen where it was sent); a question replayed from before that
+            # one was decided already and is not asked.
+            showing = False
+            for event in self.client.follow_turn(self.sid, waiting):
+                showing = showing or (
+                    event.type == events.DECISION_REQUESTED and event.data.get("call_id") in calls
+                )
+                if not showing:
+                    continue
+                show_event(self.out, event.type, event.data)
+                if event.type == events.DECISION_REQUESTED:
+                    d = self._decision(event.data)
+                    verdict, answer = _wire.ask(self._ask, d)
+                    try:
+                        self.client.decide(self.sid, d.turn_id, d.call_id, verdict, answer)
+                    except DecisionMade as exc:
+                        self.out.print(
+                            f"too late: it was {exc.decision.status} meanwhile", style="red"
+                        )
+
+    def _decision(self, data: dict[str, Any]) -> Decision:
+        return _wire.decision_of(self.sid, data)
 
     def _ask(self, d: Decision) -> DecisionAnswer:
         """Ask the user; the client sends the answer to the server, where the turn waits."""
