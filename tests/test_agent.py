@@ -35,6 +35,9 @@ def test_agent_validation() -> None:
         Agent(name="a", memory={"sesion_id": "typo"})
     with pytest.raises(InvalidSessionId):
         Agent(name="a", memory={"session_id": "has space"})
+    for dots in (".", ".."):  # no URL keeps them as a path segment: never reachable remotely
+        with pytest.raises(InvalidSessionId):
+            Agent(name="a", memory={"session_id": dots})
     with pytest.raises(ConfigError):
         Agent(name="a", max_iterations=0)
 

@@ -7,13 +7,17 @@ import secrets
 
 from tether.errors import InvalidSessionId
 
-SESSION_ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+SESSION_ID_PATTERN = re.compile(r"(?!\.+\Z)[A-Za-z0-9._:-]{1,128}")
+"""Not dots alone: ``.`` and ``..`` are no path segment a URL keeps (HTTP clients and browsers
+resolve ``/v1/sessions/..`` to ``/v1``), so such a session could be made and never reached."""
 
 
 def validate_session_id(session_id: str) -> str:
     """Return ``session_id`` unchanged, or raise: ids are never silently rewritten."""
     if not isinstance(session_id, str) or SESSION_ID_PATTERN.fullmatch(session_id) is None:
-        raise InvalidSessionId("session_id must be 1-128 characters of letters, digits and '._:-'")
+        raise InvalidSessionId(
+            "session_id must be 1-128 characters of letters, digits and '._:-', not dots alone"
+        )
     return session_id
 
 

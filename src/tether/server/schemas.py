@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 from tether.records import Decision, Item, Policy, SessionRecord, SessionStatus, Turn, Verdict
 from tether.store.rules import decision_data
 
-SESSION_ID = r"^[A-Za-z0-9._:-]{1,128}$"
+SESSION_ID = r"^(?!\.+$)[A-Za-z0-9._:-]{1,128}$"
 MAX_INT64 = 2**63 - 1
 """Revisions and cursors are stored as 64-bit integers: beyond this no stored one exists."""
 NO_NUL = r"^[^\x00]*$"
