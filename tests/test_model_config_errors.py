@@ -61,6 +61,7 @@ async def test_a_reply_cut_at_the_output_cap_is_kept_and_flagged() -> None:
     async with running(InMemoryStore(), agent) as rt:
         reply = await rt.chat(agent, "tell me a story", session_id="s")
         assert reply == "Once upon a time there was a"
+        assert reply.complete is False  # the reply itself says so, not only its turn
         [turn] = await rt.store.list_turns(key("s"))
         assert (turn.status, turn.reason, turn.complete) == (
             "completed",

@@ -183,7 +183,10 @@ def raise_for(response: httpx.Response) -> None:
         raise DecisionMade(detail, decision=decision_of(sid, body["decision"]))
     kind = str(body.get("type", ""))
     if response.status_code == 401:
-        detail = f"{detail}: this server wants an API key (Session(api_key=…), or headers=)"
+        detail = (
+            f"{detail}: this server wants an API key (Python: Session(api_key=…) or headers=; "
+            "the CLI: --key or TETHER_API_KEY)"
+        )
     error = remote_error(kind.rpartition("/")[2])(response.status_code, kind, detail, body)
     if isinstance(error, RemoteLimitExceeded):
         retry = response.headers.get("Retry-After", "")

@@ -11,13 +11,16 @@ from tether.records import Turn
 class Response(str):
     """A chat reply: the text itself (a ``str``), and as the remote-agent contract has it,
     ``response["content"]`` and ``response["metadata"]`` (``agent_name``, ``session_id``,
-    ``turn_id``, ``timestamp``, ``status``); ``response.turn`` is the turn's id."""
+    ``turn_id``, ``timestamp``, ``status``); ``response.turn`` is the turn's id, and
+    ``response.complete`` False when the reply was cut short at the output limit."""
 
     metadata: dict[str, Any]
+    complete: bool
 
-    def __new__(cls, content: str, metadata: dict[str, Any]) -> Response:
+    def __new__(cls, content: str, metadata: dict[str, Any], complete: bool = True) -> Response:
         made = super().__new__(cls, content)
         made.metadata = metadata
+        made.complete = complete
         return made
 
     @classmethod
@@ -32,6 +35,7 @@ class Response(str):
                 "timestamp": time.time(),
                 "status": "completed",
             },
+            reply.get("complete") is not False,
         )
 
     @classmethod
@@ -47,11 +51,12 @@ class Response(str):
                 "timestamp": turn.ended_at or time.time(),
                 "status": turn.status,
             },
+            turn.complete,
         )
 
     def passed_through(self, text: str) -> Response:
         """The same reply with the text a middleware made of it."""
-        return Response(text, dict(self.metadata))
+        return Response(text, dict(self.metadata), self.complete)
 
     @property
     def content(self) -> str:

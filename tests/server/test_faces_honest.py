@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable
+from contextlib import closing
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.server.conftest import Server
+from tether import Session
 from tether.testing.fake_openai import FakeLength, FakeOpenAIServer
 
 CUT = "a reply cut at the cap"
@@ -88,7 +90,19 @@ def agui(c: httpx.Client) -> tuple[str, bool]:
     return text, events[-1]["result"]["complete"] is False
 
 
+def api_chat(c: httpx.Client) -> tuple[str, bool]:
+    out = c.post("/api/chat", json={"message": "go", "agent_name": "upstream"}).json()
+    return out["response"], out.get("complete") is False
+
+
+def remote_agent(c: httpx.Client) -> tuple[str, bool]:
+    out = c.post("/agents/upstream", json={"message": "go"}).json()
+    return out["content"], out["metadata"].get("complete") is False
+
+
 FACES: dict[str, Callable[[httpx.Client], tuple[str, bool]]] = {
+    "api chat": api_chat,
+    "remote agent": remote_agent,
     "openai chat": openai_chat,
     "openai responses": openai_responses,
     "a2a": a2a,
@@ -107,3 +121,14 @@ def test_a_reply_cut_at_the_cap_is_flagged_incomplete(
         text, flagged = FACES[face](c)
     assert text == CUT
     assert flagged, f"{face} reported a reply cut at the cap as complete"
+
+
+def test_a_remote_sessions_reply_cut_at_the_cap_says_so(
+    server: Server, fake_openai: FakeOpenAIServer
+) -> None:
+    fake_openai.script(FakeLength(CUT), "whole")
+    with closing(Session(agent_url=server.url, agent_name="upstream")) as remote:
+        cut = remote.chat("go")
+        whole = remote.chat("again")
+    assert (str(cut), cut.complete) == (CUT, False)
+    assert (str(whole), whole.complete) == ("whole", True)

@@ -357,6 +357,11 @@ class ChatResponse(BaseModel):
     agent_name: str
     session_id: str
     turn_id: str | None = Field(None, description="The turn that answered (tether's addition).")
+    complete: Literal[False] | None = Field(
+        default=None,
+        description="false when the reply was cut short at the output limit (tether's addition, "
+        "there only then: partial text is never passed off as a whole reply).",
+    )
 
 
 class AgentRequest(Wire):
@@ -390,6 +395,10 @@ class AgentMetadata(BaseModel):
         "/v1/sessions/{session_id}/turns/{decision.turn_id}/decisions, then follow the turn.",
     )
     behind: str | None = Field(None, description="(202) The turn awaiting input it waits behind.")
+    complete: Literal[False] | None = Field(
+        default=None,
+        description="false when the reply was cut short at the output limit (there only then).",
+    )
 
 
 class AgentReply(BaseModel):

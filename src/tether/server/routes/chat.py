@@ -93,8 +93,10 @@ async def chat(body: ChatRequest, request: Request, st: State, caller: Caller) -
         agent_name=done.agent_name,
         session_id=done.key.session_id,
         turn_id=done.id,
+        complete=None if done.complete else False,
     )
-    return JSONResponse(out.model_dump())
+    # PraisonAI's contract, and tether's turn id; a cut reply says so (the contract cannot).
+    return JSONResponse(out.model_dump(exclude={"complete"} if done.complete else None))
 
 
 @router.post("/agent", response_model=AgentReply, responses=_CHAT_RESPONSES)
@@ -138,10 +140,13 @@ async def _agent_reply(
         turn_id=done.id,
         status=done.status,
         behind=None,
+        complete=None if done.complete else False,
     )
     out = AgentReply(content=done.output or "", session_id=done.key.session_id, metadata=metadata)
-    # The contract's four metadata keys: what a waiting turn adds is not there when it ended.
-    return JSONResponse(out.model_dump(exclude={"metadata": {"decisions", "behind"}}))
+    # The contract's four metadata keys: what a waiting turn adds is not there when it ended,
+    # and a cut reply says so.
+    hidden = {"decisions", "behind"} | (set() if not done.complete else {"complete"})
+    return JSONResponse(out.model_dump(exclude={"metadata": hidden}))
 
 
 async def _turn(
