@@ -153,6 +153,7 @@ def test_a_handed_to_agent_that_asks_is_named_in_the_202(desk: Server) -> None:
             body["turn_id"],
         )
         assert [x["call_id"] for x in meta["decisions"]] == [d["call_id"]]
+        assert "complete" not in meta  # said of an ended reply only, and only when it was cut
         decided = client.post(
             f"/v1/sessions/asks/turns/{d['turn_id']}/decisions",
             json={"call_id": d["call_id"], "decision": "approve"},

@@ -132,7 +132,9 @@ async def _agent_reply(
         )
         reply = AgentReply(content="", session_id=done.key.session_id, metadata=metadata)
         return JSONResponse(
-            reply.model_dump(mode="json"), status_code=202, headers={"Location": _at(done)}
+            reply.model_dump(mode="json", exclude={"metadata": {"complete"}}),
+            status_code=202,
+            headers={"Location": _at(done)},
         )
     metadata = AgentMetadata(
         agent_name=done.agent_name,
