@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tether import Agent, Principal, ToolContext
-from tether.errors import ToolError
+from tether.errors import InvalidSessionId, ToolError
 from tether.records import SessionKey
 from tether.runtime import Runtime
 from tether.store import InMemoryStore
@@ -332,17 +332,23 @@ async def test_device_files_and_fifos(driver: Driver, two: TwoSessions, tmp_path
 
 
 async def test_dot_session_ids_stay_in_their_own_workspace(driver: Driver) -> None:
-    for sid in (".", ".."):
+    # Ids of dots alone are refused before anything runs; ids full of dots are a workspace
+    # of their own each (named by a hash of the key, never by the id itself).
+    for refused in (".", ".."):
+        with pytest.raises(InvalidSessionId):
+            await driver.rt.chat(driver.agent, "go", session_id=refused, principal=ALICE)
+    dotted = ("...a", ".a.", "a..")
+    for sid in dotted:
         result = await driver.call(ALICE, sid, "write_file", path="f.txt", content=sid)
         assert result == f"wrote {len(sid)} bytes to 'f.txt'"
     assert await driver.call(ALICE, "plain", "list_files") == "[the workspace is empty]"
-    for sid in (".", ".."):
+    for sid in dotted:
         assert await driver.call(ALICE, sid, "read_file", path="f.txt") == sid
         assert await driver.call(ALICE, sid, "list_files") == f"f.txt  ({len(sid)} bytes)"
         ws = driver.workspace(ALICE, sid)
         assert ws.parent.parent == driver.rt.workspace_root
         assert (ws / "f.txt").read_text() == sid
-    assert await driver.call(BOB, "..", "list_files") == "[the workspace is empty]"
+    assert await driver.call(BOB, "a..", "list_files") == "[the workspace is empty]"
 
 
 # -- checks on the open descriptor: a swap between check and use ----------------------------

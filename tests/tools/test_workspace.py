@@ -44,14 +44,16 @@ def _confined(root: Path, paths: list[Path]) -> None:
 
 
 async def test_dot_session_ids_get_workspaces_of_their_own(tmp_path: Path) -> None:
-    """``.`` and ``..`` are valid session ids; as path parts they would name the owner's and the
+    """Ids full of dots (``.`` and ``..`` alone were valid until refused at every door); as path
+    parts ``.`` and ``..`` would name the owner's and the
     tenant's directories, holding every other session's workspace."""
     model = ScriptedModel(
         default=lambda r: "done" if r.messages[-1].role == "tool" else ToolCalls(Call("where"))
     )
     agent = Agent(name="a", model=model, tools=[where], memory={"auto": False})
     async with Runtime(InMemoryStore(), data_dir=tmp_path, agents=[agent]) as rt:
-        for sid in ("plain", ".", ".."):
+        # (Ids of dots alone are refused at every door; raw keys of them are below.)
+        for sid in ("plain", ".x", "x.."):
             assert await rt.chat(agent, "where?", session_id=sid) == "done"
     seen = [Path(m.content) for r in model.requests for m in r.messages if m.role == "tool"]
     assert len(seen) == 3

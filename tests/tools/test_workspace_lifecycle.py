@@ -98,7 +98,7 @@ async def test_forgetting_a_user_removes_all_their_workspaces(tmp_path: Path) ->
         assert (mine / "note.txt").exists()
 
 
-@pytest.mark.parametrize("sid", [".", ".."])
+@pytest.mark.parametrize("sid", [".x", "x.."])  # dots alone are refused at every door
 async def test_dot_ids_delete_only_their_own_workspace(tmp_path: Path, sid: str) -> None:
     agent = _agent()
     async with Runtime(SQLiteStore(tmp_path / "t.db"), data_dir=tmp_path, agents=[agent]) as rt:
