@@ -66,6 +66,16 @@ async def turns(server: Server, session: str, key: str | None = None) -> list[di
         return found
 
 
+async def answer(server: Server, session: str, turn_id: str, call_id: str, said: str) -> None:
+    """Answer a turn's question through tether's own API, as the tool error says to."""
+    async with httpx.AsyncClient(base_url=server.url) as h:
+        r = await h.post(
+            f"/v1/sessions/{session}/turns/{turn_id}/decisions",
+            json={"call_id": call_id, "answer": said},
+        )
+        assert r.status_code == 200, r.text
+
+
 async def until_status(
     server: Server, session: str, *statuses: str, key: str | None = None
 ) -> dict[str, Any]:
@@ -260,12 +270,7 @@ async def test_a_turn_awaiting_a_decision_says_how_to_decide_it(server: Server) 
     sid, tid = waiting["session_id"], waiting["turn_id"]
     assert f"POST /v1/sessions/{sid}/turns/{tid}/decisions" in text(result)
     # What the text says works: decide through tether's API, follow the turn to its reply.
-    async with httpx.AsyncClient(base_url=server.url) as h:
-        r = await h.post(
-            f"/v1/sessions/{sid}/turns/{tid}/decisions",
-            json={"call_id": decision["call_id"], "answer": "Ada"},
-        )
-        assert r.status_code == 200, r.text
+    await answer(server, sid, tid, decision["call_id"], "Ada")
     turn = await until_status(server, sid, "completed", "failed")
     assert turn["id"] == tid and turn["output"] == "noted: The user answered: Ada"
 
@@ -287,12 +292,7 @@ async def test_a_message_behind_a_turn_awaiting_a_decision_is_withdrawn_not_queu
     assert "was not sent" in text(second)
     (decision,) = withdrawn["decisions"]
     assert f"POST /v1/sessions/{sid}/turns/{waiting_id}/decisions" in text(second)
-    async with httpx.AsyncClient(base_url=server.url) as h:
-        r = await h.post(
-            f"/v1/sessions/{sid}/turns/{waiting_id}/decisions",
-            json={"call_id": decision["call_id"], "answer": "Ada"},
-        )
-        assert r.status_code == 200, r.text
+    await answer(server, sid, waiting_id, decision["call_id"], "Ada")
     await until_status(server, sid, "completed", "failed", "cancelled")
     await asyncio.sleep(0.3)  # time for a turn left queued behind it to start, were there one
     found = await turns(server, sid)

@@ -22,7 +22,7 @@ from a2a.types import a2a_pb2 as pb
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.server.conftest import Server, start_server
+from tests.server.conftest import Server
 from tether.testing.fake_openai import FakeOpenAIServer
 
 THINKS_MS = 6000
@@ -32,20 +32,10 @@ REPLY = "worth the wait"
 
 
 @pytest.fixture(scope="module")
-def slow_model() -> Iterator[FakeOpenAIServer]:
+def fake_openai() -> Iterator[FakeOpenAIServer]:
+    """The model of conftest's ``server`` (its agent ``upstream``), slow to start answering."""
     with FakeOpenAIServer(latency_ms=THINKS_MS, reply=REPLY) as srv:
         yield srv
-
-
-@pytest.fixture(scope="module")
-def server(
-    tmp_path_factory: pytest.TempPathFactory, slow_model: FakeOpenAIServer
-) -> Iterator[Server]:
-    srv = start_server(
-        tmp_path_factory.mktemp("keepalive"), env={"FAKE_OPENAI_URL": slow_model.base_url}
-    )
-    yield srv
-    srv.stop()
 
 
 async def test_an_mcp_call_outlasts_a_clients_read_timeout_in_either_era(server: Server) -> None:

@@ -401,7 +401,7 @@ class _RemoteChat:
                     continue
                 show_event(self.out, event.type, event.data)
                 if event.type == events.DECISION_REQUESTED:
-                    d = self._decision(event.data)
+                    d = _wire.decision_of(self.sid, event.data)
                     verdict, answer = _wire.ask(self._ask, d)
                     try:
                         self.client.decide(self.sid, d.turn_id, d.call_id, verdict, answer)
@@ -409,9 +409,6 @@ class _RemoteChat:
                         self.out.print(
                             f"too late: it was {exc.decision.status} meanwhile", style="red"
                         )
-
-    def _decision(self, data: dict[str, Any]) -> Decision:
-        return _wire.decision_of(self.sid, data)
 
     def _ask(self, d: Decision) -> DecisionAnswer:
         """Ask the user; the client sends the answer to the server, where the turn waits."""
