@@ -142,6 +142,17 @@ def test_a_second_run_on_the_thread_continues_it(server: Server) -> None:
     assert [t["input"] for t in turns] == ["one", "two"]
 
 
+def test_a_messages_text_parts_are_one_line_each(server: Server) -> None:
+    thread = new_thread()
+    payload = json.loads(body(thread, "x"))
+    payload["messages"][0]["content"] = [
+        {"type": "text", "text": "two"},
+        {"type": "text", "text": "parts"},
+    ]
+    _, found = run(server, "echo", json.dumps(payload))
+    assert text_of(found) == "saw [] then two\nparts"
+
+
 def test_a_run_sent_again_is_the_same_turn_and_one_ending_with_the_reply_is_refused(
     server: Server,
 ) -> None:

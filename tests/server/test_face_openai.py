@@ -105,6 +105,19 @@ def test_a_session_continues_and_resent_history_is_not_duplicated(
     assert reply.choices[0].message.content == "saw [one, two, three] then four"
 
 
+def test_a_messages_text_parts_are_one_line_each(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model="echo",
+        messages=[
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "two"}, {"type": "text", "text": "parts"}],
+            }
+        ],
+    )
+    assert reply.choices[0].message.content == "saw [] then two\nparts"
+
+
 def test_without_a_session_each_call_is_fresh(client: openai.OpenAI) -> None:
     raw = client.chat.completions.with_raw_response.create(
         model="echo", messages=[{"role": "user", "content": "a"}]

@@ -157,7 +157,7 @@ def _said(run: RunAgentInput) -> _Said:
             if not isinstance(part, TextPart):
                 raise InvalidInput("only text content parts are supported")
             parts.append(part.text)
-        text = "".join(parts)
+        text = "\n".join(parts)  # one line a part, as the other doors join them
     # The turn's idempotency key: a retried run (same run, same message, same text) gets the
     # turn the first one made. Hashed: a run id or message id may hold any character; the text
     # is in it so that ids a client reuses for another message never refuse that message.

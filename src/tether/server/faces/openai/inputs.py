@@ -84,7 +84,8 @@ def header_session(request: Request) -> str | None:
 
 
 def text_of(content: object, param: str) -> str:
-    """A message's text: a string, or a list of text parts (``text``, ``input_text``…)."""
+    """A message's text: a string, or a list of text parts (``text``, ``input_text``…), one
+    line each (as vLLM and A2A's face join them: parts are separate, never glued words)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -97,7 +98,7 @@ def text_of(content: object, param: str) -> str:
             if not isinstance(text, str):
                 raise FaceError(400, "a text part's text must be a string", "invalid_value", param)
             parts.append(text)
-        return "".join(parts)
+        return "\n".join(parts)
     raise FaceError(400, "a message's content must be text", "invalid_value", param)
 
 
