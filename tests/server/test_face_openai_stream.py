@@ -184,6 +184,47 @@ def test_a_streamed_response_numbers_its_events(client: openai.OpenAI) -> None:
     assert final.status == "completed" and final.usage is not None
 
 
+def test_a_response_is_streamed_again_and_resumed_by_sequence_number(
+    client: openai.OpenAI, server: Server
+) -> None:
+    live = list(client.responses.create(model="slow", input="go", stream=True))
+    rid = live[0].response.id  # type: ignore[union-attr]
+    # Read back later (any process): the same events, numbered the same, to the same end.
+    again = list(client.responses.retrieve(rid, stream=True))
+    assert [(e.type, e.sequence_number) for e in again] == [
+        (e.type, e.sequence_number) for e in live
+    ]
+    assert [getattr(e, "delta", None) for e in again] == [getattr(e, "delta", None) for e in live]
+    assert again[0].response.status == "queued"  # type: ignore[union-attr]
+    assert isinstance(again[-1], ResponseCompletedEvent)
+    assert again[-1].response.output_text == "".join(
+        e.delta for e in live if isinstance(e, ResponseTextDeltaEvent)
+    )
+    # A dropped stream resumes after the last event it read.
+    cut = len(live) // 2
+    resumed = list(client.responses.retrieve(rid, stream=True, starting_after=cut))
+    assert [e.sequence_number for e in resumed] == list(range(cut + 1, len(live)))
+    # Read back, a response does not claim how it was asked for.
+    assert client.responses.retrieve(rid).background is None
+    with server.client() as c:
+        r = c.get(f"/v1/responses/{rid}", params={"stream": "true", "starting_after": "-1"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "starting_after"
+        r = c.get(f"/v1/responses/{rid}", params={"stream": "maybe"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "stream"
+
+
+def test_a_background_response_is_watched_as_it_runs(client: openai.OpenAI) -> None:
+    queued = client.responses.create(model="slow", input="go", background=True)
+    watched = list(client.responses.retrieve(queued.id, stream=True))
+    assert [e.sequence_number for e in watched] == list(range(len(watched)))
+    assert [e.type for e in watched][:2] == ["response.created", "response.in_progress"]
+    deltas = [e.delta for e in watched if isinstance(e, ResponseTextDeltaEvent)]
+    assert len(deltas) > 1
+    assert isinstance(watched[-1], ResponseCompletedEvent)
+    assert watched[-1].response.output_text == "".join(deltas)
+    assert client.responses.retrieve(queued.id).status == "completed"
+
+
 def test_a_failed_response_is_an_error_and_its_stream_says_failed(
     client: openai.OpenAI, fake_openai: FakeOpenAIServer
 ) -> None:

@@ -16,7 +16,9 @@ Which conversation a response continues:
 
 ``background: true`` answers at once with the queued response (poll it with GET; cancel it
 with ``/cancel``). ``stream: true`` sends ``response.*`` events numbered by
-``sequence_number``. A completed turn is ``completed`` (``incomplete`` when the reply was cut
+``sequence_number``; ``GET`` with ``stream=true`` replays them (after ``starting_after``) and
+follows the turn, so a background response is watched and a dropped stream resumed from any
+process. A completed turn is ``completed`` (``incomplete`` when the reply was cut
 at the output cap); a failed one ``failed`` with its ``error``; a cancelled, interrupted or
 rolled-back one ``cancelled``. Without streaming or background a turn that did not complete is
 an OpenAI error, as for chat completions; a stream ends with ``response.failed`` (its status
@@ -32,7 +34,7 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -40,7 +42,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from tether.errors import SessionNotFound, TetherError
 from tether.events import MESSAGE_DELTA, TURN_AWAITING_INPUT, TURN_ENDED
-from tether.records import SESSION_ID_PATTERN, Principal, SessionKey, Turn
+from tether.records import SESSION_ID_PATTERN, Principal, SessionKey, Turn, Usage
 from tether.server import sse
 from tether.server.conversation import Opened, as_taken, submit
 from tether.server.deps import State
@@ -151,7 +153,7 @@ _CREATE_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 _READ_RESPONSES = documented(
     {
-        400: "ambiguous credentials",
+        400: "ambiguous credentials; stream or starting_after malformed",
         401: "no valid API key",
         404: "no such response of yours",
         503: "the store is unreachable",
@@ -167,7 +169,8 @@ class Asked:
     model: str | None = None
     previous: str | None = None
     metadata: dict[str, str] = field(default_factory=dict)
-    background: bool = False
+    background: bool | None = None
+    """None when read back: the store keeps the turn, not how its request asked for it."""
 
 
 def response_id(turn: Turn) -> str:
@@ -319,15 +322,101 @@ async def create_response(request: Request, st: State) -> Response:
     return JSONResponse(response_object(done, asked), headers=headers)
 
 
-@router.get("/v1/responses/{response_id}", responses=_READ_RESPONSES)
+_GET_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "the response; with stream=true, its response.* events",
+        "content": {
+            "application/json": {"schema": {"type": "object"}},
+            "text/event-stream": {"schema": {"type": "string"}},
+        },
+    },
+    **_READ_RESPONSES,
+}
+
+
+@router.get(
+    "/v1/responses/{response_id}",
+    responses=_GET_RESPONSES,
+    openapi_extra={
+        # Read from the query by hand: a malformed one is an OpenAI error, not FastAPI's 422.
+        "parameters": [
+            {
+                "name": "stream",
+                "in": "query",
+                "description": "true: the response's events, replayed then followed",
+                "schema": {"type": "boolean"},
+            },
+            {
+                "name": "starting_after",
+                "in": "query",
+                "description": "with stream: only the events after this sequence_number",
+                "schema": {"type": "integer", "minimum": 0, "maximum": 2**53 - 1},
+            },
+        ]
+    },
+)
 async def get_response(response_id: str, request: Request, st: State) -> Response:
-    """A response as it stands (queued, in progress, or how it ended)."""
+    """A response as it stands (queued, in progress, or how it ended); with ``stream=true`` its
+    ``response.*`` events from the first (or after ``starting_after``), as the request that
+    made it streamed them, then followed live: how a background response is watched, or a
+    dropped stream resumed, from any process."""
     try:
         caller = await caller_of(st, request)
+        query = request.query_params
+        streaming = _query_flag(query.get("stream"), "stream")
+        after = _query_count(query.get("starting_after"), "starting_after")
         turn = await _own_turn(st, caller, response_id)
     except (FaceError, TetherError, Problem) as exc:
         return refusal(exc, None)
-    return JSONResponse(response_object(turn))
+    if not streaming:
+        return JSONResponse(response_object(turn))
+    events = _events(st, _as_created(turn), Asked())
+    return StreamingResponse(
+        sse.encoded(_after(events, after), _frame),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+def _query_flag(value: str | None, name: str) -> bool:
+    if value is None or value.lower() in ("false", "0"):
+        return False
+    if value.lower() in ("true", "1"):
+        return True
+    raise FaceError(400, f"{name} must be true or false", "invalid_value", name)
+
+
+def _query_count(value: str | None, name: str) -> int:
+    if value is None:
+        return -1
+    if not (value.isascii() and value.isdigit()) or len(value) > 18:
+        raise FaceError(400, f"{name} must be a sequence_number (0 or more)", "invalid_value", name)
+    return int(value)
+
+
+def _as_created(turn: Turn) -> Turn:
+    """``turn`` as it stood when its request took it: the first events of a replayed stream
+    say what they said live (queued, nothing answered yet), so their sequence numbers name
+    the same events."""
+    return replace(
+        turn,
+        status="queued",
+        reason=None,
+        error=None,
+        output=None,
+        complete=True,
+        usage=Usage(),
+        started_at=None,
+        ended_at=None,
+    )
+
+
+async def _after(
+    events: AsyncIterator[dict[str, Any]], after: int
+) -> AsyncIterator[dict[str, Any]]:
+    async for event in events:
+        if event["sequence_number"] > after:
+            yield event
 
 
 @router.post("/v1/responses/{response_id}/cancel", responses=_READ_RESPONSES)
