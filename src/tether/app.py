@@ -107,10 +107,26 @@ class App:
             drain_timeout=drain_timeout,
             workers=workers,
         )
-        serve(settings, self.agents, log_level=log_level, access_log=access_log)
+        agents = self.agents
+
+        def announce(url: str) -> None:  # as `tether serve` says it: where to point a client
+            print(ready_line(agents, settings, url), file=sys.stderr, flush=True)
+
+        serve(settings, agents, log_level=log_level, access_log=access_log, on_ready=announce)
 
 
 AgentOS = App
+
+
+def ready_line(agents: Sequence[Agent], settings: Settings, url: str) -> str:
+    """What a server says once it listens: its agents, its URL and its store (no password)."""
+    from tether.redact import redact_url
+
+    names = ", ".join(a.name for a in agents)
+    store = redact_url(settings.store_url)
+    if settings.workers > 1:
+        store += f", {settings.workers} workers"
+    return f"tether: serving {names} on {url} (store {store})"
 
 
 def serve(

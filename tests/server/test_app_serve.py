@@ -92,6 +92,9 @@ def test_serve_from_a_script_answers_http_and_exits_cleanly(tmp_path: Path, cls:
         _stop(proc)
     # What it stored is where the script said: the data directory it passed.
     assert (tmp_path / "data" / "tether.db").exists()
+    # It said where it listens, as `tether serve` does.
+    log = (tmp_path / "out.log").read_text()
+    assert f"tether: serving greeter on {url} (store {tmp_path / 'data'}" in log, log
 
 
 @pytest.mark.slow

@@ -8,7 +8,6 @@ import typer
 
 from tether.cli._options import DataDirOpt, HostOpt, ModelOpt, PortOpt, StoreOpt, settings
 from tether.cli._output import err, errors
-from tether.redact import redact_url
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
 
@@ -69,7 +68,7 @@ def serve(
     ] = True,
 ) -> None:
     """Run the HTTP server (SQLite under ./.tether and the embedded model by default)."""
-    from tether.app import load_agents, model_problems
+    from tether.app import load_agents, model_problems, ready_line
     from tether.app import serve as run_server
     from tether.server.app import default_agent
 
@@ -88,13 +87,9 @@ def serve(
         agents = load_agents(target) if target else [default_agent(config)]
         for problem in model_problems(agents, config.model):
             err.print(f"tether: warning: {problem}", markup=False)
-        names = ", ".join(a.name for a in agents)
-        store_shown = redact_url(config.store_url)
-        if config.workers > 1:
-            store_shown += f", {config.workers} workers"
 
         def announce(url: str) -> None:  # once the socket listens: never before a bind fails
             # With workers, once all of them serve (the parent prints it).
-            err.print(f"tether: serving {names} on {url} (store {store_shown})", markup=False)
+            err.print(ready_line(agents, config, url), markup=False)
 
         run_server(config, agents, log_level=log_level, access_log=access_log, on_ready=announce)
