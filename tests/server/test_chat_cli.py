@@ -590,3 +590,45 @@ def test_a_message_behind_a_turn_left_waiting_asks_that_turns_question_first(
     child.expect_exact(f"tool said: {REFUSED_RESULT}")
     child.expect_exact(PROMPT)
     leave(child)
+
+
+@pytest.mark.slow
+def test_ctrl_c_at_an_earlier_turns_question_leaves_that_turn_waiting(
+    start_chat: Start, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    # Before, the remote chat said "turn cancelled" for a message it never sent; the local
+    # one went on asking the earlier question.
+    sid = "left-waiting-2"
+    remote = request.node.callspec.params["start_chat"] == "remote"
+    if remote:
+        server: Server = request.getfixturevalue("server")
+        with server.client() as c:
+            body = {"message": "launch it", "agent_name": "approver", "session_id": sid}
+            assert c.post("/api/chat", json=body).status_code == 202
+    else:
+        asyncio.run(_park_locally(tmp_path / "data", sid))
+    child = start_chat("--agent", "approver", "--session", sid)
+    child.expect_exact(PROMPT)
+    child.sendline("and then?")
+    child.expect_exact(APPROVE_LAUNCH)
+    child.sendintr()
+    child.expect_exact("the earlier turn still waits for its decision")
+    child.expect_exact(PROMPT)
+    # Nothing of "and then?" stays behind it: the next line is the next message, and the
+    # earlier turn's question is still the one to answer first.
+    child.sendline("once more")
+    child.expect_exact("sent before this message, waits for a decision first")
+    child.expect_exact(APPROVE_LAUNCH)
+    child.sendline("y")
+    child.expect_exact("tool said: launched rocket")
+    child.expect_exact(APPROVE_LAUNCH)
+    child.sendline("n")
+    child.expect_exact(f"tool said: {REFUSED_RESULT}")
+    child.expect_exact(PROMPT)
+    leave(child)
+    if remote:
+        with server.client() as c:
+            turns = c.get(f"/v1/sessions/{sid}/turns").json()["data"]
+        inputs = [(t["input"], t["status"]) for t in turns]
+        assert ("once more", "completed") in inputs and ("launch it", "completed") in inputs
+        assert all(i != "and then?" or s == "cancelled" for i, s in inputs), inputs

@@ -173,15 +173,27 @@ class _LocalChat:
             self.key, text, principal=LOCAL_PRINCIPAL, agent=self.runtime.served(self.agent).ref
         )
         key = self.key
+        ahead = asyncio.ensure_future(self._ahead_of(turn))
 
         def cancel_turn() -> None:
             cancel = self.runtime.scheduler.cancel(key, turn.id, "cancelled")
             self._cancels.add(asyncio.ensure_future(cancel))
+            ahead.cancel()  # stop asking an earlier turn's question: that turn is not ours
 
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGINT, cancel_turn)
         try:
-            await self._ahead_of(turn)
+            try:
+                await ahead
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
+                self.out.print()
+                self.out.print(
+                    "cancelled; the earlier turn still waits for its decision", style="yellow"
+                )
+                return
             stream = self.runtime.scheduler.events(key, turn.id)
             try:
                 await self._follow(stream)
@@ -369,6 +381,17 @@ class _RemoteChat:
     def send(self, text: str) -> None:
         try:
             self._earlier()
+        except KeyboardInterrupt:
+            # Nothing was sent, and following the earlier turn never cancels it.
+            self.out.print()
+            self.out.print(
+                "not sent; the earlier turn still waits for its decision", style="yellow"
+            )
+            return
+        except TetherError as exc:
+            self.out.print(str(exc), style="red", markup=False)
+            return
+        try:
             for event in self.client.stream_turn(self.sid, text, on_decision=self._ask):
                 show_event(self.out, event.type, event.data)
         except KeyboardInterrupt:
