@@ -239,6 +239,29 @@ async def test_always_approves_the_tool_for_this_session_only(store: Store) -> N
     assert launched == ["first", "second"]
 
 
+@pytest.mark.parametrize("ending", ["deny", "expire"])
+async def test_a_calls_own_refusal_stands_when_always_comes_while_it_waits(
+    store: Store, ending: str
+) -> None:
+    # Before, "always" for the tool, given while the call waited (a state edit, another
+    # call's answer), ran the very call a human had denied or let expire.
+    agent = _agent(approval_timeout=0.5) if ending == "expire" else _agent()
+    async with Runtime(store, agents=[agent]) as rt:
+        parked = await _parked(rt, agent)
+        d = await _pending(rt, parked)
+        await rt.sessions.update(parked.key, state={ALWAYS_KEY: ["launch"]})
+        if ending == "deny":
+            await rt.decide(parked.key, parked.id, d.call_id, "deny")
+        done = await rt.scheduler.wait(parked.key, parked.id)
+        refused = REFUSED_RESULT if ending == "deny" else EXPIRED_RESULT
+        assert done.output == f"tool said: {refused}"
+        [record] = await rt.decisions(parked.key, turn_id=parked.id)
+        assert record.status == ("denied" if ending == "deny" else "expired")
+        # The next call of the tool is approved by "always", as the session said.
+        assert await rt.chat(agent, "next", session_id="s") == "tool said: launched next"
+    assert launched == ["next"]
+
+
 async def test_on_decision_callbacks_decide_in_process(store: Store) -> None:
     agent = _agent()
     seen: list[Decision] = []

@@ -90,13 +90,16 @@ async def run_call(ctx: TurnContext, call: ToolCall) -> tuple[str, bool]:
     if tool is ask_user and decision is None:
         payload = {"question": args["question"], "choices": args.get("choices")}
         raise NeedsDecision(call, _asked(ctx, call, "question", payload))
-    if tool.requires_approval and tool.name not in ctx.always:
-        if decision is None:
+    if tool.requires_approval:
+        # A decision recorded for this very call is final: an "always" given for the tool
+        # while it waited (another call's, a state edit) never turns its denial or its
+        # expiry into a run.
+        if decision is None and tool.name not in ctx.always:
             payload = {"tool": call.name, "arguments": call.arguments}
             raise NeedsDecision(call, _asked(ctx, call, "approval", payload))
-        if decision.status == "expired":
+        if decision is not None and decision.status == "expired":
             return EXPIRED_RESULT, True
-        if decision.status not in ("approved", "always"):
+        if decision is not None and decision.status not in ("approved", "always"):
             return REFUSED_RESULT, True
     if tool.requires_approval or decision is not None:
         if ctx.resumed is not None and call.id in ctx.resumed.started_calls:
