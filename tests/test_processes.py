@@ -130,3 +130,37 @@ def test_kill_9_mid_turn_then_restart_recovers(tmp_path: Path) -> None:
     assert all(excluded for kind, content, _, excluded in items if content in ("three",))
     for tid, types in state["events"].items():
         assert types.count("turn.ended") == 1, (tid, types)
+
+
+def test_a_decision_made_in_another_process_resumes_the_turn_there(tmp_path: Path) -> None:
+    # Before, the deciding process took the turn without serving its agent: it ended
+    # failed/agent_not_found, and the tool never ran.
+    body = """
+    from tether import Session
+    from tether.errors import DecisionRequired
+
+    @tool(requires_approval=True)
+    def deploy(target: str) -> str:
+        "Deploy something (a human approves it)."
+        return f"deployed {target}"
+
+    def deploys(request: ModelRequest):
+        if request.messages[-1].role == "tool":
+            return f"tool said: {request.messages[-1].content}"
+        return ToolCalls(Call("deploy", {"target": "prod"}))
+
+    session = Session(session_id="xp1", user_id="xu")
+    session.Agent(name="deployer", model=ScriptedModel(default=deploys), tools=[deploy])
+    if sys.argv[0].endswith("ask.py"):
+        try:
+            session.chat("ship it")
+        except DecisionRequired as exc:
+            print("waits on", exc.decision.payload["tool"])
+    else:
+        [pending] = session.decisions()
+        print(session.decide(pending, "approve"))
+        print(json.dumps([d.status for d in session.decisions(status=None)]))
+    """
+    assert finish(run_script(tmp_path, "ask", body)).strip() == "waits on deploy"
+    out = finish(run_script(tmp_path, "decide", body)).splitlines()
+    assert out == ["tool said: deployed prod", '["approved"]']

@@ -404,6 +404,10 @@ class Session:
     ) -> Turn:
         """On the runtime's loop: decide, then wait for the turn as ``Runtime.chat`` does."""
         runtime = self._rt().runtime
+        # The turn goes on here, in this process, maybe not the one that sent it (it exited,
+        # or it waits elsewhere): it needs this session's agents served, as chat serves them.
+        for agent in self._agents.values():
+            runtime.register(agent)
         await runtime.decide(self.key, turn_id, call_id, verdict, answer=answer)
         # The decision queued the turn again: this returns once it waits again or has ended.
         turn = await runtime.scheduler.wait(self.key, turn_id, until_input=True)
