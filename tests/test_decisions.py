@@ -29,8 +29,8 @@ from tether.events import (
     TURN_RESUMED,
 )
 from tether.models.base import ModelRequest
-from tether.records import Decision, SessionKey, Turn
-from tether.runtime import Runtime
+from tether.records import LOCAL_PRINCIPAL, Decision, SessionKey, Turn
+from tether.runtime import DecisionAnswer, Runtime
 from tether.store import InMemoryStore
 from tether.store.protocol import Store
 from tether.store.rules import ALWAYS_KEY
@@ -287,6 +287,17 @@ async def test_on_decision_callbacks_decide_in_process(store: Store) -> None:
         assert await rt.chat(agent, "c", session_id="s", on_decision=broken) == (
             f"tool said: {REFUSED_RESULT}"  # fails closed
         )
+        for nonsense in (1, 0, {"approve": True}):
+            # Not an answer: refused too (before, 1 raised AttributeError from chat and left
+            # the decision pending).
+
+            def answers(d: Decision, said: object = nonsense) -> DecisionAnswer:
+                return said  # type: ignore[return-value]
+
+            reply = await rt.chat(agent, "x", session_id="s", on_decision=answers)
+            assert reply == f"tool said: {REFUSED_RESULT}"
+        here = rt.key_for(agent, "s", LOCAL_PRINCIPAL)
+        assert await rt.decisions(here, status="pending") == []
         with pytest.raises(DecisionRequired) as required:
             await rt.chat(agent, "d", session_id="s")
         d = required.value.decision

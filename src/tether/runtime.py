@@ -452,7 +452,8 @@ def verdict_of(d: Decision, said: DecisionAnswer) -> tuple[Verdict, str | None] 
     """A callback's answer as a verdict: see :data:`DecisionAnswer`."""
     if said is None:
         return None
-    if said is False:
+    if said is False or not isinstance(said, str | bool):
+        # Not an answer at all (a number, a dict): refused, as a callback that raised is.
         return "deny", None
     if d.kind == "question":
         if said is True:
