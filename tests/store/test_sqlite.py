@@ -432,3 +432,29 @@ def test_processes_switching_a_fresh_file_to_wal_at_once_all_get_there(tmp_path:
         outs = [p.communicate(timeout=60) for p in procs]
         assert [p.returncode for p in procs] == [0] * 4, [err.decode()[-300:] for _, err in outs]
         assert [out.decode().strip() for out, _ in outs] == ["wal"] * 4
+
+
+async def test_a_new_file_and_directory_are_the_owners_alone(tmp_path: Path) -> None:
+    # Every user's history and memory are in the file: before, it was made 0644 (and its
+    # -wal and -shm with it) under the usual umask, readable by every account on the host.
+    path = tmp_path / "data" / "t.db"
+    store = SQLiteStore(path)
+    await store.open()
+    try:
+        await store.create_session(KEY, "assistant")
+        made = [path, path.with_name("t.db-wal"), path.with_name("t.db-shm")]
+        assert {p.name: oct(p.stat().st_mode & 0o777) for p in made} == {
+            p.name: "0o600" for p in made
+        }
+        assert oct(path.parent.stat().st_mode & 0o777) == "0o700"
+    finally:
+        await store.close()
+    # A file that exists keeps the mode its owner gave it.
+    path.chmod(0o640)
+    again = SQLiteStore(path)
+    await again.open()
+    try:
+        assert await again.get_session(KEY) is not None
+        assert oct(path.stat().st_mode & 0o777) == "0o640"
+    finally:
+        await again.close()

@@ -90,7 +90,16 @@ class Connection:
     async def open(self) -> None:
         if self._worker is not None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Every user's history, memory and key hashes are in this file: a directory and file
+        # made here are the owner's alone (SQLite gives its -wal and -shm the file's mode). One
+        # that exists already keeps the mode its owner gave it.
+        try:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise StoreError(f"sqlite: cannot open {self.path}: {exc}") from exc
         worker = SQLiteWorker(self._connect)
         try:
             await worker.start()
