@@ -18,6 +18,7 @@ from tether import (
     Session,
     SessionClosed,
     SessionNotFound,
+    ToolContext,
     TurnFailed,
     tool,
 )
@@ -481,3 +482,25 @@ def test_session_arguments_that_cannot_work_are_refused_at_once() -> None:
             Session(agent_url="http://127.0.0.1:9", timeout=timeout)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="headers"):
         Session(agent_url="http://127.0.0.1:9", headers=["a"])  # type: ignore[arg-type]
+
+
+@tool
+def whoami(ctx: ToolContext) -> str:
+    """Who the turn is for."""
+    return f"{ctx.principal.tenant}/{ctx.principal.user} owns {ctx.session.owner}"
+
+
+def _asks_whoami(request: ModelRequest) -> str | ToolCalls:
+    if request.messages[-1].role == "tool":
+        return f"tool said: {request.messages[-1].content}"
+    return ToolCalls(Call("whoami", {}))
+
+
+def test_a_sessions_tools_see_its_user(data_dir: Path) -> None:
+    # Before, every Session(user_id=…)'s tools saw the process's own local user: a tool (or
+    # an MCP server's headers) keyed on ctx.principal.user treated all users as one.
+    model = ScriptedModel(default=_asks_whoami)
+    for user in ("ua", "ub"):
+        session = Session(session_id="same", user_id=user)
+        session.Agent(name="who", model=model, tools=[whoami])
+        assert session.chat("who am I?") == f"tool said: local/{user} owns {user}"

@@ -267,6 +267,11 @@ class Runtime:
         self.register(agent)
         ref = agent.ref
         key = self.key_for(agent, session_id, principal)
+        if key.owner != principal.user:
+            # A Session(user_id=…)'s turns are that user's: its tools (ctx.principal) and MCP
+            # servers' headers see the user, not the process that sent them (its roles stay:
+            # the app itself sent the turn).
+            principal = Principal(principal.tenant, key.owner, principal.roles)
         # In-process callers wait for room in the queue instead of failing at its bound.
         wait = math.inf if policy == "enqueue" else 0.0
         try:
