@@ -167,6 +167,8 @@ SECRET_WORDS = [
     "I like cats. hunter2 is what I use to log in.",
     "The code to my door is 4455. I like dogs.",
     "My alarm code is 9911",
+    # Found by a later review: a social security number as it is usually said.
+    "My social is 078-05-1120.",
 ]
 
 
@@ -192,6 +194,8 @@ SECRET_SHAPES = [
     "My key is 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
     "My wifi thing is 8fK2pQ9zL4mX7vR1tY6w",
     "I set it to wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+    "Mine is 078-05-1120, I think",  # a social security number's shape
+    "For the form: 078 05 1120",
 ]
 
 

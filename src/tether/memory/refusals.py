@@ -158,14 +158,17 @@ def _looks_random(token: str) -> bool:
 
 # "p@ssword", "pa$$word": the word lists are read with these letters put back.
 _LEET = str.maketrans({"@": "a", "$": "s"})
-# "The code to my door is 4455": a code or combination followed closely by a number.
-_CODE_AND_NUMBER = re.compile(r"\b(?:code|combo)s?\b[^.!?\n]{0,40}?\d{3,}", re.I)
+# "The code to my door is 4455": a code or combination followed closely by a number; "my
+# social is 078-05-1120", as a US social security number is said.
+_CODE_AND_NUMBER = re.compile(r"\b(?:code|combo|social)s?\b[^.!?\n]{0,40}?\d{3,}", re.I)
+# A US social security number's shape (3-2-4 digits), whatever words stand around it.
+_SSN_SHAPE = re.compile(r"(?<![\d-])\d{3}[- ]\d{2}[- ]\d{4}(?![\d-])")
 
 
 def has_secret(text: str) -> bool:
     if "-----BEGIN " in text or _SECRET_WORDS.found_in(text.translate(_LEET)):
         return True  # (a PEM block: a key or certificate)
-    if _has_card_number(text) or _CODE_AND_NUMBER.search(text):
+    if _has_card_number(text) or _CODE_AND_NUMBER.search(text) or _SSN_SHAPE.search(text):
         return True
     for token in _TOKEN.findall(text):
         if _KEY_FORMATS.match(token.lstrip(".")):
