@@ -156,12 +156,15 @@ async def test_the_remember_tool_writes_user_memory_and_rollback_removes_auto_no
     model = ScriptedModel(default=script)
     agent = Agent(name="a", model=model, memory={"scopes": ["session", "user"], "remember": True})
     async with running(store, agent) as rt:
-        await rt.chat(agent, "please remember my kayak", session_id="s", principal=ALICE)
+        reply = await rt.chat(agent, "please remember my kayak", session_id="s", principal=ALICE)
         assert "remember" in [t.name for t in model.requests[0].tools]
         kept = await rt.store.list_memory([Namespace.user("acme", "alice")])
         assert [(m.content, m.meta["author"]) for m in kept] == [
             ("The user owns a red kayak.", "model")
         ]
+        # Its provenance leads back to the turn, under the session it is found in (the
+        # session was missing from a user item's).
+        assert (kept[0].meta["session_id"], kept[0].meta["turn_id"]) == ("s", reply.turn)
         # A turn rolled back takes its automatic notes with it: they were never stored.
         slow_model = ScriptedModel(Slow("w " * 200, delay=0.02, forever=True), default="after")
         slow = Agent(name="slow", model=slow_model, memory={"scopes": ["user"], "auto": True})

@@ -62,8 +62,16 @@ class TurnMemory:
         return MemoryWrites(tuple(self._put), tuple(self._delete))
 
     async def _write(self, ns: Namespace, content: str, *, kind: str, author: str) -> MemoryRecord:
+        # Provenance names the session as well as the turn, whatever the scope: a turn is
+        # found under its session only (GET /v1/sessions/{sid}/turns/{tid}).
         record, embedding = await self.service.prepare(
-            self.principal, content, ns, kind=kind, turn_id=self.turn_id, author=author
+            self.principal,
+            content,
+            ns,
+            kind=kind,
+            session_id=self.key.session_id,
+            turn_id=self.turn_id,
+            author=author,
         )
         self._put.append((record, embedding))
         return record
