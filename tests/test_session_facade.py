@@ -82,6 +82,29 @@ def test_expired_session_refuses_turns(data_dir: Path) -> None:
         session.chat("too late")
 
 
+def test_an_expired_sessions_history_state_and_memory_are_not_read_back(
+    data_dir: Path,
+) -> None:
+    # Before, they were read back until the sweep (every 60 s) deleted them; over HTTP the
+    # session is a 404 at once.
+    session = Session(session_id="gone", user_id="u-gone", session_ttl=0.5)
+    session.Agent(name="A", model=EchoModel())
+    session.chat("secret history")
+    session.save_state({"step": 3})
+    session.add_memory("session fact guava", scope="session")
+    assert session.search_memory("guava") and session.get_context()["messages"]
+    time.sleep(0.6)
+    again = Session(session_id="gone", user_id="u-gone")
+    again.Agent(name="A", model=EchoModel())
+    for s in (session, again):
+        assert s.is_expired()
+        context = s.get_context()
+        assert (context["messages"], context["state"], context["message_count"]) == ([], {}, 0)
+        assert context["expires_at"] is not None  # it says when it ended
+        assert s.restore_state() == {}
+        assert s.search_memory("guava") == []
+
+
 async def test_astream_yields_events_until_the_end(data_dir: Path) -> None:
     agent = Agent(name="s", model=ScriptedModel("one two three"))
     events = [e async for e in agent.astream("go")]

@@ -471,7 +471,7 @@ class Session:
 
     def restore_state(self) -> dict[str, Any]:
         record = self._record()
-        return dict(record.state) if record else {}
+        return dict(record.state) if record and not record.expired() else {}
 
     def get_context(self, limit: int = 1000) -> dict[str, Any]:
         """What the session is: ``session_id``, ``user_id``, ``created_at``, ``updated_at``,
@@ -490,11 +490,14 @@ class Session:
             "message_count": 0,
             "agents": [],
             "expires_at": record.expires_at if record else None,
-            "state": dict(record.state) if record else {},
+            "state": {},
             "messages": [],
         }
-        if record is None:
+        if record is None or record.expired():
+            # Expired, its history and state are gone (the sweep deletes them soon after):
+            # never read back, as over HTTP, where it is a 404.
             return context
+        context["state"] = dict(record.state)
         rt = self._rt()
         messages: list[Item] = rt.call(self._newest_messages(limit))
         for i in reversed(messages):
@@ -589,7 +592,9 @@ class Session:
             hits = self._client.request("POST", "/v1/memory/search", json=body)["data"]
             return [{**h["item"], "score": h["score"]} for h in hits]
         rt = self._rt()
-        session_id = self.session_id if self._record() is not None else None
+        record = self._record()
+        # An expired session's memory is gone with it (the sweep deletes it soon after).
+        session_id = self.session_id if record is not None and not record.expired() else None
         found: list[Hit] = rt.call(
             self._started(
                 rt.runtime.memory.search_for(
