@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from pathlib import Path
 
@@ -197,6 +198,27 @@ def test_agents_from_yaml(tmp_path: Path) -> None:
         load_agents(str(tmp_path / "missing.yaml"))
     with pytest.raises(ConfigError):
         load_agents("no_such_module_here:app")
+
+
+def test_a_script_is_served_by_its_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before, "../myapp.py:app" was imported as a (relative) module name: a TypeError's
+    # traceback. Its own folder's modules import as they would when it is run from there.
+    folder = tmp_path / "proj"
+    folder.mkdir()
+    (folder / "helpers_of_script.py").write_text("NAME = 'from-a-path'\n")
+    (folder / "json.py").write_text(  # a script named like a module already imported
+        "from helpers_of_script import NAME\nfrom tether import Agent\nagent = Agent(name=NAME)\n"
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(sys, "modules", dict(sys.modules))
+    [agent] = load_agents("../proj/json.py:agent")
+    assert agent.name == "from-a-path"
+    for bad in ("../proj/nothing.py:agent", "../proj:agent", "..app:agent"):
+        with pytest.raises(ConfigError):
+            load_agents(bad)
 
 
 def _docs(tmp_path: Path) -> Path:

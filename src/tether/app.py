@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import importlib.util
 import math
 import signal
 import socket
@@ -335,8 +336,31 @@ def model_problems(agents: Iterable[Agent], default_model: str | None) -> list[s
     return problems
 
 
+def _module_from_file(path: Path) -> Any:
+    """The module of a script given by its path (``../myapp.py:app``), imported under its
+    file name with its directory on ``sys.path``, as running it from there would."""
+    if path.suffix != ".py" or not path.is_file():
+        raise ConfigError(f"{str(path)!r}: no such Python file (or use 'module:attribute')")
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    # This very file, even where its name is another module's ("test.py", "json.py").
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"cannot import {str(path)!r}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    try:
+        spec.loader.exec_module(module)
+    except ImportError as exc:
+        del sys.modules[path.stem]
+        raise ConfigError(f"cannot import {str(path)!r}: {exc}") from exc
+    return module
+
+
 def load_agents(spec: str) -> list[Agent]:
-    """Agents from ``module:attr`` (an App, an Agent or a list of them) or a YAML file."""
+    """Agents from ``module:attr`` or ``path/to/script.py:attr`` (an App, an Agent or a list of
+    them) or a YAML file."""
     if spec.endswith((".yaml", ".yml")):
         from tether.agents_yaml import load_yaml_agents
 
@@ -345,12 +369,15 @@ def load_agents(spec: str) -> list[Agent]:
     module_name, sep, attr = spec.partition(":")
     if not sep:
         raise ConfigError(f"{spec!r}: expected 'module:attribute' or a .yaml file")
-    if "" not in sys.path and str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"cannot import {module_name!r}: {exc}") from exc
+    if module_name.endswith(".py") or "/" in module_name:
+        module = _module_from_file(Path(module_name))
+    else:
+        if "" not in sys.path and str(Path.cwd()) not in sys.path:
+            sys.path.insert(0, str(Path.cwd()))
+        try:
+            module = importlib.import_module(module_name)
+        except (ImportError, TypeError) as exc:  # TypeError: a relative name ("..app")
+            raise ConfigError(f"cannot import {module_name!r}: {exc}") from exc
     target: Any = getattr(module, attr, None)
     if target is None:
         raise ConfigError(f"module {module_name!r} has no attribute {attr!r}")

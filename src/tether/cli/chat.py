@@ -56,7 +56,8 @@ def chat(
     target: Annotated[
         str | None,
         typer.Argument(
-            help="module:app or agents.yaml for local chat (default: the 'assistant' agent)."
+            help="module:app, path/to/app.py:app or agents.yaml for local chat "
+            "(default: the 'assistant' agent)."
         ),
     ] = None,
     agent: Annotated[str | None, typer.Option(help="Agent name.")] = None,

@@ -16,7 +16,8 @@ def serve(
     target: Annotated[
         str | None,
         typer.Argument(
-            help="module:app (an App, Agent or list of agents) or agents.yaml; "
+            help="module:app or path/to/app.py:app (an App, Agent or list of agents) or "
+            "agents.yaml; "
             "default: one 'assistant' agent on the default model."
         ),
     ] = None,
