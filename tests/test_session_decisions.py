@@ -85,6 +85,7 @@ async def test_an_async_callback_refuses_and_the_tool_never_runs(data_dir: Path)
 def test_decision_required_then_decide_resumes_the_same_turn(data_dir: Path) -> None:
     session = Session(session_id="d-later", user_id="ann")
     deployer(session)
+    assert session.decisions() == []  # not stored yet: nothing to decide (was SessionNotFound)
     with pytest.raises(DecisionRequired) as waiting:
         session.chat("ship it")
     d = waiting.value.decision

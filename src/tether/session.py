@@ -323,7 +323,10 @@ class Session:
         if self._client is not None:
             return self._client.decisions(self.session_id, status=status)
         rt = self._rt()
-        found: list[Decision] = rt.call(rt.runtime.decisions(self.key, status=status))
+        try:
+            found: list[Decision] = rt.call(rt.runtime.decisions(self.key, status=status))
+        except SessionNotFound:
+            return []  # not stored yet (no chat so far), or expired: nothing to decide
         return found
 
     def decide(
