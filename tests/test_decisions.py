@@ -29,12 +29,13 @@ from tether.events import (
     TURN_RESUMED,
 )
 from tether.models.base import ModelRequest
-from tether.records import LOCAL_PRINCIPAL, Decision, SessionKey, Turn
+from tether.records import LOCAL_PRINCIPAL, Decision, Policy, SessionKey, Turn
 from tether.runtime import DecisionAnswer, Runtime
 from tether.store import InMemoryStore
 from tether.store.protocol import Store
 from tether.store.rules import ALWAYS_KEY
-from tether.testing import Call, ScriptedModel, ToolCalls
+from tether.testing import Call, ScriptedModel, Slow, ToolCalls
+from tether.testing.scripted import Response, last_user_text
 from tether.tools.approval import EXPIRED_RESULT, REFUSED_RESULT
 
 launched: list[str] = []
@@ -166,6 +167,39 @@ async def test_interrupt_and_rollback_end_a_parked_turn(
         [d] = await rt.decisions(parked.key, turn_id=parked.id)
         assert (d.status, d.decided_by) == ("cancelled", None)
     assert launched == []
+
+
+@pytest.mark.parametrize(
+    ("policy", "status"), [("interrupt", "interrupted"), ("rollback", "rolled_back")]
+)
+async def test_an_interrupt_sent_as_a_decision_is_made_always_ends_that_turn(
+    store: Store, policy: Policy, status: str
+) -> None:
+    # Before, on PostgreSQL, 2-8 in 20 such turns ran to the end: the interrupt found the turn
+    # decided and not yet resumed, its ending lost the race to the resume, and nobody asked
+    # the resumed turn to stop.
+    def slowly(request: ModelRequest) -> Response:
+        if request.messages[-1].role == "tool":
+            return Slow("and so on " * 20, delay=0.02)
+        return ToolCalls(Call("launch", {"target": last_user_text(request)}))
+
+    agent = Agent(name="launcher", model=ScriptedModel(default=slowly), tools=[launch])
+    plain = Agent(name="plain", model=ScriptedModel(default="fine"))
+    async with Runtime(store, agents=[agent, plain]) as rt:
+        for n in range(12):
+            sid = f"race-{n}"
+            parked = await _parked(rt, agent, sid=sid)
+            d = await _pending(rt, parked)
+            newer = rt.submit(plain, "never mind", session_id=sid, policy=policy)
+            _, submitted = await asyncio.gather(
+                rt.decide(parked.key, parked.id, d.call_id, "approve"), newer
+            )
+            async with asyncio.timeout(20):
+                old = await rt.scheduler.wait(parked.key, parked.id)
+                done = await rt.scheduler.wait(submitted.key, submitted.id)
+            assert (old.status, old.reason) == (status, policy), n
+            assert done.output == "fine"
+            assert_paired(await all_items(rt, parked.key))
 
 
 async def test_cancelling_a_parked_turn_pairs_its_call(store: Store) -> None:

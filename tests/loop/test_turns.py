@@ -13,7 +13,7 @@ from tests.helpers import all_items, assert_paired, key, running, wait_until
 from tether import Agent, ConfigError, RetryPolicy, SessionBusy, TurnFailed, tool
 from tether.loop.window import INTERRUPTED_MARK
 from tether.models.base import ModelRequest
-from tether.records import ABORTED_TOOL_RESULT, Turn
+from tether.records import ABORTED_TOOL_RESULT, Policy, Turn
 from tether.runtime import Runtime
 from tether.store.protocol import Store
 from tether.testing import Call, EchoModel, Fail, ScriptedModel, Slow, ToolCalls, transcript
@@ -404,6 +404,38 @@ async def test_rollback_policy_removes_running_turns_items(store: Store) -> None
     assert one.status == "rolled_back"
     assert [i.content for i in items] == ["instead", "new answer"]
     assert "long" not in " ".join(c for _, c in transcript(model.requests[-1].messages))
+
+
+@pytest.mark.parametrize(
+    ("policy", "status"), [("interrupt", "interrupted"), ("rollback", "rolled_back")]
+)
+async def test_a_turn_that_interrupts_runs_next_before_turns_queued_earlier(
+    store: Store, policy: Policy, status: str
+) -> None:
+    # Before, the turns queued between ran first, then the new one (DESIGN §4: "the new turn
+    # runs next"); now they end cancelled, with the policy as reason, never having run.
+    model = ScriptedModel(Slow("a b c d e f g h", delay=0.05, forever=True), default="answer")
+    agent = Agent(name="a", model=model)
+    async with running(store, agent) as rt:
+        first = await rt.submit(agent, "long", session_id="s")
+        await streamed(rt, first)
+        queued = [await rt.submit(agent, f"queued {n}", session_id="s") for n in range(2)]
+        newer = await rt.submit(agent, "this instead", session_id="s", policy=policy)
+        done = await rt.scheduler.wait(newer.key, newer.id)
+        one = await rt.scheduler.wait(first.key, first.id)
+        between = [await rt.scheduler.wait(t.key, t.id) for t in queued]
+        items = await all_items(rt, first.key)
+    assert (one.status, one.reason) == (status, policy)
+    assert [(t.status, t.reason, t.started_at) for t in between] == [
+        ("cancelled", policy, None)
+    ] * 2
+    assert done.status == "completed"
+    # The model heard the long turn, then the new one: the queued ones never reached it.
+    said = [m.content for r in model.requests for m in r.messages if m.role == "user"]
+    assert not any("queued" in str(c) for c in said)
+    assert [i.content for i in items if i.kind == "user"] == (
+        ["long", "this instead"] if policy == "interrupt" else ["this instead"]
+    )
 
 
 async def test_streamed_events_reach_the_store_while_the_reply_streams(store: Store) -> None:

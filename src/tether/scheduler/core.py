@@ -313,42 +313,66 @@ class Scheduler:
             self.local.accepted_at[turn.id] = before
         try:
             if policy == "interrupt" or policy == "rollback":
-                await self._preempt(key, policy)
+                await self._preempt(key, policy, turn)
         finally:
             # Queued is queued: a caller that goes away while the turns ahead are ended (a
             # client disconnecting) leaves a turn that must still run.
             self.workers.kick(key, turn, lease, news)
         return turn
 
-    async def _preempt(self, key: SessionKey, policy: Literal["interrupt", "rollback"]) -> None:
-        """End the session's turn under way for a newer one (policy interrupt or rollback):
-        the running one, or one parked on a decision (which nobody runs, so it ends here).
+    async def _preempt(
+        self, key: SessionKey, policy: Literal["interrupt", "rollback"], newer: Turn
+    ) -> None:
+        """End every turn of the session ahead of ``newer`` (policy interrupt or rollback), so
+        that ``newer`` runs next (DESIGN §4): the one under way ends ``interrupted`` or
+        ``rolled_back`` (running, or parked on a decision, which nobody runs, so it ends here);
+        those queued behind it, never started, end ``cancelled``, with the policy as reason.
 
-        The reason is the policy's name: a stable code, as every reason is.
+        A worker may move a turn meanwhile (start a queued one, resume a decided one): its
+        ending here is then refused, and the turn is looked at again, running now, to be asked
+        to stop. Each turn moves so once, so this ends.
         """
         status: CancelStatus = "interrupted" if policy == "interrupt" else "rolled_back"
         reason: Reason = policy
-        local = [r for r in self.local.running.values() if r.turn.key == key]
-        for running in local:
-            running.ctx.request_cancel(status, reason)
-        if local:
-            return
-        for turn in await self.store.active_turns(key):
-            if turn.status == "running":
-                # Running in another process (or about to be registered here): ask through the
-                # store; its owner polls for requests and ends the turn itself. Registered
-                # here meanwhile, it is told directly (see cancel()).
-                await self.store.request_cancel(key, turn.id, status, reason)
-                here = self.local.running.get(turn.id)
-                if here is not None:
-                    here.ctx.request_cancel(status, reason)
-                elif key in self.local.leases:  # it is about to register here
-                    self.local.asked[turn.id] = (key, status, reason)
-            elif turn.started_at is not None:  # parked, or decided and not yet resumed
-                ended = await self.store.end_waiting_turn(key, turn.id, reason, status=status)
-                if ended is not None:
+        while True:
+            moved = False
+            ahead = [t for t in await self.store.active_turns(key) if t.seq < newer.seq]
+            # The last first: the turns queued behind the one under way end before it is told
+            # to stop, or its worker would start the next of them as soon as it had.
+            for turn in reversed(ahead):
+                if turn.status == "running":
+                    await self._stop_running(key, turn.id, status, reason)
+                    continue
+                # Parked, decided and not yet resumed, or never started: nobody runs it now.
+                ending: CancelStatus = status if turn.started_at is not None else "cancelled"
+                ended = await self.store.end_waiting_turn(key, turn.id, reason, status=ending)
+                if ended is None:
+                    moved = True  # a worker started or resumed it meanwhile
+                else:
                     self.local.resolve(ended)
-            break  # only the first active turn is under way; the others wait behind it
+            if not moved:
+                return
+
+    async def _stop_running(
+        self, key: SessionKey, turn_id: str, status: CancelStatus, reason: Reason
+    ) -> None:
+        """Ask a running turn to end as ``status``: directly when it runs here, else through
+        the store, where its owner's watcher finds the request."""
+        here = self.local.running.get(turn_id)
+        if here is not None:
+            here.ctx.request_cancel(status, reason)
+            return
+        await self.store.request_cancel(key, turn_id, status, reason)
+        # It may have started here meanwhile, its watcher having read the requests before
+        # this one: a watcher that waits for other processes' writes would not look again for
+        # ours, so tell the turn directly.
+        here = self.local.running.get(turn_id)
+        if here is not None:
+            here.ctx.request_cancel(status, reason)
+        elif key in self.local.leases:
+            # Started here and not registered yet (started as it was admitted, say): it reads
+            # this as it registers, or is resolved here as it ends.
+            self.local.asked[turn_id] = (key, status, reason)
 
     # -- waiting, cancelling, following ----------------------------------------------------------
     async def wait(self, key: SessionKey, turn_id: str, *, until_input: bool = False) -> Turn:
@@ -444,23 +468,7 @@ class Scheduler:
                     self.workers.kick(key)  # the turns behind a parked one may run now
                     return ended
                 continue
-            running = self.local.running.get(turn_id)
-            if running is not None:
-                running.ctx.request_cancel("cancelled", reason)
-            else:
-                # Running in another process, or started here a moment ago: the request goes
-                # through the store, where the owner's watcher finds it.
-                await self.store.request_cancel(key, turn_id, "cancelled", reason)
-                # It may have started here meanwhile, its watcher having read the requests
-                # before this one: a watcher that waits for other processes' writes would
-                # not look again for ours, so tell the turn directly.
-                running = self.local.running.get(turn_id)
-                if running is not None:
-                    running.ctx.request_cancel("cancelled", reason)
-                elif key in self.local.leases:
-                    # Started here and not registered yet (started as it was admitted, say):
-                    # it reads this as it registers, or is resolved here as it ends.
-                    self.local.asked[turn_id] = (key, "cancelled", reason)
+            await self._stop_running(key, turn_id, "cancelled", reason)
             done = await self.wait(key, turn_id, until_input=True)
             if done.ended:
                 return done
