@@ -298,8 +298,9 @@ def _sigterm_exits_cleanly() -> Iterator[None]:
 
 
 def check_bind(settings: Settings) -> None:
-    """Refuse a non-loopback bind with no API keys unless ``insecure`` says so."""
-    if settings.loopback or settings.insecure:
+    """Refuse a non-loopback bind with no API keys (nor JWT keys) unless ``insecure`` says
+    so."""
+    if settings.loopback or settings.insecure or settings.jwt is not None:
         return
 
     async def count() -> int:

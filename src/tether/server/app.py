@@ -22,6 +22,7 @@ from tether.server.local_mode import LocalMode
 from tether.server.routes import chat, console, knowledge, memory, meta, sessions, turns, users
 from tether.server.settings import Settings
 from tether.server.state import ServerState
+from tether.server.tokens import JwtVerifier
 from tether.store import open_store_url
 from tether.version import __version__
 
@@ -124,6 +125,7 @@ def create_app(settings: Settings | None = None, agents: Sequence[Agent] | None 
                 allowed_hosts=settings.allowed_hosts,
                 allowed_origins=settings.allowed_origins,
             ),
+            JwtVerifier(settings.jwt) if settings.jwt is not None else None,
         ),
         agents=agents,
     )

@@ -4,9 +4,12 @@
   :class:`tether.keys.ApiKeys` (stored hashed). Two different keys in one request (the two
   headers disagree, or a header is repeated) are refused with a 400: which one would count is
   not something a proxy and the server should be able to disagree on.
-* **Local mode** — no API key exists: a request is the principal ``local`` if
-  :class:`~tether.server.local_mode.LocalMode` allows it (from this machine, for this server's
-  own names, state changes from its own origin only).
+* **JWTs** — ``Authorization: Bearer <token>`` when the server has JWT keys configured
+  (:mod:`tether.server.tokens`): verified, never looked up; a server with JWT keys has no local
+  mode, as one with API keys has none.
+* **Local mode** — no API key exists and no JWT key is configured: a request is the principal
+  ``local`` if :class:`~tether.server.local_mode.LocalMode` allows it (from this machine, for
+  this server's own names, state changes from its own origin only).
 
 Whether any key exists is cached for a second, so keys created by ``tether keys create`` in
 another process take effect without a restart; the requests that find it stale together share
@@ -26,18 +29,23 @@ from tether.keys import ApiKeys
 from tether.records import LOCAL_PRINCIPAL, Principal
 from tether.server.local_mode import LocalMode
 from tether.server.problems import Problem
+from tether.server.tokens import JwtVerifier, looks_like_jwt
 
 _CACHE_SECONDS = 1.0
 
 
 class Authenticator:
-    def __init__(self, keys: ApiKeys, local: LocalMode) -> None:
+    def __init__(self, keys: ApiKeys, local: LocalMode, jwt: JwtVerifier | None = None) -> None:
         self._keys = keys
         self._local = local
+        self._jwt = jwt
         self._keys_exist: tuple[float, bool] = (0.0, False)
         self._looking: asyncio.Future[bool] | None = None
 
     async def keys_exist(self) -> bool:
+        """Whether callers need credentials: an API key exists, or JWT keys are configured."""
+        if self._jwt is not None:
+            return True
         checked, exist = self._keys_exist
         if time.monotonic() - checked <= _CACHE_SECONDS:
             return exist
@@ -67,19 +75,25 @@ class Authenticator:
         unknown key is taken for the placeholder an SDK insists on sending (the ``openai``
         SDK will not run without one) and the request is judged by local mode instead."""
         secret = _credential(request)
+        if secret is not None and self._jwt is not None and looks_like_jwt(secret):
+            return self._jwt.principal(secret)
         if secret is not None:
             try:
                 return await self._keys.principal(secret)
             except Unauthorized:
-                # Asked of the store, not the cache: a key made a moment ago must not let its
-                # holder be taken for the local principal.
-                if not placeholder_keys or await self._keys.any_exist():
+                # With JWT keys configured, credentials are always required. Else asked of
+                # the store, not the cache: a key made a moment ago must not let its holder be
+                # taken for the local principal.
+                if not placeholder_keys or self._jwt is not None:
+                    raise
+                if await self._keys.any_exist():
                     raise
                 self._keys_exist = (time.monotonic(), False)
                 self._local.check(request)
                 return LOCAL_PRINCIPAL
         if await self.keys_exist():
-            raise Unauthorized("an API key is required (Authorization: Bearer <key>)")
+            wanted = "an API key or a JWT" if self._jwt is not None else "an API key"
+            raise Unauthorized(f"{wanted} is required (Authorization: Bearer <key>)")
         self._local.check(request)
         return LOCAL_PRINCIPAL
 

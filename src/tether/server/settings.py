@@ -13,6 +13,7 @@ from pathlib import Path
 from tether.errors import ConfigError
 from tether.memory.budget import IngestLimits
 from tether.records import PrincipalLimits
+from tether.server.tokens import JwtSettings
 
 # One key drove 672 concurrent model calls across 1,500 sessions before these existed: a caller
 # gets room for real work (64 conversations answering at once, 1,024 turns waiting behind them,
@@ -148,6 +149,9 @@ class Settings:
     principal: PrincipalLimits = DEFAULT_PRINCIPAL_LIMITS
     """What one principal may hold at once (TETHER_MAX_RUNNING_TURNS, TETHER_MAX_QUEUED_TURNS,
     TETHER_MAX_SESSIONS; ``off`` for no bound)."""
+    jwt: JwtSettings | None = None
+    """Keys JWTs are verified against (``TETHER_JWT_*``, :mod:`tether.server.tokens`); None:
+    API keys only."""
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -177,6 +181,7 @@ class Settings:
         if limits is not None:
             values["limits"] = limits
         values["principal"] = _principal_limits(env)
+        values["jwt"] = JwtSettings.from_env(env)
         given = {k: v for k, v in overrides.items() if v is not None}
         _check_runtime_values({**values, **given}, given.keys())
         values.update(given)

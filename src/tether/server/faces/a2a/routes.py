@@ -104,8 +104,8 @@ def card(request: Request, agent: Agent, *, keys: bool) -> pb.AgentCard:
     if keys:
         scheme = pb.HTTPAuthSecurityScheme(
             scheme="Bearer",
-            description="A tether API key (made with `tether keys create`), sent as "
-            "Authorization: Bearer <key>.",
+            description="A tether API key (made with `tether keys create`), or a JWT the "
+            "server accepts, sent as Authorization: Bearer <key>.",
         )
         out.security_schemes[SCHEME].CopyFrom(pb.SecurityScheme(http_auth_security_scheme=scheme))
         out.security_requirements.append(pb.SecurityRequirement(schemes={SCHEME: pb.StringList()}))
