@@ -305,3 +305,20 @@ def test_retries_with_one_idempotency_key_make_one_turn(server: Server) -> None:
         )
         assert both.status_code == 409
         assert len(c.get(f"/v1/sessions/{sid}/turns").json()["data"]) == 1
+
+
+@pytest.mark.parametrize("path", ["/api/chat", "/agent", "/agents/echo"])
+def test_the_chat_contracts_take_an_idempotency_key_too(server: Server, path: str) -> None:
+    # Before, /api/chat and /agent ignored the header: a client's retry was a second turn.
+    sid = "idem-chat-" + path.strip("/").replace("/", "-")
+    headers = {"Idempotency-Key": "retry-me"}
+    with server.client() as c:
+        first = c.post(path, json={"message": "only once", "session_id": sid}, headers=headers)
+        again = c.post(path, json={"message": "only once", "session_id": sid}, headers=headers)
+        assert first.status_code == again.status_code == 200, (first.text, again.text)
+        said = [first.json(), again.json()]
+        assert len({body.get("turn_id") or body["metadata"]["turn_id"] for body in said}) == 1
+        other = c.post(path, json={"message": "else", "session_id": sid}, headers=headers)
+        assert other.status_code == 422 and other.json()["type"].endswith("idempotency-key-reused")
+        turns = c.get(f"/v1/sessions/{sid}/turns").json()["data"]
+        assert [t["input"] for t in turns] == ["only once"]

@@ -184,11 +184,21 @@ async def run_turn(
     *,
     create: bool = True,
     policy: Policy = "enqueue",
+    idempotency_key: str | None = None,
 ) -> tuple[Turn, Turn | None]:
     """Send and wait: the turn as accepted, and as it ended or waits for a human decision
     (None when the client went away first: a request's end is not a cancel, the turn goes
     on)."""
-    turn = await send(st, caller, session_id, message, agent_name, create=create, policy=policy)
+    turn = await send(
+        st,
+        caller,
+        session_id,
+        message,
+        agent_name,
+        create=create,
+        policy=policy,
+        idempotency_key=idempotency_key,
+    )
     return turn, await wait_for_turn(st, request, turn, "continue")
 
 

@@ -28,6 +28,7 @@ from tether.server.conversation import run_turn
 from tether.server.deps import Caller, State
 from tether.server.problems import responses
 from tether.server.routes.outcomes import turn_problem
+from tether.server.routes.turns import IdempotencyHeader
 from tether.server.schemas import (
     AgentMetadata,
     AgentReply,
@@ -80,10 +81,19 @@ _CHAT_RESPONSES = {
 
 
 @router.post("/api/chat", response_model=ChatResponse, responses=_CHAT_RESPONSES)
-async def chat(body: ChatRequest, request: Request, st: State, caller: Caller) -> Response:
+async def chat(
+    body: ChatRequest,
+    request: Request,
+    st: State,
+    caller: Caller,
+    idempotency_key: IdempotencyHeader = None,
+) -> Response:
     """Send a message and get the agent's reply; 202 when the turn waits for a human decision
-    (decide it through ``/v1/sessions/{sid}/turns/{tid}/decisions``)."""
-    done = await _turn(st, request, caller, body.message, body.session_id, body.agent_name)
+    (decide it through ``/v1/sessions/{sid}/turns/{tid}/decisions``). A retry with the same
+    ``Idempotency-Key`` on the same session gets the turn the first one made."""
+    done = await _turn(
+        st, request, caller, body.message, body.session_id, body.agent_name, idempotency_key
+    )
     if not isinstance(done, Turn):
         return done
     if not done.ended:
@@ -100,24 +110,40 @@ async def chat(body: ChatRequest, request: Request, st: State, caller: Caller) -
 
 
 @router.post("/agent", response_model=AgentReply, responses=_CHAT_RESPONSES)
-async def agent(body: AgentRequest, request: Request, st: State, caller: Caller) -> Response:
+async def agent(
+    body: AgentRequest,
+    request: Request,
+    st: State,
+    caller: Caller,
+    idempotency_key: IdempotencyHeader = None,
+) -> Response:
     """The remote-agent contract: ``{message, session_id?}`` → ``{content, session_id,
     metadata: {agent_name, timestamp, turn_id, status}}``, with the server's first agent."""
-    return await _agent_reply(st, request, caller, body, None)
+    return await _agent_reply(st, request, caller, body, None, idempotency_key)
 
 
 @router.post("/agents/{name}", response_model=AgentReply, responses=_CHAT_RESPONSES)
 async def named_agent(
-    name: str, body: AgentRequest, request: Request, st: State, caller: Caller
+    name: str,
+    body: AgentRequest,
+    request: Request,
+    st: State,
+    caller: Caller,
+    idempotency_key: IdempotencyHeader = None,
 ) -> Response:
     """``POST /agent`` for the agent named ``name`` (a server that serves several)."""
-    return await _agent_reply(st, request, caller, body, name)
+    return await _agent_reply(st, request, caller, body, name, idempotency_key)
 
 
 async def _agent_reply(
-    st: ServerState, request: Request, caller: Principal, body: AgentRequest, name: str | None
+    st: ServerState,
+    request: Request,
+    caller: Principal,
+    body: AgentRequest,
+    name: str | None,
+    idempotency_key: str | None,
 ) -> Response:
-    done = await _turn(st, request, caller, body.message, body.session_id, name)
+    done = await _turn(st, request, caller, body.message, body.session_id, name, idempotency_key)
     if not isinstance(done, Turn):
         return done
     if not done.ended:
@@ -158,12 +184,15 @@ async def _turn(
     message: str,
     session_id: str | None,
     agent_name: str | None,
+    idempotency_key: str | None,
 ) -> Turn | Response:
     """Run one turn on the caller's session (made if need be): the completed turn, or the
     response to give instead (499 gone, 202 waiting for a human, a problem)."""
     # A session may be served by several of the app's agents: the turn names its own, and one
     # that names none runs the session's own agent (the app's first for a new session).
-    sent, done = await run_turn(st, request, caller, message, session_id, agent_name)
+    sent, done = await run_turn(
+        st, request, caller, message, session_id, agent_name, idempotency_key=idempotency_key
+    )
     if done is None:
         return Response(status_code=499)
     if not done.ended:
