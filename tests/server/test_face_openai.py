@@ -118,6 +118,30 @@ def test_a_messages_text_parts_are_one_line_each(client: openai.OpenAI) -> None:
     assert reply.choices[0].message.content == "saw [] then two\nparts"
 
 
+def test_a_conversation_ending_with_the_reply_is_refused_and_stores_nothing(
+    client: openai.OpenAI, server: Server
+) -> None:
+    # Before, its last user message was answered again: a second turn of the same words.
+    begin(server, "ends-1")
+    assert say(client, "hi", session="ends-1") == "saw [] then hi"
+    for api in ("chat", "responses"):
+        with pytest.raises(openai.BadRequestError) as caught:
+            said = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+            if api == "chat":
+                client.chat.completions.create(
+                    model="echo",
+                    messages=said,  # type: ignore[arg-type]
+                    extra_headers={SESSION: "ends-1"},
+                )
+            else:
+                client.responses.create(model="echo", input=said, conversation="ends-1")  # type: ignore[arg-type]
+        assert isinstance(caught.value.body, dict)
+        assert "nothing new to answer" in caught.value.body["message"]
+    with server.client() as c:
+        turns = c.get("/v1/sessions/ends-1/turns").json()["data"]
+    assert [t["input"] for t in turns] == ["hi"]
+
+
 def test_without_a_session_each_call_is_fresh(client: openai.OpenAI) -> None:
     raw = client.chat.completions.with_raw_response.create(
         model="echo", messages=[{"role": "user", "content": "a"}]

@@ -122,6 +122,16 @@ def conversation_input(messages: Sequence[object], continuing: bool, param: str)
     last = next((i for i in range(len(read) - 1, -1, -1) if read[i][0] == "user"), None)
     if last is None:
         raise FaceError(400, f"{param} holds no user message", "invalid_value", param)
+    if last != len(read) - 1:
+        # The conversation as the client has it ends with the agent's reply: answering its
+        # last user message again would put a second answer in the history.
+        raise FaceError(
+            400,
+            f"{param} ends with an assistant message, so there is nothing new to answer: send "
+            "the user's new message last",
+            "invalid_value",
+            param,
+        )
     text = read[last][1]
     earlier = read[:last]
     if continuing or not earlier:
