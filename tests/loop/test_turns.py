@@ -382,6 +382,8 @@ async def test_interrupt_policy_ends_running_turn(store: Store) -> None:
         two = await rt.scheduler.wait(second.key, second.id)
         items = await all_items(rt, first.key)
     assert one.status == "interrupted" and one.complete is False
+    # The call it cut short was made: it counts (its usage was all zeros before).
+    assert one.usage.model_calls == 1
     assert two.status == "completed"
     assert [(i.kind, i.complete) for i in items] == [
         ("user", True),

@@ -94,6 +94,11 @@ async def _stream_once(ctx: TurnContext, state: TurnState, request: ModelRequest
             # Text already reached clients; a silent retry would show them two answers.
             raise ModelError(f"{exc} (after partial output)", status=exc.status) from exc
         raise
+    except asyncio.CancelledError:
+        # Cut short (cancel, interrupt, rollback): the call was made all the same. Its tokens
+        # are what the provider said so far, usually nothing: a stream reports them last.
+        state.add_usage(usage.input_tokens, usage.output_tokens)
+        raise
     state.add_usage(usage.input_tokens, usage.output_tokens)
     # tether mints its own call ids: providers reuse theirs ("call_0" every step), and pairing
     # calls with results across a whole session needs ids that are unique in it.
