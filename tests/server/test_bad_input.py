@@ -102,6 +102,15 @@ WRONG: list[tuple[str, str, Body]] = [
     ("POST", "/turns/t_x/decisions", {"call_id": "c", "approve": True, "extra": 1}),
     ("POST", "/turns/t_x/decisions", {"call_id": "c", "decision": "perhaps"}),
     ("POST", "/turns/t_x/decisions", {"call_id": "c", "answer": 42}),
+    # Contradictions: which would count is a guess (an answer with approve was taken as
+    # approve, the answer dropped).
+    ("POST", "/turns/t_x/decisions", {"call_id": "c", "decision": "approve", "answer": "x"}),
+    ("POST", "/turns/t_x/decisions", {"call_id": "c", "approve": True, "answer": "x"}),
+    ("POST", "/turns/t_x/decisions", {"call_id": "c", "decision": "deny", "approve": True}),
+    # Words are not flags: "yes" started a streamed turn before.
+    ("POST", "/turns", {"input": "hi", "stream": "yes"}),
+    ("POST", "/turns", {"input": "hi", "wait": "no"}),
+    ("POST", "/turns", {"input": "hi", "wait": 0}),
     ("GET", "/decisions?status=maybe", None),
     ("GET", "/items?limit=0", None),
     ("GET", "/items?limit=abc", None),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, model_validator
 
 from tether.records import Decision, Item, Policy, SessionRecord, SessionStatus, Turn, Verdict
 from tether.store.rules import decision_data
@@ -190,8 +190,11 @@ class TurnCreate(Wire):
         description="As the Idempotency-Key header: a retry gets the turn the first one made.",
     )
     policy: Policy = "enqueue"
-    stream: bool = Field(False, description="Answer with an SSE stream of the turn's events.")
-    wait: bool = Field(True, description="Wait for the turn to end (false: 202, queued turn).")
+    # Strict: "yes" is no flag (lax pydantic read {"stream": "yes"} as a stream, 0 as false).
+    stream: StrictBool = Field(False, description="Answer with an SSE stream of the turn's events.")
+    wait: StrictBool = Field(
+        True, description="Wait for the turn to end (false: 202, queued turn)."
+    )
     on_disconnect: Literal["continue", "cancel"] = "continue"
 
 
@@ -279,7 +282,18 @@ class DecisionIn(Wire):
                 {"required": ["decision"], "properties": {"decision": {"type": "string"}}},
                 {"required": ["answer"], "properties": {"answer": {"type": "string"}}},
                 {"required": ["approve"], "properties": {"approve": {"type": "boolean"}}},
-            ]
+            ],
+            # What contradicts itself (see the validator).
+            "not": {
+                "anyOf": [
+                    {"required": ["decision", "approve"]},
+                    {"required": ["answer", "approve"]},
+                    {
+                        "required": ["answer", "decision"],
+                        "properties": {"decision": {"enum": ["approve", "deny", "always"]}},
+                    },
+                ]
+            },
         },
     )
 
@@ -291,7 +305,7 @@ class DecisionIn(Wire):
         "given.",
     )
     answer: str | None = Field(None, max_length=10_000, description="A question's answer.")
-    approve: bool | None = Field(
+    approve: StrictBool | None = Field(
         None, description="Older form of decision: true = approve, false = deny."
     )
 
@@ -299,6 +313,14 @@ class DecisionIn(Wire):
     def _says_something(self) -> DecisionIn:
         if self.decision is None and self.answer is None and self.approve is None:
             raise ValueError("say what you decide: decision (approve, deny, always, answer)")
+        # Which one would count is a guess: a request that contradicts itself is refused (an
+        # answer sent with approve was taken as approve, the answer dropped).
+        if self.decision is not None and self.approve is not None:
+            raise ValueError("send decision or approve (its older form), not both")
+        if self.answer is not None and (self.approve is not None or self.verdict() != "answer"):
+            raise ValueError(
+                "an answer goes with decision 'answer' (or alone), not with approve, deny or always"
+            )
         return self
 
     def verdict(self) -> Verdict:
