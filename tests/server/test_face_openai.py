@@ -103,6 +103,15 @@ def test_a_session_continues_and_resent_history_is_not_duplicated(
         metadata={"session_id": "conv-1"},
     )
     assert reply.choices[0].message.content == "saw [one, two, three] then four"
+    # Both, naming different sessions: refused (the header used to win, silently).
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model="echo",
+            messages=[{"role": "user", "content": "five"}],
+            metadata={"session_id": "conv-other"},
+            extra_headers={SESSION: "conv-1"},
+        )
+    assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "metadata"
 
 
 def test_a_messages_text_parts_are_one_line_each(client: openai.OpenAI) -> None:

@@ -227,11 +227,22 @@ async def chat_completions(request: Request, st: State) -> Response:
         if not isinstance(messages, list) or not messages:
             raise FaceError(400, "messages must be a non-empty list", "invalid_value", "messages")
         metadata = body.get("metadata")
-        session_id = header_session(request) or (
+        in_header = header_session(request)
+        in_body = (
             checked_session(metadata.get("session_id"), "metadata")
             if isinstance(metadata, dict)
             else None
         )
+        if in_header and in_body and in_header != in_body:
+            # Which one the client meant would be a guess (the header used to win, silently).
+            raise FaceError(
+                400,
+                f"the {SESSION_HEADER} header and metadata.session_id name different sessions; "
+                "send one",
+                "invalid_value",
+                "metadata",
+            )
+        session_id = in_header or in_body
         text = conversation_input(messages, session_id is not None, "messages")
         stream = flag(body, "stream")
         usage = _include_usage(body)
