@@ -114,6 +114,24 @@ def test_expected_revision_past_int64_is_a_422(c: httpx.Client, revision: int) -
     assert_problem(r, 409, "conflict")  # in range: only the wrong revision
 
 
+def test_a_patch_that_changes_nothing_makes_no_new_revision(c: httpx.Client) -> None:
+    # Before, {} made a new revision each time: another client's expected_revision failed for
+    # a change that never was.
+    sid = new_session(c)
+    first = c.get(f"/v1/sessions/{sid}").json()
+    for body in ({}, {"expected_revision": first["revision"]}):
+        r = c.patch(f"/v1/sessions/{sid}", json=body)
+        assert r.status_code == 200, r.text
+        assert (r.json()["revision"], r.json()["updated_at"]) == (
+            first["revision"],
+            first["updated_at"],
+        )
+    stale = c.patch(f"/v1/sessions/{sid}", json={"expected_revision": first["revision"] + 1})
+    assert_problem(stale, 409, "conflict")
+    changed = c.patch(f"/v1/sessions/{sid}", json={"state": {"step": 1}})
+    assert changed.json()["revision"] == first["revision"] + 1
+
+
 # -- ids that cannot be ours -----------------------------------------------------------------------
 def test_ids_no_store_could_hold_are_404_like_unknown_ones(c: httpx.Client) -> None:
     sid = new_session(c)

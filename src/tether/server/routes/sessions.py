@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Response
 
-from tether.errors import InvalidInput, SessionNotFound, TooLarge
+from tether.errors import Conflict, InvalidInput, SessionNotFound, TooLarge
 from tether.records import SessionKey, SessionOrder, SessionRecord, new_session_id
 from tether.server.deps import Caller, Key, OwnSession, State
 from tether.server.problems import responses
@@ -151,6 +151,14 @@ async def patch_session(body: SessionPatch, st: State, key: Key, _: OwnSession) 
     """Replace metadata and/or state, or extend the TTL; ``expected_revision`` guards races."""
     _check_metadata(st, "metadata", body.metadata)
     _check_metadata(st, "state", body.state)
+    if body.metadata is None and body.state is None and body.ttl_seconds is None:
+        # Nothing to change: nothing written, no new revision (a bump would fail every other
+        # client's expected_revision for a change that never was).
+        record = await st.runtime.sessions.own(key)
+        wanted = body.expected_revision
+        if wanted is not None and record.revision != wanted:
+            raise Conflict(f"session revision is {record.revision}, not {wanted}")
+        return await _detailed(st, record)
     record = await st.runtime.sessions.update(
         key,
         metadata=body.metadata,
