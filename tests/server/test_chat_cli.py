@@ -564,6 +564,19 @@ async def _park_locally(data: Path, sid: str) -> None:
         assert parked.status == "awaiting_input"
 
 
+def _left_waiting(request: pytest.FixtureRequest, tmp_path: Path, sid: str) -> Server | None:
+    """A turn of ``sid`` that waits for an approval, as another client left it: through the
+    module's server for the remote chat (returned), on the local store for the local one."""
+    if request.node.callspec.params["start_chat"] == "remote":
+        server: Server = request.getfixturevalue("server")
+        with server.client() as c:
+            body = {"message": "launch it", "agent_name": "approver", "session_id": sid}
+            assert c.post("/api/chat", json=body).status_code == 202
+        return server
+    asyncio.run(_park_locally(tmp_path / "data", sid))
+    return None
+
+
 @pytest.mark.slow
 def test_a_message_behind_a_turn_left_waiting_asks_that_turns_question_first(
     start_chat: Start, request: pytest.FixtureRequest, tmp_path: Path
@@ -571,13 +584,7 @@ def test_a_message_behind_a_turn_left_waiting_asks_that_turns_question_first(
     # Before, the chat followed only its new turn, which could not start before someone
     # decided the earlier one: nothing was shown, for ever.
     sid = "left-waiting"
-    if request.node.callspec.params["start_chat"] == "remote":
-        server: Server = request.getfixturevalue("server")
-        with server.client() as c:
-            body = {"message": "launch it", "agent_name": "approver", "session_id": sid}
-            assert c.post("/api/chat", json=body).status_code == 202
-    else:
-        asyncio.run(_park_locally(tmp_path / "data", sid))
+    _left_waiting(request, tmp_path, sid)
     child = start_chat("--agent", "approver", "--session", sid)
     child.expect_exact(PROMPT)
     child.sendline("and then?")
@@ -599,14 +606,7 @@ def test_ctrl_c_at_an_earlier_turns_question_leaves_that_turn_waiting(
     # Before, the remote chat said "turn cancelled" for a message it never sent; the local
     # one went on asking the earlier question.
     sid = "left-waiting-2"
-    remote = request.node.callspec.params["start_chat"] == "remote"
-    if remote:
-        server: Server = request.getfixturevalue("server")
-        with server.client() as c:
-            body = {"message": "launch it", "agent_name": "approver", "session_id": sid}
-            assert c.post("/api/chat", json=body).status_code == 202
-    else:
-        asyncio.run(_park_locally(tmp_path / "data", sid))
+    server = _left_waiting(request, tmp_path, sid)
     child = start_chat("--agent", "approver", "--session", sid)
     child.expect_exact(PROMPT)
     child.sendline("and then?")
@@ -626,7 +626,7 @@ def test_ctrl_c_at_an_earlier_turns_question_leaves_that_turn_waiting(
     child.expect_exact(f"tool said: {REFUSED_RESULT}")
     child.expect_exact(PROMPT)
     leave(child)
-    if remote:
+    if server is not None:
         with server.client() as c:
             turns = c.get(f"/v1/sessions/{sid}/turns").json()["data"]
         inputs = [(t["input"], t["status"]) for t in turns]

@@ -136,14 +136,21 @@ _REQUEST = {
     },
 }
 _RESPONSE_ID = {"type": "string", "minLength": 1, "maxLength": 200}
-_CREATE_RESPONSES: dict[int | str, dict[str, Any]] = {
-    200: {
-        "description": "a response; with stream: true, response.* events",
+
+
+def _a_response(description: str) -> dict[str, Any]:
+    """A 200 that is a response object, or its events when streamed."""
+    return {
+        "description": description,
         "content": {
             "application/json": {"schema": {"type": "object"}},
             "text/event-stream": {"schema": {"type": "string"}},
         },
-    },
+    }
+
+
+_CREATE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: _a_response("a response; with stream: true, response.* events"),
     **documented(
         {
             **TURN_ERRORS,
@@ -323,13 +330,7 @@ async def create_response(request: Request, st: State) -> Response:
 
 
 _GET_RESPONSES: dict[int | str, dict[str, Any]] = {
-    200: {
-        "description": "the response; with stream=true, its response.* events",
-        "content": {
-            "application/json": {"schema": {"type": "object"}},
-            "text/event-stream": {"schema": {"type": "string"}},
-        },
-    },
+    200: _a_response("the response; with stream=true, its response.* events"),
     **_READ_RESPONSES,
 }
 
