@@ -134,33 +134,42 @@ def test_kill_9_mid_turn_then_restart_recovers(tmp_path: Path) -> None:
 
 def test_a_decision_made_in_another_process_resumes_the_turn_there(tmp_path: Path) -> None:
     # Before, the deciding process took the turn without serving its agent: it ended
-    # failed/agent_not_found, and the tool never ran.
+    # failed/agent_not_found, and the tool never ran; and it went on as the local admin, not
+    # as the session's user.
     body = """
-    from tether import Session
-    from tether.errors import DecisionRequired
+    from tether import Session, ToolContext
+    from tether.errors import ConfigError, DecisionRequired
 
     @tool(requires_approval=True)
-    def deploy(target: str) -> str:
+    def deploy(target: str, ctx: ToolContext) -> str:
         "Deploy something (a human approves it)."
-        return f"deployed {target}"
+        return f"deployed {target} for {ctx.principal.user}"
 
     def deploys(request: ModelRequest):
         if request.messages[-1].role == "tool":
             return f"tool said: {request.messages[-1].content}"
         return ToolCalls(Call("deploy", {"target": "prod"}))
 
+    mode = sys.argv[0].split("/")[-1].removesuffix(".py")
     session = Session(session_id="xp1", user_id="xu")
-    session.Agent(name="deployer", model=ScriptedModel(default=deploys), tools=[deploy])
-    if sys.argv[0].endswith("ask.py"):
+    if mode != "bare":
+        session.Agent(name="deployer", model=ScriptedModel(default=deploys), tools=[deploy])
+    if mode == "ask":
         try:
             session.chat("ship it")
         except DecisionRequired as exc:
             print("waits on", exc.decision.payload["tool"])
     else:
         [pending] = session.decisions()
-        print(session.decide(pending, "approve"))
-        print(json.dumps([d.status for d in session.decisions(status=None)]))
+        try:
+            print(session.decide(pending, "approve"))
+        except ConfigError as exc:
+            print("refused:", "does not serve the agent 'deployer'" in str(exc))
+        print(json.dumps([(d.status, d.decided_by) for d in session.decisions(status=None)]))
     """
     assert finish(run_script(tmp_path, "ask", body)).strip() == "waits on deploy"
+    # A process that defines no agent is refused before anything is recorded.
+    out = finish(run_script(tmp_path, "bare", body)).splitlines()
+    assert out == ["refused: True", '[["pending", null]]']
     out = finish(run_script(tmp_path, "decide", body)).splitlines()
-    assert out == ["tool said: deployed prod", '["approved"]']
+    assert out == ["tool said: deployed prod for xu", '[["approved", "xu"]]']

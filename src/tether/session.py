@@ -411,7 +411,21 @@ class Session:
         # or it waits elsewhere): it needs this session's agents served, as chat serves them.
         for agent in self._agents.values():
             runtime.register(agent)
-        await runtime.decide(self.key, turn_id, call_id, verdict, answer=answer)
+        turn = await runtime.sessions.turn(self.key, turn_id)
+        wanted = turn.agent if turn is not None else None
+        if wanted is not None and runtime.resolve(wanted.name, wanted.fingerprint) is None:
+            # Decided here, it would go on here and fail (agent_not_found) for good: refused
+            # before anything is recorded, the decision still open.
+            raise ConfigError(
+                f"this process does not serve the agent {wanted.name!r} the turn runs: make it "
+                f"first (session.Agent({wanted.name!r}, …) as where the turn was sent), then "
+                "decide"
+            )
+        # The session's user decides, and the turn goes on as that user (its tools'
+        # ctx.principal), as its chat ran.
+        await runtime.decide(
+            self.key, turn_id, call_id, verdict, answer=answer, principal=self.principal
+        )
         # The decision queued the turn again: this returns once it waits again or has ended.
         turn = await runtime.scheduler.wait(self.key, turn_id, until_input=True)
         done = await runtime.settle(turn, on_decision)
