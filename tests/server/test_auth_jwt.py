@@ -15,7 +15,7 @@ import jwt
 import openai
 import pytest
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
 from tests.server.cli_keys import assert_problem, create_key
 from tests.server.conftest import Server, ServerFactory, start_server
@@ -124,11 +124,30 @@ def test_api_keys_work_beside_tokens_and_a_public_address_needs_no_insecure(
         assert r.json()["data"] == []
         wrong_issuer = token({"iss": "elsewhere"}, key=private, alg="ES256")
         assert_problem(c.get("/v1/sessions", headers=bearer(wrong_issuer)), 401)
-        # An HMAC token is refused where a public key verifies: the algorithms are pinned.
-        forged = token({"iss": "idp", "sub": "carol"}, key=SECRET, alg="HS256")
-        r = c.get("/v1/sessions", headers=bearer(forged))
-        assert_problem(r, 401)
-        assert "algorithm" in r.json()["detail"]
+        # An HMAC token is refused where a public key verifies: the algorithms are pinned,
+        # and so are tokens of another key family (they were a 500: InvalidKeyError).
+        others = [
+            token({"iss": "idp", "sub": "carol"}, key=SECRET, alg="HS256"),
+            token({"iss": "idp"}, key=_rsa(), alg="RS256"),
+            token({"iss": "idp"}, key=ed25519.Ed25519PrivateKey.generate(), alg="EdDSA"),
+            token({"iss": "idp"}, key=ec.generate_private_key(ec.SECP384R1()), alg="ES384"),
+        ]
+        for forged in others:
+            r = c.get("/v1/sessions", headers=bearer(forged))
+            assert_problem(r, 401)
+            assert "algorithm" in r.json()["detail"]
+
+
+def _rsa() -> rsa.RSAPrivateKey:
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def _public_pem(private: Any) -> str:
+    return str(
+        private.public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode()
+    )
 
 
 def test_bad_jwt_settings_stop_the_start() -> None:
@@ -143,3 +162,15 @@ def test_bad_jwt_settings_stop_the_start() -> None:
         with pytest.raises(ConfigError, match=says):
             JwtSettings.from_env(env)
     assert JwtSettings.from_env({}) is None
+    # The algorithms follow the key: a P-384 key verifies ES384 (it was offered ES256 alone).
+    for private, algorithms in [
+        (ec.generate_private_key(ec.SECP384R1()), ("ES384",)),
+        (ec.generate_private_key(ec.SECP521R1()), ("ES512",)),
+        (_rsa(), ("RS256",)),
+        (ed25519.Ed25519PrivateKey.generate(), ("EdDSA",)),
+    ]:
+        settings = JwtSettings.from_env({"TETHER_JWT_PUBLIC_KEY": _public_pem(private)})
+        assert settings is not None and settings.algorithms == algorithms
+    rsa_pem = _public_pem(_rsa())
+    with pytest.raises(ConfigError, match="cannot be used with an RSA key"):
+        JwtSettings.from_env({"TETHER_JWT_PUBLIC_KEY": rsa_pem, "TETHER_JWT_ALGORITHMS": "ES256"})

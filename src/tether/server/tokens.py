@@ -3,8 +3,10 @@ configures, never fetched, and mapped to a principal from their claims.
 
 ``TETHER_JWT_SECRET`` (HMAC, at least 32 bytes) or ``TETHER_JWT_PUBLIC_KEY`` (a PEM public key,
 or the path of a file holding one: RSA, EC or Ed25519) turns them on. A token must be signed
-with one of the algorithms allowed (``TETHER_JWT_ALGORITHMS``; by default HS256 for a secret,
-RS256, ES256 and EdDSA for a public key, never ``none``), carry ``sub`` (the user) and ``exp``,
+with one of the algorithms allowed (``TETHER_JWT_ALGORITHMS``, among those of the key's kind;
+by default HS256 for a secret, RS256 for an RSA key, the curve's ES algorithm for an EC key,
+EdDSA for an Ed25519 one; never ``none``), carry ``sub`` (the user) and ``exp`` (30 s of clock
+skew allowed),
 and match ``TETHER_JWT_AUDIENCE`` and ``TETHER_JWT_ISSUER`` when they are set. The tenant is
 the ``tenant`` claim (``TETHER_JWT_TENANT_CLAIM``; ``default`` when absent), the roles the
 ``roles`` claim (``TETHER_JWT_ROLES_CLAIM``: a list, or one space-separated string); ``admin``
@@ -32,7 +34,6 @@ LEEWAY_SECONDS = 30.0
 DEFAULT_TENANT = "default"
 
 _HMAC = ("HS256", "HS384", "HS512")
-_PUBLIC = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
 # Three base64url parts, the first a JSON object ('{"' encodes as "eyJ"): what a token looks
 # like; tether's own API keys ("tk_…") never do.
 _SHAPE = re.compile(r"eyJ[A-Za-z0-9_-]*\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")
@@ -67,14 +68,13 @@ class JwtSettings:
                 raise ConfigError(
                     f"TETHER_JWT_SECRET must be at least {MIN_SECRET_BYTES} bytes (256 bits)"
                 )
-            key, allowed, default = secret, _HMAC, ("HS256",)
+            key, kind, allowed, default = secret, "TETHER_JWT_SECRET", _HMAC, ("HS256",)
         else:
-            key, allowed, default = _pem(public), _PUBLIC, ("RS256", "ES256", "EdDSA")
+            key, kind, allowed, default = _public_key(public)
         raw = env.get("TETHER_JWT_ALGORITHMS", "")
         algorithms = tuple(a.strip() for a in raw.split(",") if a.strip()) or default
         wrong = [a for a in algorithms if a not in allowed]
         if wrong:
-            kind = "TETHER_JWT_SECRET" if secret else "TETHER_JWT_PUBLIC_KEY"
             raise ConfigError(
                 f"TETHER_JWT_ALGORITHMS: {', '.join(wrong)} cannot be used with {kind} "
                 f"(use {', '.join(allowed)})"
@@ -89,9 +89,11 @@ class JwtSettings:
         )
 
 
-def _pem(value: str) -> str:
-    """The PEM text itself, or read from the file ``value`` names; checked to be a public key
-    now, so a bad one stops the start rather than refusing every request."""
+def _public_key(value: str) -> tuple[str, str, tuple[str, ...], tuple[str, ...]]:
+    """(PEM text, what it is, the algorithms it can verify, the default ones) of the PEM text
+    ``value`` or of the file it names; checked now, so a bad key stops the start rather than
+    refusing every request, and a token of another family is refused as such."""
+    from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
     from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
     text = value
@@ -101,12 +103,26 @@ def _pem(value: str) -> str:
         except OSError as exc:
             raise ConfigError(f"TETHER_JWT_PUBLIC_KEY: cannot read {value!r}: {exc}") from None
     try:
-        load_pem_public_key(text.encode())
+        key = load_pem_public_key(text.encode())
     except ValueError:
         raise ConfigError(
             "TETHER_JWT_PUBLIC_KEY is not a PEM public key (-----BEGIN PUBLIC KEY-----)"
         ) from None
-    return text
+    if isinstance(key, rsa.RSAPublicKey):
+        rsa_algorithms = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512")
+        return text, "an RSA key", rsa_algorithms, ("RS256",)
+    if isinstance(key, ec.EllipticCurvePublicKey):
+        curve = _CURVES.get(key.curve.name)
+        if curve is None:
+            raise ConfigError(f"TETHER_JWT_PUBLIC_KEY: JWTs do not use the curve {key.curve.name}")
+        return text, f"an EC {key.curve.name} key", (curve,), (curve,)
+    if isinstance(key, ed25519.Ed25519PublicKey | ed448.Ed448PublicKey):
+        return text, "an EdDSA key", ("EdDSA",), ("EdDSA",)
+    raise ConfigError("TETHER_JWT_PUBLIC_KEY: use an RSA, EC or Ed25519 public key")
+
+
+_CURVES = {"secp256r1": "ES256", "secp384r1": "ES384", "secp521r1": "ES512"}
+"""RFC 7518 §3.4: each ES algorithm is one curve's."""
 
 
 class JwtVerifier:
@@ -142,7 +158,9 @@ class JwtVerifier:
             raise Unauthorized(f"the token's algorithm is not accepted (use {allowed})") from None
         except jwt.InvalidSignatureError:
             raise Unauthorized("the token's signature does not verify") from None
-        except jwt.InvalidTokenError:
+        except (jwt.InvalidTokenError, jwt.InvalidKeyError):
+            # InvalidKeyError: a key of another kind than the token's algorithm wants (the
+            # algorithms are the key's own, so only a misconfigured list gets here).
             raise Unauthorized("the token is malformed") from None
         return _principal(claims, s)
 
