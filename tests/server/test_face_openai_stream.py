@@ -195,7 +195,8 @@ def test_a_response_is_streamed_again_and_resumed_by_sequence_number(
         (e.type, e.sequence_number) for e in live
     ]
     assert [getattr(e, "delta", None) for e in again] == [getattr(e, "delta", None) for e in live]
-    assert again[0].response.status == "queued"  # type: ignore[union-attr]
+    # As its request took it, live and read again alike.
+    assert again[0].response.status == live[0].response.status == "queued"  # type: ignore[union-attr]
     assert isinstance(again[-1], ResponseCompletedEvent)
     assert again[-1].response.output_text == "".join(
         e.delta for e in live if isinstance(e, ResponseTextDeltaEvent)
@@ -211,6 +212,40 @@ def test_a_response_is_streamed_again_and_resumed_by_sequence_number(
         assert r.status_code == 400 and r.json()["error"]["param"] == "starting_after"
         r = c.get(f"/v1/responses/{rid}", params={"stream": "maybe"})
         assert r.status_code == 400 and r.json()["error"]["param"] == "stream"
+
+
+def test_a_response_that_waited_for_a_human_is_resumed_after_the_decision(
+    client: openai.OpenAI, server: Server
+) -> None:
+    # Before, a stream read again stopped at the old wait (an error, though the turn had gone
+    # on), and one resumed after the live stream's error missed the event numbered in its
+    # place.
+    live = list(client.responses.create(model="approver", input="launch it", stream=True))
+    assert isinstance(live[-1], ResponseErrorEvent) and live[-1].code == "awaiting_input"
+    rid = live[0].response.id  # type: ignore[union-attr]
+    _, _, session_id = rid.partition(".")
+    with server.client() as c:
+        url = f"/v1/sessions/{session_id}/decisions?status=pending"
+        [pending] = c.get(url).json()["decisions"]
+        r = c.post(
+            f"/v1/sessions/{session_id}/turns/{pending['turn_id']}/decisions",
+            json={"call_id": pending["call_id"], "decision": "approve"},
+        )
+        assert r.status_code == 200, r.text
+    cut = live[-1].sequence_number
+    rest = list(client.responses.retrieve(rid, stream=True, starting_after=cut))
+    assert rest[0].sequence_number == cut + 1 and rest[0].type == "response.output_item.added"
+    assert isinstance(rest[-1], ResponseCompletedEvent)
+    deltas = [e.delta for e in rest if isinstance(e, ResponseTextDeltaEvent)]
+    assert "".join(deltas) == rest[-1].response.output_text == "tool said: launched rocket"
+    # Read again from the start: the same numbers as live up to the wait, then the rest.
+    whole = list(client.responses.retrieve(rid, stream=True))
+    assert [(e.type, e.sequence_number) for e in whole[: len(live) - 1]] == [
+        (e.type, e.sequence_number) for e in live[:-1]
+    ]
+    assert [(e.type, e.sequence_number) for e in whole[len(live) - 1 :]] == [
+        (e.type, e.sequence_number) for e in rest
+    ]
 
 
 def test_a_background_response_is_watched_as_it_runs(client: openai.OpenAI) -> None:

@@ -314,8 +314,9 @@ async def create_response(request: Request, st: State) -> Response:
     headers = {SESSION_HEADER: turn.key.session_id}
     asked = Asked(model, previous, metadata, background)
     if stream:
+        # Its first event shows the turn as taken (queued), as a stream read again later does.
         return StreamingResponse(
-            sse.encoded(_events(st, turn, asked), _frame),
+            sse.encoded(_events(st, as_taken(turn, asked_at), asked), _frame),
             media_type="text/event-stream",
             headers={**headers, "Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
@@ -539,13 +540,22 @@ async def _events(st: ServerState, turn: Turn, asked: Asked) -> AsyncIterator[di
                 yield event("response.content_part.added", **where(), part=part(""))
             texts.append(piece)
             yield event("response.output_text.delta", **where(), delta=piece, logprobs=[])
-        elif ev.type in (TURN_AWAITING_INPUT, TURN_ENDED):
+        elif ev.type == TURN_AWAITING_INPUT:
+            # Each wait takes one number, told or not, so that a stream read live and one read
+            # again later number every event alike: told (and the stream ends) while the turn
+            # still waits; passed over once it went on (its events follow) or ended.
             done = await st.runtime.sessions.turn(turn.key, turn.id)
             if done is None:
                 return
-            if not done.ended:
-                body = error_body(409, awaiting_message(done), "awaiting_input", None)["error"]
-                yield event("error", code=body["code"], message=body["message"], param=None)
+            if done.status != "awaiting_input":
+                number += 1
+                continue
+            body = error_body(409, awaiting_message(done), "awaiting_input", None)["error"]
+            yield event("error", code=body["code"], message=body["message"], param=None)
+            return
+        elif ev.type == TURN_ENDED:
+            done = await st.runtime.sessions.turn(turn.key, turn.id)
+            if done is None or not done.ended:
                 return
             final = response_object(done, asked)
             if texts or done.output:
