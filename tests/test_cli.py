@@ -216,6 +216,10 @@ def test_a_script_is_served_by_its_path(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(sys, "modules", dict(sys.modules))
     [agent] = load_agents("../proj/json.py:agent")
     assert agent.name == "from-a-path"
+    # It does not stand in for the module it is named like (it did: JSON broke after).
+    import json
+
+    assert sys.modules["json"] is json and json.loads("[1]") == [1]
     for bad in ("../proj/nothing.py:agent", "../proj:agent", "..app:agent"):
         with pytest.raises(ConfigError):
             load_agents(bad)

@@ -338,23 +338,25 @@ def model_problems(agents: Iterable[Agent], default_model: str | None) -> list[s
 
 
 def _module_from_file(path: Path) -> Any:
-    """The module of a script given by its path (``../myapp.py:app``), imported under its
-    file name with its directory on ``sys.path``, as running it from there would."""
+    """The module of a script given by its path (``../myapp.py:app``), with its directory on
+    ``sys.path``, as running it from there would."""
     if path.suffix != ".py" or not path.is_file():
         raise ConfigError(f"{str(path)!r}: no such Python file (or use 'module:attribute')")
     folder = str(path.resolve().parent)
     if folder not in sys.path:
         sys.path.insert(0, folder)
-    # This very file, even where its name is another module's ("test.py", "json.py").
-    spec = importlib.util.spec_from_file_location(path.stem, path)
+    # This very file, under a name of its own: named after it ("json.py", "secrets.py"), it
+    # would stand in for that module wherever the process imports it next.
+    name = f"tether_script_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ConfigError(f"cannot import {str(path)!r}")
     module = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = module
+    sys.modules[name] = module  # what its classes name as their module must be found
     try:
         spec.loader.exec_module(module)
     except ImportError as exc:
-        del sys.modules[path.stem]
+        del sys.modules[name]
         raise ConfigError(f"cannot import {str(path)!r}: {exc}") from exc
     return module
 
