@@ -184,8 +184,8 @@ def raise_for(response: httpx.Response) -> None:
     kind = str(body.get("type", ""))
     if response.status_code == 401:
         detail = (
-            f"{detail}: this server wants an API key (Python: Session(api_key=…) or headers=; "
-            "the CLI: --key or TETHER_API_KEY)"
+            f"{detail}: this server wants a valid API key or token (Python: "
+            "Session(api_key=…) or headers=; the CLI: --key or TETHER_API_KEY)"
         )
     error = remote_error(kind.rpartition("/")[2])(response.status_code, kind, detail, body)
     if isinstance(error, RemoteLimitExceeded):
