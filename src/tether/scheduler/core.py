@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncGenerator, Callable, Sequence
 from pathlib import Path
 from typing import Literal, Protocol
@@ -57,6 +58,8 @@ from tether.tools import workspace
 from tether.tools.mcp import McpSessions
 from tether.tools.workspace import DEFAULT_QUOTA_BYTES
 
+log = logging.getLogger(__name__)
+
 CANCEL_POLL = 0.025
 """Seconds between reads of cancel requests while this process runs turns."""
 CANCEL_FALLBACK = 1.0
@@ -73,6 +76,9 @@ NOT_HERE_POLL = 0.05
 LOCAL_SAFETY = 1.0
 """The same while this process holds the session's lease, so the turn's end comes here as a
 signal: a read now and then, in case the lease was lost."""
+PREEMPT_ROUNDS = 64
+"""Looks at the turns ahead of an interrupting one: each round after the first follows a turn
+that a worker moved meanwhile, which each turn does once."""
 
 
 class SchedulerStore(WorkerStore, TurnStore, TurnLog, DecisionStore, Maintenance, Protocol):
@@ -334,7 +340,7 @@ class Scheduler:
         """
         status: CancelStatus = "interrupted" if policy == "interrupt" else "rolled_back"
         reason: Reason = policy
-        while True:
+        for _ in range(PREEMPT_ROUNDS):
             moved = False
             ahead = [t for t in await self.store.active_turns(key) if t.seq < newer.seq]
             # The last first: the turns queued behind the one under way end before it is told
@@ -352,6 +358,8 @@ class Scheduler:
                     self.local.resolve(ended)
             if not moved:
                 return
+        # Only a store that refuses to end a waiting turn it still lists as waiting gets here.
+        log.warning("turn %s: the turns ahead of it kept moving; gave up ending them", newer.id)
 
     async def _stop_running(
         self, key: SessionKey, turn_id: str, status: CancelStatus, reason: Reason
