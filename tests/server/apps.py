@@ -76,8 +76,15 @@ def system_prompt(request: ModelRequest) -> str:
 
 
 def approve_flow(request: ModelRequest) -> str | ToolCalls:
-    if request.messages[-1].role == "tool":
-        return f"tool said: {request.messages[-1].content}"
+    """Launches a rocket (a human approves it), and then a probe too when told "twice": a
+    turn that waits for two decisions, one after the other."""
+    last = request.messages[-1]
+    if last.role == "tool":
+        users = [i for i, m in enumerate(request.messages) if m.role == "user"]
+        launched = sum(1 for m in request.messages[users[-1] :] if m.role == "tool")
+        if "twice" in request.messages[users[-1]].content and launched < 2:
+            return ToolCalls(Call("launch", {"target": "probe"}))
+        return f"tool said: {last.content}"
     return ToolCalls(Call("launch", {"target": "rocket"}))
 
 

@@ -223,15 +223,7 @@ def test_a_response_that_waited_for_a_human_is_resumed_after_the_decision(
     live = list(client.responses.create(model="approver", input="launch it", stream=True))
     assert isinstance(live[-1], ResponseErrorEvent) and live[-1].code == "awaiting_input"
     rid = live[0].response.id  # type: ignore[union-attr]
-    _, _, session_id = rid.partition(".")
-    with server.client() as c:
-        url = f"/v1/sessions/{session_id}/decisions?status=pending"
-        [pending] = c.get(url).json()["decisions"]
-        r = c.post(
-            f"/v1/sessions/{session_id}/turns/{pending['turn_id']}/decisions",
-            json={"call_id": pending["call_id"], "decision": "approve"},
-        )
-        assert r.status_code == 200, r.text
+    _approve_all(server, rid)
     cut = live[-1].sequence_number
     rest = list(client.responses.retrieve(rid, stream=True, starting_after=cut))
     assert rest[0].sequence_number == cut + 1 and rest[0].type == "response.output_item.added"
@@ -246,6 +238,37 @@ def test_a_response_that_waited_for_a_human_is_resumed_after_the_decision(
     assert [(e.type, e.sequence_number) for e in whole[len(live) - 1 :]] == [
         (e.type, e.sequence_number) for e in rest
     ]
+
+
+def test_a_response_that_waits_twice_is_resumed_past_each_wait(
+    client: openai.OpenAI, server: Server
+) -> None:
+    # A stream resumed after the first wait must not stop at it while the turn waits again.
+    live = list(client.responses.create(model="approver", input="launch twice", stream=True))
+    rid = live[0].response.id  # type: ignore[union-attr]
+    cut = live[-1].sequence_number
+    _approve_all(server, rid)
+    rest = list(client.responses.retrieve(rid, stream=True, starting_after=cut))
+    assert rest[0].sequence_number == cut + 1
+    assert isinstance(rest[-1], ResponseErrorEvent) and rest[-1].code == "awaiting_input"
+    _approve_all(server, rid)
+    again = rest[-1].sequence_number
+    final = list(client.responses.retrieve(rid, stream=True, starting_after=again))
+    assert isinstance(final[-1], ResponseCompletedEvent)
+    assert final[-1].response.output_text == "tool said: launched probe"
+
+
+def _approve_all(server: Server, rid: str) -> None:
+    """Approve what the response's turn waits for, through tether's decisions API."""
+    session_id = rid.partition(".")[2]
+    with server.client() as c:
+        url = f"/v1/sessions/{session_id}/decisions?status=pending"
+        for pending in c.get(url).json()["decisions"]:
+            r = c.post(
+                f"/v1/sessions/{session_id}/turns/{pending['turn_id']}/decisions",
+                json={"call_id": pending["call_id"], "decision": "approve"},
+            )
+            assert r.status_code == 200, r.text
 
 
 def test_a_background_response_is_watched_as_it_runs(client: openai.OpenAI) -> None:

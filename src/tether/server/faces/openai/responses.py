@@ -511,6 +511,15 @@ def _frame(event: dict[str, Any]) -> bytes:
     return f"event: {event['type']}\ndata: {data}\n\n".encode()
 
 
+async def _still_waits(st: ServerState, turn: Turn, call_id: object) -> bool:
+    """Whether ``turn`` waits now on the decision of ``call_id`` (not on a later one: a turn
+    may wait twice, and a stream read again passes over the first wait)."""
+    if turn.status != "awaiting_input":
+        return False
+    pending = await st.runtime.scheduler.decisions(turn.key, turn_id=turn.id, status="pending")
+    return any(d.call_id == call_id for d in pending)
+
+
 async def _events(st: ServerState, turn: Turn, asked: Asked) -> AsyncIterator[dict[str, Any]]:
     """The turn as ``response.*`` events, ``sequence_number`` counting from 0."""
     number = 0
@@ -547,7 +556,7 @@ async def _events(st: ServerState, turn: Turn, asked: Asked) -> AsyncIterator[di
             done = await st.runtime.sessions.turn(turn.key, turn.id)
             if done is None:
                 return
-            if done.status != "awaiting_input":
+            if not await _still_waits(st, done, ev.data.get("call_id")):
                 number += 1
                 continue
             body = error_body(409, awaiting_message(done), "awaiting_input", None)["error"]
