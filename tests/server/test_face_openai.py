@@ -133,9 +133,11 @@ def test_a_conversation_ending_with_the_reply_is_refused_and_stores_nothing(
     # Before, its last user message was answered again: a second turn of the same words.
     begin(server, "ends-1")
     assert say(client, "hi", session="ends-1") == "saw [] then hi"
-    for api in ("chat", "responses"):
+    for api, last in [("chat", "assistant"), ("responses", "assistant"), ("chat", "tool")]:
         with pytest.raises(openai.BadRequestError) as caught:
-            said = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+            said = [{"role": "user", "content": "hi"}, {"role": last, "content": "yo"}]
+            if last == "tool":
+                said[-1]["tool_call_id"] = "call_1"
             if api == "chat":
                 client.chat.completions.create(
                     model="echo",

@@ -67,18 +67,18 @@ def _cursor_of_another_order(case: Case[Any]) -> bool:
 
 
 def _ends_with_the_reply(case: Case[Any]) -> bool:
-    """An OpenAI-face conversation whose last user or assistant message is the assistant's
-    (the server answers 400: nothing new to answer): a rule on an array's last item of a kind,
-    which a schema cannot state."""
+    """An OpenAI-face conversation whose last user, assistant or tool message is not the
+    user's (the server answers 400: nothing new to answer): a rule on an array's last item of a
+    kind, which a schema cannot state."""
     body = case.body if isinstance(case.body, dict) else {}
     messages = body.get("messages", body.get("input"))
     if not isinstance(messages, list):
         return False
     roles = [m.get("role") for m in messages if isinstance(m, dict) and m.get("role") in _SPEAKERS]
-    return "user" in roles and roles[-1] == "assistant"
+    return "user" in roles and roles[-1] != "user"
 
 
-_SPEAKERS = ("user", "assistant")
+_SPEAKERS = ("user", "assistant", "tool")
 
 
 def _two_sessions_named(case: Case[Any]) -> bool:

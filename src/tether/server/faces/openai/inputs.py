@@ -107,6 +107,7 @@ def conversation_input(messages: Sequence[object], continuing: bool, param: str)
     (``continuing`` False) preceded by the earlier user and assistant messages as a
     transcript."""
     read: list[tuple[str, str]] = []
+    last_role: object = None  # of the last user, assistant or tool message
     for message in messages:
         if not isinstance(message, dict):
             raise FaceError(400, f"each of {param} must be an object", "invalid_value", param)
@@ -119,16 +120,19 @@ def conversation_input(messages: Sequence[object], continuing: bool, param: str)
             raise FaceError(400, f"unknown role {role!r}", "invalid_value", param)
         if role in ("user", "assistant"):
             read.append((role, text_of(message.get("content"), param)))
+        if role in ("user", "assistant", "tool"):
+            last_role = role
     last = next((i for i in range(len(read) - 1, -1, -1) if read[i][0] == "user"), None)
     if last is None:
         raise FaceError(400, f"{param} holds no user message", "invalid_value", param)
-    if last != len(read) - 1:
-        # The conversation as the client has it ends with the agent's reply: answering its
-        # last user message again would put a second answer in the history.
+    if last_role != "user":
+        # The conversation as the client has it ends with the agent's reply (or a tool's
+        # result): answering its last user message again would put a second answer in the
+        # history.
         raise FaceError(
             400,
-            f"{param} ends with an assistant message, so there is nothing new to answer: send "
-            "the user's new message last",
+            f"{param} ends with an {last_role} message, so there is nothing new to answer: "
+            "send the user's new message last",
             "invalid_value",
             param,
         )
