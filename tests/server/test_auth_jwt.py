@@ -158,6 +158,7 @@ def test_bad_jwt_settings_stop_the_start() -> None:
         ({"TETHER_JWT_PUBLIC_KEY": "-----BEGIN PUBLIC KEY-----\nnope"}, "not a PEM"),
         ({"TETHER_JWT_SECRET": SECRET, "TETHER_JWT_ALGORITHMS": "RS256"}, "cannot be used"),
         ({"TETHER_JWT_SECRET": SECRET, "TETHER_JWT_ALGORITHMS": "none"}, "cannot be used"),
+        ({"TETHER_JWT_SECRET": SECRET, "TETHER_JWT_ALGORITHMS": "HS512"}, "at least 64 bytes"),
     ]:
         with pytest.raises(ConfigError, match=says):
             JwtSettings.from_env(env)

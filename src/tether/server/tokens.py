@@ -79,6 +79,10 @@ class JwtSettings:
                 f"TETHER_JWT_ALGORITHMS: {', '.join(wrong)} cannot be used with {kind} "
                 f"(use {', '.join(allowed)})"
             )
+        # RFC 7518 §3.2: an HMAC key at least as long as its hash's output.
+        needed = max((int(a[2:]) // 8 for a in algorithms if a in _HMAC), default=0)
+        if secret and len(secret.encode()) < needed:
+            raise ConfigError(f"TETHER_JWT_SECRET must be at least {needed} bytes for {raw}")
         return cls(
             key=key,
             algorithms=algorithms,
