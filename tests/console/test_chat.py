@@ -65,6 +65,8 @@ def test_sign_in_with_a_key_refuses_a_wrong_one_and_signs_out(console: Console) 
     key.fill("tk_wrong_not-a-key")
     page.get_by_role("button", name="Sign in").click()
     expect(page.get_by_role("alert")).to_contain_text("refused this API key (401")
+    # With the server's reason (it was dropped).
+    expect(page.get_by_role("alert")).to_contain_text("invalid or revoked API key.")
 
     key.fill(console.keys["alice"])
     page.get_by_role("button", name="Sign in").click()

@@ -80,8 +80,11 @@ async function start(message) {
     await render();
   } catch (error) {
     if (error.status === 401) {
+      // The server's reason says which: an unknown key, an expired or foreign token...
+      const reason = error.message.replace(/\.?$/, ".");
       const refused = auth.key
-        ? "The server refused this API key (401 unauthorized). Check it, or ask for a new one."
+        ? `The server refused this API key (401 unauthorized): ${reason} ` +
+          "Check it, or ask for a new one."
         : null;
       auth.clear();
       signIn(message || refused);
@@ -128,7 +131,8 @@ function signIn(message) {
       {},
       "This server needs an API key. Its operator makes one with ",
       h("code", {}, "tether keys create --user NAME"),
-      ". The key stays in this tab only (session storage).",
+      "; a server that takes JWTs takes your identity provider's token here too. ",
+      "It stays in this tab only (session storage).",
     ),
     h("label", {}, "API key", input),
     alert,
