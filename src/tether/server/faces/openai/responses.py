@@ -25,24 +25,23 @@ an OpenAI error, as for chat completions; a stream ends with ``response.failed``
 ``failed`` or ``cancelled``) or, for a turn that waits for a human decision, an ``error`` event.
 ``instructions``, ``temperature``, ``store`` and such are the agent's business (a template) and
 are ignored; client-side ``tools`` are refused.
+
+This module holds the routes; the response object is :mod:`.response_objects`, its events
+:mod:`.response_events`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from tether.errors import SessionNotFound, TetherError
-from tether.events import MESSAGE_DELTA, TURN_AWAITING_INPUT, TURN_ENDED
-from tether.records import SESSION_ID_PATTERN, Principal, SessionKey, Turn, Usage
+from tether.records import Principal, SessionKey, Turn
 from tether.server import sse
 from tether.server.conversation import Opened, as_taken, submit
 from tether.server.deps import State
@@ -56,10 +55,8 @@ from tether.server.faces.openai.errors import (
     SESSION_HEADER,
     TURN_ERRORS,
     FaceError,
-    awaiting_message,
     caller_of,
     documented,
-    error_body,
     idempotency_key,
     outcome_error,
     refusal,
@@ -72,14 +69,20 @@ from tether.server.faces.openai.inputs import (
     no_client_tools,
     read_body,
 )
+from tether.server.faces.openai.response_events import (
+    as_created,
+    frame,
+    later_than,
+    response_events,
+)
+from tether.server.faces.openai.response_objects import Asked, parse_id, response_object
 from tether.server.problems import Problem
 from tether.server.routes.turns import wait_for_turn
-from tether.server.schemas import NO_NUL, minted
+from tether.server.schemas import NO_NUL
 from tether.server.state import ServerState
 
 router = APIRouter(tags=["openai"])
 
-_PREFIX = "resp_"
 _TEXT = {"type": "string", "pattern": NO_NUL}
 _INPUT_MESSAGE = {
     "type": "object",
@@ -169,36 +172,8 @@ _READ_RESPONSES = documented(
 )
 
 
-@dataclass(frozen=True)
-class Asked:
-    """What the creating request said that its response repeats."""
-
-    model: str | None = None
-    previous: str | None = None
-    metadata: dict[str, str] = field(default_factory=dict)
-    background: bool | None = None
-    """None when read back: the store keeps the turn, not how its request asked for it."""
-
-
-def response_id(turn: Turn) -> str:
-    return f"{_PREFIX}{turn.id}.{turn.key.session_id}"
-
-
-def _parse_id(value: str) -> tuple[str, str]:
-    """(turn id, session id) of a response id; FaceError 404 when it cannot be one of ours."""
-    turn_id, dot, session_id = value.removeprefix(_PREFIX).partition(".")
-    if not (
-        value.startswith(_PREFIX)
-        and dot
-        and minted(turn_id)
-        and SESSION_ID_PATTERN.fullmatch(session_id)
-    ):
-        raise FaceError(404, "no such response", "response_not_found")
-    return turn_id, session_id
-
-
 async def _own_turn(st: ServerState, caller: Principal, value: str) -> Turn:
-    turn_id, session_id = _parse_id(value)
+    turn_id, session_id = parse_id(value)
     key = SessionKey.of(caller, session_id)
     try:
         await st.runtime.sessions.own(key)
@@ -208,73 +183,6 @@ async def _own_turn(st: ServerState, caller: Principal, value: str) -> Turn:
     if turn is None:
         raise FaceError(404, "no such response", "response_not_found")
     return turn
-
-
-def _status(turn: Turn) -> str:
-    if turn.status == "queued":
-        return "queued"
-    if not turn.ended:
-        return "in_progress"  # running, or waiting for a human decision
-    if turn.status == "completed":
-        return "completed" if turn.complete else "incomplete"
-    if turn.status == "failed":
-        return "failed"
-    if turn.status == "limit_reached":
-        return "incomplete"
-    return "cancelled"
-
-
-def _message(turn: Turn, text: str, status: str) -> dict[str, Any]:
-    return {
-        "type": "message",
-        "id": f"msg_{turn.id}",
-        "status": status,
-        "role": "assistant",
-        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
-    }
-
-
-def response_object(turn: Turn, asked: Asked | None = None) -> dict[str, Any]:
-    """The Responses API's view of ``turn`` (``asked``: by the request that made it)."""
-    asked = asked or Asked()
-    status = _status(turn)
-    usage = turn.usage
-    output = []
-    if turn.ended and turn.output:
-        output.append(_message(turn, turn.output, "completed" if turn.complete else "incomplete"))
-    error = None
-    if status == "failed":
-        error = {"code": "server_error", "message": f"{turn.reason}: {turn.error or ''}".strip()}
-    incomplete = None
-    if status == "incomplete":
-        limit = turn.status == "limit_reached" or turn.reason == "finished_at_limit"
-        incomplete = {"reason": "max_messages" if limit else "max_output_tokens"}
-    return {
-        "id": response_id(turn),
-        "object": "response",
-        "created_at": turn.created_at,
-        "completed_at": turn.ended_at if status == "completed" else None,
-        "status": status,
-        "background": asked.background,
-        "model": asked.model or turn.agent_name,
-        "output": output,
-        "error": error,
-        "incomplete_details": incomplete,
-        "instructions": None,
-        "metadata": asked.metadata,
-        "parallel_tool_calls": False,
-        "tool_choice": "auto",
-        "tools": [],
-        "previous_response_id": asked.previous,
-        "conversation": {"id": turn.key.session_id},
-        "usage": {
-            "input_tokens": usage.input_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": usage.output_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": usage.input_tokens + usage.output_tokens,
-        },
-    }
 
 
 @router.post(
@@ -316,7 +224,7 @@ async def create_response(request: Request, st: State) -> Response:
     if stream:
         # Its first event shows the turn as taken (queued), as a stream read again later does.
         return StreamingResponse(
-            sse.encoded(_events(st, as_taken(turn, asked_at), asked), _frame),
+            sse.encoded(response_events(st, as_taken(turn, asked_at), asked), frame),
             media_type="text/event-stream",
             headers={**headers, "Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
@@ -372,9 +280,9 @@ async def get_response(response_id: str, request: Request, st: State) -> Respons
         return refusal(exc, None)
     if not streaming:
         return JSONResponse(response_object(turn))
-    events = _events(st, _as_created(turn), Asked())
+    events = response_events(st, as_created(turn), Asked())
     return StreamingResponse(
-        sse.encoded(_after(events, after), _frame),
+        sse.encoded(later_than(events, after), frame),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
@@ -394,31 +302,6 @@ def _query_count(value: str | None, name: str) -> int:
     if not (value.isascii() and value.isdigit()) or len(value) > 18:
         raise FaceError(400, f"{name} must be a sequence_number (0 or more)", "invalid_value", name)
     return int(value)
-
-
-def _as_created(turn: Turn) -> Turn:
-    """``turn`` as it stood when its request took it: the first events of a replayed stream
-    say what they said live (queued, nothing answered yet), so their sequence numbers name
-    the same events."""
-    return replace(
-        turn,
-        status="queued",
-        reason=None,
-        error=None,
-        output=None,
-        complete=True,
-        usage=Usage(),
-        started_at=None,
-        ended_at=None,
-    )
-
-
-async def _after(
-    events: AsyncIterator[dict[str, Any]], after: int
-) -> AsyncIterator[dict[str, Any]]:
-    async for event in events:
-        if event["sequence_number"] > after:
-            yield event
 
 
 @router.post("/v1/responses/{response_id}/cancel", responses=_READ_RESPONSES)
@@ -465,7 +348,7 @@ async def _session_of(
             "conversation",
         )
     if previous:
-        return _parse_id(previous)[1]
+        return parse_id(previous)[1]
     if isinstance(conversation, dict):
         conversation = conversation.get("id")
     return checked_session(conversation, "conversation")
@@ -473,7 +356,7 @@ async def _session_of(
 
 async def _latest(st: ServerState, opened: Opened, previous: str) -> None:
     """Refuse to continue ``previous`` when the conversation has moved on past it."""
-    turn_id, _ = _parse_id(previous)
+    turn_id, _ = parse_id(previous)
     turn = await st.runtime.sessions.turn(opened.key, turn_id)
     if turn is None:
         raise FaceError(404, "no such response", "response_not_found", "previous_response_id")
@@ -504,82 +387,3 @@ def _metadata(given: object) -> dict[str, str]:
     ):
         raise FaceError(400, "metadata maps strings to strings", "invalid_value", "metadata")
     return given
-
-
-def _frame(event: dict[str, Any]) -> bytes:
-    data = json.dumps(event, ensure_ascii=False)
-    return f"event: {event['type']}\ndata: {data}\n\n".encode()
-
-
-async def _still_waits(st: ServerState, turn: Turn, call_id: object) -> bool:
-    """Whether ``turn`` waits now on the decision of ``call_id`` (not on a later one: a turn
-    may wait twice, and a stream read again passes over the first wait)."""
-    if turn.status != "awaiting_input":
-        return False
-    pending = await st.runtime.scheduler.decisions(turn.key, turn_id=turn.id, status="pending")
-    return any(d.call_id == call_id for d in pending)
-
-
-async def _events(st: ServerState, turn: Turn, asked: Asked) -> AsyncIterator[dict[str, Any]]:
-    """The turn as ``response.*`` events, ``sequence_number`` counting from 0."""
-    number = 0
-    item_id = f"msg_{turn.id}"
-    texts: list[str] = []
-
-    def event(kind: str, **fields: Any) -> dict[str, Any]:
-        nonlocal number
-        number += 1
-        return {"type": kind, "sequence_number": number - 1, **fields}
-
-    def part(text: str) -> dict[str, Any]:
-        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-
-    def where() -> dict[str, Any]:
-        return {"item_id": item_id, "output_index": 0, "content_index": 0}
-
-    obj = response_object(turn, asked)
-    yield event("response.created", response=obj)
-    yield event("response.in_progress", response={**obj, "status": "in_progress"})
-    async for ev in st.runtime.scheduler.events(turn.key, turn.id):
-        if ev.type == MESSAGE_DELTA:
-            piece = str(ev.data.get("text", ""))
-            if not texts:
-                item = _message(turn, "", "in_progress")
-                yield event("response.output_item.added", output_index=0, item=item)
-                yield event("response.content_part.added", **where(), part=part(""))
-            texts.append(piece)
-            yield event("response.output_text.delta", **where(), delta=piece, logprobs=[])
-        elif ev.type == TURN_AWAITING_INPUT:
-            # Each wait takes one number, told or not, so that a stream read live and one read
-            # again later number every event alike: told (and the stream ends) while the turn
-            # still waits; passed over once it went on (its events follow) or ended.
-            done = await st.runtime.sessions.turn(turn.key, turn.id)
-            if done is None:
-                return
-            if not await _still_waits(st, done, ev.data.get("call_id")):
-                number += 1
-                continue
-            body = error_body(409, awaiting_message(done), "awaiting_input", None)["error"]
-            yield event("error", code=body["code"], message=body["message"], param=None)
-            return
-        elif ev.type == TURN_ENDED:
-            done = await st.runtime.sessions.turn(turn.key, turn.id)
-            if done is None or not done.ended:
-                return
-            final = response_object(done, asked)
-            if texts or done.output:
-                text = done.output if done.output is not None else "".join(texts)
-                state = "completed" if done.complete else "incomplete"
-                if not texts:
-                    item = _message(done, "", "in_progress")
-                    yield event("response.output_item.added", output_index=0, item=item)
-                    yield event("response.content_part.added", **where(), part=part(""))
-                yield event("response.output_text.done", **where(), text=text, logprobs=[])
-                yield event("response.content_part.done", **where(), part=part(text))
-                yield event(
-                    "response.output_item.done", output_index=0, item=_message(done, text, state)
-                )
-            status = final["status"]
-            kind = {"completed": "response.completed", "incomplete": "response.incomplete"}
-            yield event(kind.get(status, "response.failed"), response=final)
-            return
