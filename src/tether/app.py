@@ -355,9 +355,11 @@ def _module_from_file(path: Path) -> Any:
     sys.modules[name] = module  # what its classes name as their module must be found
     try:
         spec.loader.exec_module(module)
-    except ImportError as exc:
-        del sys.modules[name]
-        raise ConfigError(f"cannot import {str(path)!r}: {exc}") from exc
+    except BaseException as exc:
+        del sys.modules[name]  # half made: never found as if it had loaded
+        if isinstance(exc, ImportError):
+            raise ConfigError(f"cannot import {str(path)!r}: {exc}") from exc
+        raise
     return module
 
 

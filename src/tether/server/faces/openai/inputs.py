@@ -131,8 +131,8 @@ def conversation_input(messages: Sequence[object], continuing: bool, param: str)
         # history.
         raise FaceError(
             400,
-            f"{param} ends with an {last_role} message, so there is nothing new to answer: "
-            "send the user's new message last",
+            f"{param} ends with {'a tool' if last_role == 'tool' else 'an assistant'} message, "
+            "so there is nothing new to answer: send the user's new message last",
             "invalid_value",
             param,
         )
