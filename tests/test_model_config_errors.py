@@ -3,6 +3,7 @@ a reply cut at the output cap is kept and flagged, never passed off as whole."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -12,6 +13,7 @@ from tether import Agent, TurnFailed
 from tether.app import model_problems
 from tether.models.base import Finish, ModelEvent, ModelRequest, TextDelta, Usage
 from tether.store import InMemoryStore
+from tether.testing import ScriptedModel
 
 
 async def test_a_model_without_its_api_key_fails_the_turn_saying_so(
@@ -70,3 +72,33 @@ async def test_a_reply_cut_at_the_output_cap_is_kept_and_flagged() -> None:
         )
         items = await rt.store.list_items(key("s"))
         assert [(i.kind, i.complete) for i in items] == [("user", True), ("assistant", False)]
+
+
+async def test_a_fault_setting_a_turn_up_ends_it_at_once_saying_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not as ``owner_lost`` once the lease ran out (15 s and more), as if its process had
+    died: the process is alive, and the session's next turn runs."""
+    from tether.scheduler.runner import TurnRunner as Runner
+
+    real = Runner._builtin_tools
+    broken = {"yes": True}
+
+    def builtin_tools(self: Runner, *args: object, **kwargs: object) -> object:
+        if broken["yes"]:
+            raise TypeError("unsupported operand type(s)")
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Runner, "_builtin_tools", builtin_tools)
+    agent = Agent(name="a", model=ScriptedModel(default="fine"))
+    async with running(InMemoryStore(), agent) as rt:
+        with pytest.raises(TurnFailed) as failed:
+            await asyncio.wait_for(rt.chat(agent, "hi", session_id="s"), 5)
+        turn = failed.value.turn
+        assert (turn.status, turn.reason, turn.error) == ("failed", "internal_error", "TypeError")
+        broken["yes"] = False
+        assert await asyncio.wait_for(rt.chat(agent, "again", session_id="s"), 5) == "fine"
+        assert [t.reason for t in await rt.store.list_turns(key("s"))] == [
+            "internal_error",
+            "answered",
+        ]

@@ -75,7 +75,7 @@ class Runtime:
         self,
         store: Store | None = None,
         *,
-        data_dir: Path | None = None,
+        data_dir: str | os.PathLike[str] | None = None,
         agents: list[Agent] | None = None,
         lease_ttl: float = 30.0,
         node: str | None = None,
@@ -87,11 +87,12 @@ class Runtime:
         auto_notes: AutoNotes | None = None,
         limits: PrincipalLimits | None = None,
         workspace_quota: int | None = None,
-        workspace_root: Path | None = None,
+        workspace_root: str | os.PathLike[str] | None = None,
         mcp: McpSessions | None = None,
     ) -> None:
-        self.data_dir = data_dir or default_data_dir()
-        self.workspace_root = workspace_root or root_for(self.data_dir)
+        # A str is as good as a Path here, as everywhere a path is taken.
+        self.data_dir = Path(data_dir) if data_dir else default_data_dir()
+        self.workspace_root = Path(workspace_root) if workspace_root else root_for(self.data_dir)
         """Every session's workspace lives under it (:mod:`tether.tools.workspace`): given,
         else ``TETHER_WORKSPACE_ROOT``, else ``<data_dir>/workspaces``."""
         self.default_model = default_model

@@ -141,3 +141,20 @@ def test_a_shared_root_is_a_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert Runtime(InMemoryStore(), data_dir=tmp_path).workspace_root == tmp_path / "shared"
     given = tmp_path / "mine"
     assert Runtime(InMemoryStore(), data_dir=tmp_path, workspace_root=given).workspace_root == given
+
+
+async def test_paths_given_as_text_are_paths(tmp_path: Path) -> None:
+    """``Runtime(data_dir="…", workspace_root="…")`` as the README writes them: a str failed
+    every turn's set-up (``str / str``) and the turn ended as if its process had died."""
+    model = ScriptedModel(
+        default=lambda r: "done" if r.messages[-1].role == "tool" else ToolCalls(Call("where"))
+    )
+    agent = Agent(name="a", model=model, tools=[where], memory={"auto": False})
+    root = tmp_path / "ws"
+    async with Runtime(
+        InMemoryStore(), data_dir=str(tmp_path / "data"), agents=[agent], workspace_root=str(root)
+    ) as rt:
+        assert (rt.data_dir, rt.workspace_root) == (tmp_path / "data", root)
+        assert await rt.chat(agent, "where?", session_id="s") == "done"
+    seen = [Path(m.content) for r in model.requests for m in r.messages if m.role == "tool"]
+    _confined(root, seen)

@@ -259,12 +259,8 @@ class TurnRunner:
             agent = await self._handed_to(turn, agent)
         try:
             ctx, memory = self._context(sink, turn, agent, user_item, policy)
-        except ConfigError as exc:
-            # Its model cannot be made (an API key missing, say): the turn fails saying why,
-            # rather than the process looking as if it died with it.
-            log.warning("turn %s: agent %s's model cannot run: %s", turn.id, agent.name, exc)
-            ending = TurnEnding("failed", "model_error", error=str(exc))
-            return await _end(sink, turn, ending, _aborted(sink))
+        except Exception as exc:
+            return await _end(sink, turn, _set_up_failed(turn, agent, exc), _aborted(sink))
         ctx.resumed = resumed
         if agent.mcp and self.mcp is not None:
             # The session's MCP servers, started by its first turn that needs them. (An agent a
@@ -355,6 +351,18 @@ class TurnRunner:
             return None
         model = resolve_model(agent.model if agent.model is not None else self.default_model)
         return Switch(agent, model, self._builtin_tools(agent, policy))
+
+
+def _set_up_failed(turn: Turn, agent: Agent, exc: Exception) -> TurnEnding:
+    """How a turn whose context could not be made ends: at once, saying why, rather than with
+    its worker and then as ``owner_lost`` when the lease ran out, as if its process had died."""
+    if isinstance(exc, ConfigError):
+        # Its model cannot be made (an API key missing, say).
+        log.warning("turn %s: agent %s's model cannot run: %s", turn.id, agent.name, exc)
+        return TurnEnding("failed", "model_error", error=str(exc))
+    # A fault of ours, or of what the app gave the runtime.
+    log.error("turn %s: internal error setting it up", turn.id, exc_info=exc)
+    return TurnEnding("failed", "internal_error", error=type(exc).__name__)
 
 
 def _aborted(sink: FencedSink) -> list[NewItem]:
