@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ import tether.embedded
 from tether import (
     Agent,
     ConfigError,
+    IdempotencyKeyReused,
     InvalidInput,
     MemoryConfig,
     Principal,
@@ -527,3 +529,22 @@ def test_a_sessions_tools_see_its_user(data_dir: Path) -> None:
         session = Session(session_id="same", user_id=user)
         session.Agent(name="who", model=model, tools=[whoami])
         assert session.chat("who am I?") == f"tool said: local/{user} owns {user}"
+
+
+def test_agents_and_sessions_take_an_idempotency_key(data_dir: Path) -> None:
+    """DESIGN §4 ("``idempotency_key`` in Python"): ``Agent`` and ``Session`` take it, not
+    only ``Runtime.chat``; a retry gets the first call's reply and runs nothing."""
+    model = EchoModel()
+    with Session(session_id="idem") as session:
+        agent = session.Agent("a", model=model, memory=False)
+        first = session.chat("pay once", idempotency_key="pay-1")
+        assert session.chat("pay once", idempotency_key="pay-1") == first
+        assert agent.chat("pay once", idempotency_key="pay-1") == first
+        again = asyncio.run(session.achat("pay once", idempotency_key="pay-1"))
+        assert again["metadata"]["turn_id"] == first["metadata"]["turn_id"]
+        assert asyncio.run(agent.achat("pay once", idempotency_key="pay-1")) == first
+        assert len(model.requests) == 1
+        with pytest.raises(IdempotencyKeyReused):
+            agent.chat("pay twice", idempotency_key="pay-1")
+        users = [m for m in session.get_context()["messages"] if m["role"] == "user"]
+        assert [m["content"] for m in users] == ["pay once"]

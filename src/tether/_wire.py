@@ -236,6 +236,11 @@ def chat_body(message: str, session_id: str | None, agent_name: str | None) -> d
     return body
 
 
+def idempotency(key: str | None) -> dict[str, str] | None:
+    """The headers that carry an idempotency key, when there is one."""
+    return {"Idempotency-Key": key} if key else None
+
+
 def stream_body(message: str, policy: str) -> dict[str, Any]:
     check_submission(message, policy)
     # Closing the stream early cancels the turn: a terminal user pressing Ctrl-C means it.

@@ -484,12 +484,18 @@ class Agent:
         session_id: str | None = None,
         policy: Policy = "enqueue",
         on_decision: Callable[[Decision], Any] | None = None,
+        idempotency_key: str | None = None,
     ) -> Response:
         """Run one turn and return the complete reply (blocking). See :meth:`achat`."""
         from tether.embedded import default_runtime
 
         return default_runtime().chat_sync(
-            self, message, session_id=session_id, policy=policy, on_decision=on_decision
+            self,
+            message,
+            session_id=session_id,
+            policy=policy,
+            on_decision=on_decision,
+            idempotency_key=idempotency_key,
         )
 
     def start(self, message: str, *, session_id: str | None = None) -> Response:
@@ -503,6 +509,7 @@ class Agent:
         session_id: str | None = None,
         policy: Policy = "enqueue",
         on_decision: Callable[[Decision], Any] | None = None,
+        idempotency_key: str | None = None,
     ) -> Response:
         """Run one turn and return the complete reply: a ``str`` whose ``metadata`` names the
         agent that answered (after any handoff), the turn and its status.
@@ -513,11 +520,18 @@ class Agent:
         goes to ``on_decision(decision)`` (sync or async), which returns True/"approve",
         False/"deny", "always", or a question's answer; without one,
         :class:`tether.errors.DecisionRequired` carries the decision (see ``Session.decide``).
+        A retry with the same ``idempotency_key`` on the same session gets the turn the first
+        call made (waited for, or its reply), never a second one.
         """
         from tether.embedded import default_runtime
 
         return await default_runtime().chat(
-            self, message, session_id=session_id, policy=policy, on_decision=on_decision
+            self,
+            message,
+            session_id=session_id,
+            policy=policy,
+            on_decision=on_decision,
+            idempotency_key=idempotency_key,
         )
 
     def astream(

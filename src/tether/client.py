@@ -88,12 +88,16 @@ class Client:
         session_id: str | None = None,
         agent_name: str | None = None,
         on_decision: OnDecision | None = None,
+        idempotency_key: str | None = None,
     ) -> dict[str, Any]:
         """``POST /api/chat``: ``{response, agent_name, session_id}``. A turn that waits for a
         decision is decided with ``on_decision`` and followed to its end (DecisionRequired
-        without one; TurnFailed if it then does not complete)."""
+        without one; TurnFailed if it then does not complete). ``idempotency_key`` goes as the
+        ``Idempotency-Key`` header: a retry with it (and ``session_id``) gets the first call's
+        turn."""
         body = _wire.chat_body(message, session_id, agent_name)
-        response = self._send("POST", "/api/chat", json=body)
+        headers = _wire.idempotency(idempotency_key)
+        response = self._send("POST", "/api/chat", json=body, headers=headers)
         result: dict[str, Any] = response.json()
         if response.status_code != 202:
             return result
@@ -286,10 +290,12 @@ class AsyncClient:
         session_id: str | None = None,
         agent_name: str | None = None,
         on_decision: OnDecision | None = None,
+        idempotency_key: str | None = None,
     ) -> dict[str, Any]:
         """See :meth:`Client.chat`."""
         body = _wire.chat_body(message, session_id, agent_name)
-        response = await self._send("POST", "/api/chat", json=body)
+        headers = _wire.idempotency(idempotency_key)
+        response = await self._send("POST", "/api/chat", json=body, headers=headers)
         result: dict[str, Any] = response.json()
         if response.status_code != 202:
             return result

@@ -70,10 +70,16 @@ class EmbeddedRuntime:
         session_id: str | None,
         policy: Policy,
         on_decision: OnDecision | None = None,
+        idempotency_key: str | None = None,
     ) -> Response:
         return self.call(
             self.runtime.chat(
-                agent, message, session_id=session_id, policy=policy, on_decision=on_decision
+                agent,
+                message,
+                session_id=session_id,
+                policy=policy,
+                on_decision=on_decision,
+                idempotency_key=idempotency_key,
             )
         )
 
@@ -85,10 +91,16 @@ class EmbeddedRuntime:
         session_id: str | None,
         policy: Policy,
         on_decision: OnDecision | None = None,
+        idempotency_key: str | None = None,
     ) -> Response:
         return await self.acall(
             self.runtime.chat(
-                agent, message, session_id=session_id, policy=policy, on_decision=on_decision
+                agent,
+                message,
+                session_id=session_id,
+                policy=policy,
+                on_decision=on_decision,
+                idempotency_key=idempotency_key,
             )
         )
 

@@ -269,13 +269,20 @@ class Session:
         ``agent_name``), or None: calls that run no turn never make one up."""
         return self._agent.name if self._agent is not None else self.agent_name
 
-    def chat(self, message: str, *, on_decision: OnDecision | None = None) -> Response:
+    def chat(
+        self,
+        message: str,
+        *,
+        on_decision: OnDecision | None = None,
+        idempotency_key: str | None = None,
+    ) -> Response:
         """One turn with this session's agent (or the remote server's).
 
         What the turn asks a human (a tool approval, ``ask_user``) goes to ``on_decision``
         (sync or async; see :data:`tether.runtime.DecisionAnswer`). Without one,
         :class:`~tether.errors.DecisionRequired` carries the decision and the turn waits:
-        :meth:`decide` it and get the reply.
+        :meth:`decide` it and get the reply. A retry with the same ``idempotency_key`` gets
+        the turn the first call made, never a second one (a remote call that timed out, say).
         """
         self._check_open()
         if self._client is not None:
@@ -284,13 +291,20 @@ class Session:
                 session_id=self.session_id,
                 agent_name=self.agent_name,
                 on_decision=on_decision,
+                idempotency_key=idempotency_key,
             )
             return Response.of_reply(reply, self.after_turn(message, str(reply["response"])))
         agent = self._chat_agent()
         self._check_alive(self._ensure(agent.name))
-        return agent.chat(message, on_decision=on_decision)
+        return agent.chat(message, on_decision=on_decision, idempotency_key=idempotency_key)
 
-    async def achat(self, message: str, *, on_decision: OnDecision | None = None) -> Response:
+    async def achat(
+        self,
+        message: str,
+        *,
+        on_decision: OnDecision | None = None,
+        idempotency_key: str | None = None,
+    ) -> Response:
         """See :meth:`chat`."""
         self._check_open()
         if self.is_remote:
@@ -300,6 +314,7 @@ class Session:
                     session_id=self.session_id,
                     agent_name=self.agent_name,
                     on_decision=on_decision,
+                    idempotency_key=idempotency_key,
                 )
             text = await self.aafter_turn(message, str(reply["response"]))
             return Response.of_reply(reply, text)
@@ -309,7 +324,7 @@ class Session:
             rt.runtime.ensure_session(self.key, agent.name, ttl_seconds=self.session_ttl)
         )
         self._check_alive(record)
-        return await agent.achat(message, on_decision=on_decision)
+        return await agent.achat(message, on_decision=on_decision, idempotency_key=idempotency_key)
 
     def _async_client(self) -> AsyncClient:
         assert self._server_url is not None

@@ -8,6 +8,7 @@ from contextlib import ExitStack, closing
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.server.cli_keys import create_key
@@ -163,3 +164,24 @@ def test_problem_types_map_onto_remote_errors() -> None:
         error = cls(400, f"https://tether.dev/problems/{kind}", "detail", {})
         assert (error.status, error.detail) == (400, "detail")
     assert _wire.remote_error("something-new") is RemoteError
+
+
+@pytest.mark.slow
+async def test_a_remote_retry_with_its_idempotency_key_gets_the_first_turn(server: Server) -> None:
+    """DESIGN §4 ("``idempotency_key`` in Python"): a call that timed out is retried without
+    a second turn, from the blocking and the async methods alike."""
+    impatient = Session(agent_url=server.url, timeout=0.2, agent_name="slow", session_id="idem-r")
+    with closing(impatient), pytest.raises(TimeoutError):
+        impatient.chat("once", idempotency_key="k-1")
+    with closing(
+        Session(agent_url=server.url, timeout=30, agent_name="slow", session_id="idem-r")
+    ) as s:
+        first = await asyncio.to_thread(s.chat, "once", idempotency_key="k-1")
+        again = await s.achat("once", idempotency_key="k-1")
+        assert first == again and first.startswith("w0 w1")
+        assert first["metadata"]["turn_id"] == again["metadata"]["turn_id"]
+        other = await s.achat("twice", idempotency_key="k-2")
+        assert other["metadata"]["turn_id"] != first["metadata"]["turn_id"]
+    async with httpx.AsyncClient(base_url=server.url) as http:
+        turns = (await http.get("/v1/sessions/idem-r/turns")).json()["data"]
+    assert [t["input"] for t in turns] == ["once", "twice"]
