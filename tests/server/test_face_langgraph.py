@@ -131,6 +131,25 @@ def test_a_streamed_run_sends_metadata_values_and_tokens_then_ends(
     assert client.threads.get_state(tid)["values"] == values[-1]
 
 
+def test_the_modes_agent_chat_ui_asks_for_stream_the_same_run(
+    client: SyncLangGraphClient,
+) -> None:
+    """agent-chat-ui streams with ``custom`` among its modes (and debuggers ask for ``events``
+    and ``debug``): accepted, and they send nothing of their own; the run streams what the
+    modes tether serves send, to the end."""
+    tid = client.threads.create()["thread_id"]
+    modes: Any = ["values", "messages-tuple", "custom", "events", "debug"]
+    parts = list(client.runs.stream(tid, "echo", input=human("hi"), stream_mode=modes))
+    kinds = {p.event for p in parts}
+    assert kinds == {"metadata", "values", "messages", "end"}, kinds
+    assert parts[-1].data["status"] == "success"
+    assert texts([p.data for p in parts if p.event == "values"][-1]) == ["hi", "saw [] then hi"]
+    # Only modes tether has nothing for: the run still runs, and streams its end.
+    quiet = list(client.runs.stream(tid, "echo", input=human("again"), stream_mode=["custom"]))
+    assert [p.event for p in quiet] == ["metadata", "end"]
+    assert texts(client.threads.get_state(tid)["values"])[-1] == "saw [hi] then again"
+
+
 def test_the_join_stream_replays_and_resumes_after_last_event_id(
     client: SyncLangGraphClient,
 ) -> None:
