@@ -332,3 +332,10 @@ class RemoteUnavailable(RemoteError):
 
 class SyncInAsyncContext(TetherError):
     """A blocking method was called from inside a running event loop; use the async twin."""
+
+
+def internal_error_message(exc: BaseException) -> str:
+    """What a turn that failed on a fault of ours says (its ``error``, DESIGN §11): a short
+    message of ours naming the kind of fault, never the exception's text (that goes to the log,
+    which this points at)."""
+    return f"an internal error ({type(exc).__name__}); the server's log has the details"

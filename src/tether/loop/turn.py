@@ -12,7 +12,7 @@ import itertools
 import json
 import logging
 
-from tether.errors import ConfigError, ModelError, StaleLease
+from tether.errors import ConfigError, ModelError, StaleLease, internal_error_message
 from tether.events import HANDOFF, MESSAGE_COMPLETED, TOOL_CALL, TOOL_RESULT
 from tether.handoff import MAX_HANDOFFS_PER_TURN
 from tether.loop.context import Resumed, Switch, TurnContext, TurnPark, TurnResult
@@ -339,6 +339,8 @@ async def run_turn(ctx: TurnContext) -> TurnResult | TurnPark:
         return await closed(ctx, state, "failed", "model_error", error=str(exc))
     except Exception as exc:
         log.exception("turn %s: internal error", ctx.turn_id)
-        return await closed(ctx, state, "failed", "internal_error", error=type(exc).__name__)
+        return await closed(
+            ctx, state, "failed", "internal_error", error=internal_error_message(exc)
+        )
     finally:
         ctx._body = None

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal, Protocol, cast
 
 from tether.agent import Agent, MemoryPolicy, reachable, resolve_target
-from tether.errors import ConfigError, Conflict, TurnNotNext
+from tether.errors import ConfigError, Conflict, TurnNotNext, internal_error_message
 from tether.events import TOOL_STARTED
 from tether.handoff import Handoff
 from tether.loop.context import Resumed, Switch, TurnContext, TurnPark
@@ -362,7 +362,7 @@ def _set_up_failed(turn: Turn, agent: Agent, exc: Exception) -> TurnEnding:
         return TurnEnding("failed", "model_error", error=str(exc))
     # A fault of ours, or of what the app gave the runtime.
     log.error("turn %s: internal error setting it up", turn.id, exc_info=exc)
-    return TurnEnding("failed", "internal_error", error=type(exc).__name__)
+    return TurnEnding("failed", "internal_error", error=internal_error_message(exc))
 
 
 def _aborted(sink: FencedSink) -> list[NewItem]:
