@@ -130,3 +130,5 @@ async def test_an_internal_fault_is_said_in_words_of_ours() -> None:
     assert (turn.status, turn.reason) == ("failed", "internal_error")
     assert turn.error is not None and "RuntimeError" in turn.error
     assert "secret" not in turn.error
+    # A sentence a caller can act on (the log), not the bare name of a Python class.
+    assert "internal error" in turn.error and "log" in turn.error
