@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from openai.types.responses import (
@@ -167,6 +170,69 @@ def test_responses_continue_by_previous_response_id_and_by_conversation(
     assert caught.value.body["code"] == "conversation_moved_on"
     # Every 409 says so: the SDK would otherwise retry it, and be refused again.
     assert caught.value.response.headers["x-should-retry"] == "false"
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_one_response_continued_at_once_goes_on_once(
+    client: openai.OpenAI, server: Server, background: bool
+) -> None:
+    """Eight requests continue one response at the same moment: the first goes on, the rest
+    are refused (409 conversation_moved_on) and nothing of theirs runs; the check and the
+    submission used to be two steps, and three or four of them ran, one after the other."""
+    first = client.responses.create(model="echo", input="root")
+    barrier = threading.Barrier(8)
+
+    def go_on(n: int) -> str:
+        barrier.wait()
+        try:
+            r = client.responses.create(
+                model="echo",
+                input=f"branch {n}",
+                previous_response_id=first.id,
+                background=background,
+            )
+        except openai.ConflictError as exc:
+            assert isinstance(exc.body, dict)
+            return str(exc.body["code"])
+        return r.id
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(go_on, range(8)))
+    won = [a for a in answers if a != "conversation_moved_on"]
+    assert len(won) == 1, answers
+    winner = client.responses.retrieve(won[0])
+    deadline = time.monotonic() + 10
+    while winner.status not in ("completed", "failed") and time.monotonic() < deadline:
+        time.sleep(0.05)
+        winner = client.responses.retrieve(won[0])
+    assert winner.status == "completed"
+    assert first.conversation is not None
+    sid = first.conversation.id
+    turns = httpx.get(f"{server.url}/v1/sessions/{sid}/turns").json()["data"]
+    ran = [t["input"] for t in turns if t["status"] == "completed"]
+    assert ran == ["root", winner.output_text.rsplit(" then ", 1)[1]]
+    # The refused ones were withdrawn before they ran (or never made).
+    assert all(t["status"] == "cancelled" for t in turns if t["status"] != "completed")
+
+
+def test_a_keyed_retry_of_a_continuation_gets_the_same_response(client: openai.OpenAI) -> None:
+    """A retry with its Idempotency-Key is the response it made, not a conflict with itself."""
+    first = client.responses.create(model="echo", input="root")
+    key = {"Idempotency-Key": "cont-1"}
+    second = client.responses.create(
+        model="echo", input="on", previous_response_id=first.id, extra_headers=key
+    )
+    again = client.responses.create(
+        model="echo", input="on", previous_response_id=first.id, extra_headers=key
+    )
+    assert (again.id, again.output_text) == (second.id, "saw [root] then on")
+    with pytest.raises(openai.ConflictError):
+        client.responses.create(
+            model="echo",
+            input="on",
+            previous_response_id=first.id,
+            extra_headers={"Idempotency-Key": "cont-2"},
+        )
 
 
 def test_a_streamed_response_numbers_its_events(client: openai.OpenAI) -> None:

@@ -43,7 +43,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from tether.errors import SessionNotFound, TetherError
 from tether.records import Principal, SessionKey, Turn
 from tether.server import sse
-from tether.server.conversation import Opened, as_taken, submit
+from tether.server.conversation import as_taken, submit
 from tether.server.deps import State
 from tether.server.faces.openai.chat import (
     IDEMPOTENCY_PARAM,
@@ -213,8 +213,11 @@ async def create_response(request: Request, st: State) -> Response:
         retry = idempotency_key(request)
         if previous:
             opened = await open_for(st, caller, model, session_id, text, _missing(previous))
-            await _latest(st, opened, previous)
+            # A retry with its key is checked after the submission only: it gets the turn the
+            # first request made, which may be the very turn that moved the conversation on.
+            after = await _latest(st, opened.key, previous, check=retry is None)
             turn = await submit(st, opened, caller, text, idempotency_key=retry)
+            await _first_to_continue(st, turn, after)
         else:
             turn = await send_for(st, caller, model, session_id, text, retry, _missing(None))
     except (FaceError, TetherError, Problem) as exc:
@@ -354,21 +357,43 @@ async def _session_of(
     return checked_session(conversation, "conversation")
 
 
-async def _latest(st: ServerState, opened: Opened, previous: str) -> None:
-    """Refuse to continue ``previous`` when the conversation has moved on past it."""
+async def _latest(st: ServerState, key: SessionKey, previous: str, *, check: bool) -> int:
+    """``previous``'s seq; with ``check``, refused when the conversation has moved on past it."""
     turn_id, _ = parse_id(previous)
-    turn = await st.runtime.sessions.turn(opened.key, turn_id)
+    turn = await st.runtime.sessions.turn(key, turn_id)
     if turn is None:
         raise FaceError(404, "no such response", "response_not_found", "previous_response_id")
-    later = await st.runtime.sessions.turns(opened.key, after=turn.seq, limit=100)
-    if any(t.status == "completed" or not t.ended for t in later):
-        raise FaceError(
-            409,
-            "the conversation has moved on past this response, and tether's conversations do "
-            "not branch: continue from its latest response",
-            "conversation_moved_on",
-            "previous_response_id",
-        )
+    if check:
+        later = await st.runtime.sessions.turns(key, after=turn.seq, limit=100)
+        if any(_moved_on(t) for t in later):
+            raise _moved_on_error()
+    return turn.seq
+
+
+async def _first_to_continue(st: ServerState, turn: Turn, after: int) -> None:
+    """The check of :func:`_latest` again, now that ``turn`` has its place: requests that
+    continue one response at once all passed it, and each made a turn. The first of them goes
+    on; each later one is withdrawn (cancelled before it ran: it queues behind the first) and
+    refused, as it would have been a moment later."""
+    between = await st.runtime.sessions.turns(turn.key, after=after, limit=100)
+    if any(_moved_on(t) for t in between if t.seq < turn.seq):
+        await st.runtime.scheduler.cancel(turn.key, turn.id, "caller_cancelled")
+        raise _moved_on_error()
+
+
+def _moved_on(turn: Turn) -> bool:
+    """Whether a turn after a response moves the conversation past it."""
+    return turn.status == "completed" or not turn.ended
+
+
+def _moved_on_error() -> FaceError:
+    return FaceError(
+        409,
+        "the conversation has moved on past this response, and tether's conversations do "
+        "not branch: continue from its latest response",
+        "conversation_moved_on",
+        "previous_response_id",
+    )
 
 
 def _input_text(given: object, continuing: bool) -> str:
