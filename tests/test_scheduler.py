@@ -1529,3 +1529,47 @@ async def test_close_does_not_wait_on_a_worker_waiting_for_another_holders_lease
         assert worker.done() and not worker.cancelled()
         stored = await store.get_turn(key, turn.id)
         assert stored is not None and stored.status == "queued"
+
+
+async def test_live_events_run_at_most_live_ahead_past_the_store() -> None:
+    """A turn's events are published at once and stored a moment later; while the store does
+    not keep up, no more than LIVE_AHEAD of them are shown unstored (the ending a successor
+    writes after a crash skips that many seqs), and those held back follow, in order, once a
+    write catches up."""
+    from tether.records import Item, Lease
+    from tether.scheduler.feeds import TurnFeed
+    from tether.scheduler.sink import FencedSink
+    from tether.store.rules import LIVE_AHEAD
+
+    class SlowStore:
+        def __init__(self, last: int) -> None:
+            self.gate = asyncio.Event()
+            self.stored: list[int] = []
+            self.last = last
+            self.all_stored = asyncio.Event()
+
+        async def append(self, lease: Lease, turn_id: str, items: Any, events: Any) -> list[Item]:
+            await self.gate.wait()
+            self.stored += [e.seq for e in events]
+            if self.stored[-1] == self.last:
+                self.all_stored.set()
+            return []
+
+    last = 2 + LIVE_AHEAD + 50
+    store = SlowStore(last)
+    feed = TurnFeed("t")
+    lease = Lease(SessionKey("local", "local", "s"), "me", 1, time.time() + 30)
+    sink = FencedSink(store, lease, "t", feed, flush_interval=0.01)  # type: ignore[arg-type]
+    user = Item(2, "t", "user", "hi", True, None, None, None, {}, time.time())
+    sink.started_with_admission(user)  # seqs 1-2 stored with the admission
+    for n in range(LIVE_AHEAD + 50):
+        sink.emit("message.delta", {"text": f"w{n}"})
+        await asyncio.sleep(0)
+    await asyncio.sleep(0.05)  # the flush is under way, and stuck
+    published = [e.seq for e in feed._events]
+    assert published[-1] == 2 + LIVE_AHEAD  # nothing stored past 2: LIVE_AHEAD ahead at most
+    store.gate.set()
+    async with asyncio.timeout(5):
+        await store.all_stored.wait()
+    assert [e.seq for e in feed._events] == list(range(2, last + 1))
+    assert store.stored == list(range(3, last + 1))

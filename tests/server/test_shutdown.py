@@ -312,3 +312,42 @@ def test_the_listener_closes_at_once_when_draining_begins(launch: Launch, tmp_pa
             assert time.monotonic() < deadline, "still accepting connections"
             time.sleep(0.05)
     assert srv.proc.wait(timeout=10 + MARGIN) == 0, srv.output()
+
+
+def test_after_kill_9_a_resumed_stream_hears_the_ending(launch: Launch, tmp_path: Path) -> None:
+    """Events are streamed as they come and stored a moment later (a flush a quarter second):
+    a process killed between the two has shown followers seqs the store never got. The
+    ending its successor writes comes after all of them; it took the first free seq, one a
+    follower had seen already, so resuming after the last one it saw (the console does
+    nothing else) never heard the turn end."""
+    data = tmp_path / "data"
+    srv = launch(data)
+    seen: list[str] = []
+    with srv.client() as c:
+        sid = new_session(c, "slow")
+        body = {"input": "go", "stream": True}
+        with c.stream("POST", f"/v1/sessions/{sid}/turns", json=body) as r:
+            for line in r.iter_lines():
+                if line.startswith("id: "):
+                    seen.append(line[4:])
+                if len(seen) == 12:
+                    srv.stop(signal.SIGKILL)
+                    break
+    tid, last = seen[-1].rsplit(":", 1)
+    again = launch(data)
+    with again.client() as c:
+        deadline = time.monotonic() + 30
+        turn: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            turn = c.get(f"/v1/sessions/{sid}/turns/{tid}").json()
+            if turn["status"] not in ("queued", "running"):
+                break
+            time.sleep(0.1)
+        assert (turn["status"], turn["reason"]) == ("failed", "owner_lost"), turn
+        headers = {"Last-Event-ID": seen[-1]}
+        r = c.get(f"/v1/sessions/{sid}/turns/{tid}/events", headers=headers)
+        assert r.status_code == 200, r.text
+        ids = [line[4:] for line in r.text.splitlines() if line.startswith("id: ")]
+        kinds = [line[7:] for line in r.text.splitlines() if line.startswith("event: ")]
+    assert kinds == ["turn.ended"], r.text
+    assert int(ids[0].rsplit(":", 1)[1]) > int(last), (ids, seen)

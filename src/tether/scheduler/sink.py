@@ -37,7 +37,7 @@ from tether.records import (
 from tether.scheduler.feeds import TurnFeed
 from tether.scheduler.history import HistoryCache
 from tether.store.protocol import FencedWrites
-from tether.store.rules import decision_data, keeps_memory
+from tether.store.rules import LIVE_AHEAD, decision_data, keeps_memory
 
 log = logging.getLogger("tether.scheduler")
 
@@ -76,6 +76,10 @@ class FencedSink:
         # seq 1 is turn.queued, written when the turn was accepted; a resumed turn goes on
         # after the events it (and its decision) wrote before.
         self._next_seq = next_seq
+        self._stored = next_seq - 1
+        """The highest seq known stored: events up to :data:`LIVE_AHEAD` past it are published
+        at once, later ones held back until a write catches up."""
+        self._held: list[tuple[NewEvent, float]] = []
         self._buffer: list[NewEvent] = []
         self._inflight: asyncio.Task[list[Item]] | None = None
         self._open_calls: dict[str, str] = {}
@@ -87,10 +91,26 @@ class FencedSink:
         self._stale: StaleLease | None = None
 
     def emit(self, type: EventType, data: dict[str, Any]) -> None:
-        self._feed.publish(self._add(type, data), time.time())
+        event = self._add(type, data)
+        if self._held or event.seq - self._stored > LIVE_AHEAD:
+            # Too far ahead of the store: were this process to die now, the turn's ending
+            # (written by whoever recovers it) must come after every seq a follower saw.
+            self._held.append((event, time.time()))
+            if self._started and self._flush_interval > 0:
+                asyncio.get_running_loop().call_soon(self._flush_due)
+            return
+        self._feed.publish(event, time.time())
         if self._started and self._timer is None and self._flush_interval > 0:
             loop = asyncio.get_running_loop()
             self._timer = loop.call_later(self._flush_interval, self._flush_due)
+
+    def _wrote(self, events: Sequence[NewEvent]) -> None:
+        """``events`` are stored: publish what was held back for them."""
+        if events:
+            self._stored = max(self._stored, events[-1].seq)
+        while self._held and self._held[0][0].seq - self._stored <= LIVE_AHEAD:
+            event, at = self._held.pop(0)
+            self._feed.publish(event, at)
 
     def _add(self, type: EventType, data: dict[str, Any]) -> NewEvent:
         event = NewEvent(self._next_seq, type, data)
@@ -114,6 +134,13 @@ class FencedSink:
                 return
             try:
                 await self._store.append(self.lease, self._turn_id, [], events)
+                self._wrote(events)
+                if self._buffer and self._started and self._timer is None:
+                    # Emitted while this write was under way (and held back, if any): their
+                    # flush is due now, or at the usual interval.
+                    delay = 0.0 if self._held else self._flush_interval
+                    loop = asyncio.get_running_loop()
+                    self._timer = loop.call_later(delay, self._flush_due)
             except StaleLease as exc:
                 self._stale = exc  # the turn's next write raises it and the turn stops
             except Exception:
@@ -132,9 +159,11 @@ class FencedSink:
         # a follower shown its seq would skip the ending that other process wrote there.
         started, at = self._add(TURN_STARTED, {"turn_id": self._turn_id}), time.time()
         async with self._lock:
+            events = self.take_events()
             items = await self._store.start_turn(
-                self.lease, self._turn_id, [NewItem("user", user_input)], self.take_events()
+                self.lease, self._turn_id, [NewItem("user", user_input)], events
             )
+            self._stored = events[-1].seq
             self._history.wrote(self.lease, items)
         self._feed.publish(started, at)
         self._started = True
@@ -144,6 +173,7 @@ class FencedSink:
         """The turn was started as it was admitted (``turn.started`` written then, seq 2, with
         the user's ``item``): take it up from there, as :meth:`start` would have left it."""
         self._next_seq = max(self._next_seq, 3)
+        self._stored = max(self._stored, 2)
         self._history.wrote(self.lease, [item])
         self._feed.publish(NewEvent(2, TURN_STARTED, {"turn_id": self._turn_id}), time.time())
         self._started = True
@@ -156,9 +186,9 @@ class FencedSink:
         # Published once written.
         resumed, at = self._add(TURN_RESUMED, {"turn_id": self._turn_id}), time.time()
         async with self._lock:
-            items, memory = await self._store.resume_turn(
-                self.lease, self._turn_id, self.take_events()
-            )
+            events = self.take_events()
+            items, memory = await self._store.resume_turn(self.lease, self._turn_id, events)
+            self._stored = events[-1].seq
             # Parked, the session may have been written without the lease in ways no seq
             # shows (a decision is not an item, but whoever decided may have done more): read.
             self._history.forget(self.lease.key)
@@ -182,15 +212,11 @@ class FencedSink:
                 raise self._stale
             self.emit(DECISION_REQUESTED, decision_data(decision))
             self.emit(TURN_AWAITING_INPUT, {"turn_id": self._turn_id, "call_id": decision.call_id})
+            events = self.take_events()
             parked = await self._store.park_turn(
-                self.lease,
-                self._turn_id,
-                items,
-                self.take_events(),
-                decision,
-                usage=usage,
-                memory=memory,
+                self.lease, self._turn_id, items, events, decision, usage=usage, memory=memory
             )
+            self._wrote(events)
             self._history.ended(self.lease, self._turn_id, items, parked.status)
             return parked
 
@@ -207,7 +233,9 @@ class FencedSink:
         async with self._lock:
             if self._stale is not None:
                 raise self._stale
-            written = await self._store.append(self.lease, self._turn_id, items, self.take_events())
+            events = self.take_events()
+            written = await self._store.append(self.lease, self._turn_id, items, events)
+            self._wrote(events)
             self._history.wrote(self.lease, written)
             return written
 
@@ -228,9 +256,11 @@ class FencedSink:
                 for record, _ in memory.put:
                     self.emit(MEMORY_WRITTEN, written_event_data(record))
             self.emit(TURN_ENDED, terminal)
+            events = self.take_events()
             ended = await self._store.end_turn(
-                self.lease, self._turn_id, ending, items, self.take_events(), memory=memory
+                self.lease, self._turn_id, ending, items, events, memory=memory
             )
+            self._wrote(events)
             self._history.ended(self.lease, self._turn_id, items, ended.status)
             return ended
 

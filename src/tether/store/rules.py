@@ -412,10 +412,22 @@ def terminal_event_data(turn_id: str, ending: TurnEnding) -> dict[str, Any]:
     }
 
 
+LIVE_AHEAD: Final = 1024
+"""How far a running turn's live events may run ahead of those stored: its writer publishes an
+event at once and stores it with the next flush (:class:`tether.scheduler.sink.FencedSink`),
+and holds it back while this many published events are not stored yet."""
+
+
 def terminal_event(turn_id: str, ending: TurnEnding, last_seq: int) -> NewEvent:
     """``turn.ended`` after the turn's last written event (store-side endings: a queued turn
-    cancelled, a dead owner's turn recovered; a running turn's own writer emits its own)."""
-    return NewEvent(last_seq + 1, events.TURN_ENDED, terminal_event_data(turn_id, ending))
+    cancelled, a dead owner's turn recovered; a running turn's own writer emits its own).
+
+    A dead owner may have published events it never stored (up to :data:`LIVE_AHEAD`), which
+    followers saw with their seqs: its ending comes after all of them, or a follower resuming
+    after the last one it saw would be told of an ending with a seq it had already passed, and
+    wait for ever (ids skip; a seq is never given to two events)."""
+    after = last_seq + LIVE_AHEAD if ending.reason == "owner_lost" else last_seq
+    return NewEvent(after + 1, events.TURN_ENDED, terminal_event_data(turn_id, ending))
 
 
 # -- recovery --------------------------------------------------------------------------------------
