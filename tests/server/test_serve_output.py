@@ -73,3 +73,36 @@ def test_a_taken_port_is_an_error_that_says_how_to_pick_another(tmp_path: Path) 
     assert f"--port {port + 1}" in output and "TETHER_PORT" in output
     assert "serving" not in output  # never announced
     assert "Traceback" not in output
+
+
+def test_an_embedder_that_does_not_exist_stops_the_server_as_it_starts(tmp_path: Path) -> None:
+    """As every other TETHER_* variable: it used to start, answer /readyz ok, and fail every
+    memory and knowledge write with a 500."""
+    done = subprocess.run(
+        [*TETHER_SERVE, "--port", "0", "--data-dir", str(tmp_path)],
+        cwd=ROOT,
+        env={
+            "PYTHONPATH": PYTHONPATH,
+            "PATH": "/usr/bin:/bin",
+            "COLUMNS": "200",
+            "TETHER_EMBEDDER": "bogus",
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output
+    assert "TETHER_EMBEDDER='bogus'" in output and "openai:<model>" in output
+    assert "serving" not in output and "Traceback" not in output
+
+
+def test_an_embedder_spec_is_checked_where_it_is_given() -> None:
+    from tether import ConfigError
+    from tether.memory.service import MemoryService
+    from tether.store import InMemoryStore
+
+    for spec in ("bogus", "openai:", "openai: ", "cohere:embed"):
+        with pytest.raises(ConfigError, match="unknown embedder"):
+            MemoryService(InMemoryStore(), embedder=spec)
+    MemoryService(InMemoryStore(), embedder="openai:text-embedding-3-small")  # nothing reached

@@ -176,9 +176,16 @@ def resolve_embedder(spec: str | Embedder | None) -> Embedder:
         return default_embedder()
     if not isinstance(spec, str):
         return spec
+    return OpenAIEmbedder(check_embedder(spec))
+
+
+def check_embedder(spec: str) -> str:
+    """The model of an ``openai:<model>`` spec; a ConfigError for a spec that names no
+    embedder. Cheap (nothing is loaded or reached): run where the spec is given, so a typo
+    stops a server as it starts rather than failing every memory write later."""
     provider, _, model = spec.partition(":")
-    if provider == "openai" and model:
-        return OpenAIEmbedder(model)
+    if provider == "openai" and model.strip():
+        return model
     raise ConfigError(f"unknown embedder {spec!r}: use 'wordllama' or 'openai:<model>'")
 
 

@@ -27,6 +27,7 @@ from tether.memory.embed import (
     Embedder,
     Vectors,
     WordLlamaEmbedder,
+    check_embedder,
     resolve_embedder,
     to_blob,
 )
@@ -81,6 +82,8 @@ class MemoryService:
         index: VectorIndex | None = None,
     ) -> None:
         self.store = store
+        if isinstance(embedder, str) and embedder not in ("", "wordllama", "default"):
+            check_embedder(embedder)  # TETHER_EMBEDDER=bogus stops a server as it starts
         self._embedder_spec = embedder
         self._embedder: Embedder | None = None
         self.index = index or VectorIndex()
