@@ -8,6 +8,7 @@ at a fake server whose URL comes from ``FAKE_OPENAI_URL``.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 
@@ -88,6 +89,24 @@ def approve_flow(request: ModelRequest) -> str | ToolCalls:
     return ToolCalls(Call("launch", {"target": "rocket"}))
 
 
+@tool
+async def ponder(topic: str) -> str:
+    """Think a while (a second and a half) before doing anything."""
+    await asyncio.sleep(1.5)
+    return f"pondered {topic}"
+
+
+def hesitant_flow(request: ModelRequest) -> str | ToolCalls:
+    """Ponders first, then launches (a human approves it): a turn that runs a while before it
+    waits for a decision."""
+    last = request.messages[-1]
+    if last.role != "tool":
+        return ToolCalls(Call("ponder", {"topic": "launching"}))
+    if last.content.startswith("pondered"):
+        return ToolCalls(Call("launch", {"target": "rocket"}))
+    return f"tool said: {last.content}"
+
+
 def ask_flow(request: ModelRequest) -> str | ToolCalls:
     """Asks the user (``ask_user``): to pick a planet when told to pick, else for a name; then
     says what the answer was."""
@@ -143,6 +162,13 @@ agents = [
     Agent(name="steady", model=ScriptedModel(default=Slow("s " * 10, delay=0.02))),
     # Calls a tool that needs no approval, then answers with what it returned.
     Agent(name="shouter", model=ScriptedModel(default=shout_flow), tools=[shout]),
+    # Runs 1.5 s (a tool), then waits for a human's approval.
+    Agent(
+        name="hesitant",
+        model=ScriptedModel(default=hesitant_flow),
+        tools=[ponder, launch],
+        approval_timeout=30,
+    ),
 ]
 if os.environ.get("FAKE_OPENAI_URL"):
     agents.append(

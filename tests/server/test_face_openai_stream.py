@@ -215,24 +215,27 @@ def test_one_response_continued_at_once_goes_on_once(
     assert all(t["status"] == "cancelled" for t in turns if t["status"] != "completed")
 
 
-def test_a_keyed_retry_of_a_continuation_gets_the_same_response(client: openai.OpenAI) -> None:
-    """A retry with its Idempotency-Key is the response it made, not a conflict with itself."""
+def test_a_continuation_sent_again_gets_the_same_response(client: openai.OpenAI) -> None:
+    """The same message continuing the same response again (a retry, with its own key or
+    none) is the response it made, not a conflict with itself; another message is a 409."""
     first = client.responses.create(model="echo", input="root")
-    key = {"Idempotency-Key": "cont-1"}
     second = client.responses.create(
-        model="echo", input="on", previous_response_id=first.id, extra_headers=key
+        model="echo",
+        input="on",
+        previous_response_id=first.id,
+        extra_headers={"Idempotency-Key": "cont-1"},
     )
-    again = client.responses.create(
-        model="echo", input="on", previous_response_id=first.id, extra_headers=key
-    )
-    assert (again.id, again.output_text) == (second.id, "saw [root] then on")
-    with pytest.raises(openai.ConflictError):
-        client.responses.create(
-            model="echo",
-            input="on",
-            previous_response_id=first.id,
-            extra_headers={"Idempotency-Key": "cont-2"},
+    for headers in ({"Idempotency-Key": "cont-1"}, {"Idempotency-Key": "cont-2"}, None):
+        again = client.responses.create(
+            model="echo", input="on", previous_response_id=first.id, extra_headers=headers
         )
+        assert (again.id, again.output_text) == (second.id, "saw [root] then on")
+    with pytest.raises(openai.ConflictError) as caught:
+        client.responses.create(model="echo", input="other", previous_response_id=first.id)
+    assert isinstance(caught.value.body, dict)
+    assert caught.value.body["code"] == "conversation_moved_on"
+    third = client.responses.create(model="echo", input="then", previous_response_id=second.id)
+    assert third.output_text == "saw [root, on] then then"
 
 
 def test_a_streamed_response_numbers_its_events(client: openai.OpenAI) -> None:
@@ -439,3 +442,90 @@ def test_the_agents_own_tools_run_inside_tether_and_are_not_sent_to_the_client(
     response = client.responses.create(model="shouter", input="hey")
     assert [item.type for item in response.output] == ["message"]
     assert response.output_text == "it says HEY"
+
+
+def test_a_message_behind_a_human_decision_is_withdrawn_at_every_openai_door(
+    client: openai.OpenAI, server: Server
+) -> None:
+    """While a session waits for a decision, a new message would only queue behind it: it is
+    withdrawn (nothing of it runs, ever) and refused 409 awaiting_input naming the turn that
+    waits, whether asked for a plain answer or a stream. It used to be refused naming its own
+    queued turn (which waits for nothing), stay queued and run after the decision — answered
+    after the client was told it failed; and a stream hung until the decision or its
+    deadline."""
+    sid = begin(server, "behind-a-human", "approver")
+    with server.client() as c:
+        parked = c.post(f"/v1/sessions/{sid}/turns", json={"input": "launch"})
+        assert parked.status_code == 202 and parked.json()["status"] == "awaiting_input"
+        waits_on = parked.json()["id"]
+    headers = {SESSION: sid}
+    messages: Any = [{"role": "user", "content": "anyone there?"}]
+    with pytest.raises(openai.ConflictError) as plain:
+        client.chat.completions.create(model="approver", messages=messages, extra_headers=headers)
+    began = time.monotonic()
+    stream = client.chat.completions.create(
+        model="approver", messages=messages, stream=True, extra_headers=headers
+    )
+    with pytest.raises(openai.APIError) as streamed:
+        list(stream)
+    with pytest.raises(openai.ConflictError) as answered:
+        client.responses.create(model="approver", input="and now?", conversation=sid)
+    events = list(
+        client.responses.create(model="approver", input="still?", conversation=sid, stream=True)
+    )
+    assert time.monotonic() - began < 10  # not the decision's deadline (30 s)
+    for caught in (plain, streamed, answered):
+        assert isinstance(caught.value.body, dict), caught.value
+        assert caught.value.body["code"] == "awaiting_input"
+        assert waits_on in caught.value.message and "not sent" in caught.value.message
+    assert isinstance(events[-1], ResponseErrorEvent) and events[-1].code == "awaiting_input"
+    assert waits_on in events[-1].message and "not sent" in events[-1].message
+    with server.client() as c:
+        turns = c.get(f"/v1/sessions/{sid}/turns").json()["data"]
+        assert [(t["status"], t["reason"]) for t in turns[1:]] == [
+            ("cancelled", "caller_cancelled")
+        ] * 4
+        # Decided: the parked turn goes on, and nothing withdrawn runs after it.
+        call_id = parked.json()["decisions"][0]["call_id"]
+        r = c.post(
+            f"/v1/sessions/{sid}/turns/{waits_on}/decisions",
+            json={"call_id": call_id, "decision": "deny"},
+        )
+        assert r.status_code == 200, r.text
+        deadline = time.monotonic() + 10
+        while c.get(f"/v1/sessions/{sid}/turns/{waits_on}").json()["status"] != "completed":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.3)
+        after = c.get(f"/v1/sessions/{sid}/turns").json()["data"]
+        items = c.get(f"/v1/sessions/{sid}/items").json()["data"]
+    assert [t["status"] for t in after] == ["completed"] + ["cancelled"] * 4
+    said = [i["content"] for i in items if i["kind"] == "user"]
+    assert said == ["launch"]
+
+
+def test_a_stream_queued_behind_a_turn_that_parks_later_ends_saying_so(
+    client: openai.OpenAI, server: Server
+) -> None:
+    """The turn ahead was running when the message came, and waits for a human only later:
+    the queued message's stream ends then (withdrawn), not at the decision's deadline."""
+    sid = begin(server, "parks-later", "hesitant")
+    with server.client() as c:
+        ahead = c.post(f"/v1/sessions/{sid}/turns", json={"input": "go", "wait": False})
+        assert ahead.status_code == 202, ahead.text
+    began = time.monotonic()
+    stream = client.chat.completions.create(
+        model="hesitant",
+        messages=[{"role": "user", "content": "meanwhile"}],
+        stream=True,
+        extra_headers={SESSION: sid},
+    )
+    with pytest.raises(openai.APIError) as caught:
+        list(stream)
+    took = time.monotonic() - began
+    assert isinstance(caught.value.body, dict) and caught.value.body["code"] == "awaiting_input"
+    assert ahead.json()["id"] in caught.value.message and "not sent" in caught.value.message
+    assert 1.0 < took < 10, took  # after the ponder (1.5 s), well before the deadline (30 s)
+    with server.client() as c:
+        turns = c.get(f"/v1/sessions/{sid}/turns").json()["data"]
+    assert [t["status"] for t in turns] == ["awaiting_input", "cancelled"]

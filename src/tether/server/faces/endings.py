@@ -7,12 +7,15 @@ thing, and never present such a turn as an answer (DESIGN §1.5).
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from tether.errors import TetherError
-from tether.records import Turn
+from tether.events import TURN_QUEUED
+from tether.records import Event, Turn
 from tether.server.problems import Problem, from_error, problem_response
 from tether.server.routes.outcomes import failed_status
 from tether.server.schemas import DecisionOut
@@ -83,6 +86,68 @@ async def waiting(st: ServerState, turn: Turn, *, withdrawn: bool = False) -> Wa
         )
     decisions = [DecisionOut.of(d).model_dump(mode="json") for d in pending]
     return Waiting(waits_on, ahead.id if ahead is not None else None, decisions, message)
+
+
+async def withdrawn_if_behind(st: ServerState, turn: Turn) -> Waiting | None:
+    """When ``turn`` waits in the queue behind a turn that waits for a human: withdrawn
+    (cancelled, ``caller_cancelled``: nothing of it ran), and what the session waits for. A
+    door that answers "not done, decide first" must mean that nothing was done: the message
+    left queued would run once the decision is made, after its caller was told it failed (and
+    each retry would queue one more). None when it does not wait so."""
+    if turn.ended or turn.status != "queued":
+        return None
+    scheduler = st.runtime.scheduler
+    if await scheduler.parked_ahead(turn) is None:
+        return None
+    wait = await waiting(st, turn, withdrawn=True)
+    await scheduler.cancel(turn.key, turn.id, "caller_cancelled")
+    return wait
+
+
+async def unless_behind_a_human(
+    st: ServerState, turn: Turn, events: AsyncIterator[Event]
+) -> AsyncIterator[Event | Waiting]:
+    """``events`` of ``turn``, as they come; but should the turn, still queued, find itself
+    behind a turn that waits for a human (one ahead may park while it waits), it is withdrawn
+    (:func:`withdrawn_if_behind`) and the stream ends with what the session waits for, rather
+    than hang until the decision or its deadline."""
+    if turn.status != "queued":
+        async for event in events:
+            yield event
+        return
+    scheduler = st.runtime.scheduler
+    watch: asyncio.Future[Turn] | None = asyncio.ensure_future(
+        scheduler.wait(turn.key, turn.id, until_input=True)
+    )
+    following: asyncio.Future[Event] | None = None
+    try:
+        while True:
+            following = asyncio.ensure_future(anext(events))
+            while watch is not None and not following.done():
+                either: set[asyncio.Future[Any]] = {following, watch}
+                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+                if not watch.done():
+                    break
+                seen, watch = watch, None
+                if seen.cancelled() or seen.exception() is not None:
+                    break  # the turn's own events say what became of it
+                wait = await withdrawn_if_behind(st, seen.result())
+                if wait is not None:
+                    yield wait
+                    return
+            try:
+                event = await following
+            except StopAsyncIteration:
+                return
+            following = None
+            if watch is not None and event.type != TURN_QUEUED:
+                watch.cancel()  # it started (or ended): nothing ahead holds it any more
+                watch = None
+            yield event
+    finally:
+        for pending in (watch, following):
+            if pending is not None:
+                pending.cancel()
 
 
 def _asks(payload: dict[str, Any]) -> str:

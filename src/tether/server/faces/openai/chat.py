@@ -29,6 +29,7 @@ from tether.records import Principal, SessionKey, Turn
 from tether.server import sse
 from tether.server.conversation import Opened, agent_named, open_session, send
 from tether.server.deps import State
+from tether.server.faces.endings import Waiting, unless_behind_a_human
 from tether.server.faces.openai.errors import (
     SESSION_HEADER,
     TURN_ERRORS,
@@ -39,6 +40,7 @@ from tether.server.faces.openai.errors import (
     outcome_error,
     refusal,
     stream_error,
+    waiting_error,
 )
 from tether.server.faces.openai.inputs import (
     checked_session,
@@ -261,7 +263,7 @@ async def chat_completions(request: Request, st: State) -> Response:
     if done is None:
         return Response(status_code=499)
     if done.status != "completed":
-        return outcome_error(done, headers)
+        return await outcome_error(st, done, headers)
     return JSONResponse(_completion(done, model), headers=headers)
 
 
@@ -336,7 +338,10 @@ async def _chunks(
 
     yield chunk({"role": "assistant", "content": ""})
     key = turn.key
-    async for event in st.runtime.scheduler.events(key, turn.id):
+    async for event in unless_behind_a_human(st, turn, st.runtime.scheduler.events(key, turn.id)):
+        if isinstance(event, Waiting):
+            yield waiting_error(event)
+            return
         if event.type == MESSAGE_DELTA:
             yield chunk({"content": str(event.data.get("text", ""))})
         elif event.type in (TURN_AWAITING_INPUT, TURN_ENDED):

@@ -12,6 +12,7 @@ from starlette.responses import JSONResponse
 
 from tether.errors import TetherError
 from tether.records import Principal, Turn
+from tether.server.faces.endings import Waiting, withdrawn_if_behind
 from tether.server.problems import Problem, from_error, problem_response
 from tether.server.routes.outcomes import turn_problem
 from tether.server.schemas import IDEMPOTENCY_KEY
@@ -140,14 +141,22 @@ def awaiting_message(turn: Turn) -> str:
     )
 
 
-def outcome_error(turn: Turn, headers: dict[str, str]) -> JSONResponse:
+async def outcome_error(st: ServerState, turn: Turn, headers: dict[str, str]) -> JSONResponse:
     """A turn that did not complete (or waits for a human), as an OpenAI error: never an empty
     answer. The turn ran (tether retried its model already), so the SDK must not retry: each
-    retry would be one more turn. Refusals before a turn (a full queue) stay retryable."""
+    retry would be one more turn. Refusals before a turn (a full queue) stay retryable. A turn
+    queued behind one that waits for a human is withdrawn, and the error says so: told that
+    it failed, the client must not find its message answered later."""
     if not turn.ended:
-        message = awaiting_message(turn)
+        wait = await withdrawn_if_behind(st, turn)
+        message = wait.message if wait is not None else awaiting_message(turn)
         return error_response(409, message, "awaiting_input", None, no_retry(headers))
     return from_problem(turn_problem(turn), no_retry(headers))
+
+
+def waiting_error(wait: Waiting) -> dict[str, Any]:
+    """The error a stream ends with when its turn was withdrawn from behind a human's decision."""
+    return error_body(409, wait.message, "awaiting_input", None)
 
 
 def stream_error(turn: Turn) -> dict[str, Any]:

@@ -10,7 +10,8 @@ from typing import Any
 
 from tether.events import MESSAGE_DELTA, TURN_AWAITING_INPUT, TURN_ENDED
 from tether.records import Turn, Usage
-from tether.server.faces.openai.errors import awaiting_message, error_body
+from tether.server.faces.endings import Waiting, unless_behind_a_human
+from tether.server.faces.openai.errors import awaiting_message, error_body, waiting_error
 from tether.server.faces.openai.response_objects import Asked, message_item, response_object
 from tether.server.state import ServerState
 
@@ -30,9 +31,11 @@ async def _still_waits(st: ServerState, turn: Turn, call_id: object) -> bool:
 
 
 async def response_events(
-    st: ServerState, turn: Turn, asked: Asked
+    st: ServerState, turn: Turn, asked: Asked, *, live: Turn | None = None
 ) -> AsyncIterator[dict[str, Any]]:
-    """The turn as ``response.*`` events, ``sequence_number`` counting from 0."""
+    """The turn as ``response.*`` events, ``sequence_number`` counting from 0. ``live``: the
+    turn as the request that made it now has it; then a turn that waits in the queue behind a
+    human's decision is withdrawn and the stream ends saying so (a replay only reads)."""
     number = 0
     item_id = f"msg_{turn.id}"
     texts: list[str] = []
@@ -51,7 +54,12 @@ async def response_events(
     obj = response_object(turn, asked)
     yield event("response.created", response=obj)
     yield event("response.in_progress", response={**obj, "status": "in_progress"})
-    async for ev in st.runtime.scheduler.events(turn.key, turn.id):
+    events = st.runtime.scheduler.events(turn.key, turn.id)
+    async for ev in unless_behind_a_human(st, live, events) if live is not None else events:
+        if isinstance(ev, Waiting):
+            body = waiting_error(ev)["error"]
+            yield event("error", code=body["code"], message=body["message"], param=None)
+            return
         if ev.type == MESSAGE_DELTA:
             piece = str(ev.data.get("text", ""))
             if not texts:

@@ -10,6 +10,8 @@ Which conversation a response continues:
 * ``previous_response_id``: that response's session. tether's conversations do not branch, so
   it must be the session's latest answer: a completed turn (or one still under way) after it is
   a 409 ``conversation_moved_on``. Turns after it that failed or were cancelled do not count.
+  Requests continuing one response share an idempotency key made from its id, so the store
+  admits one turn for them all; the same message again gets that turn.
 * ``conversation`` (an id, or ``{"id": …}``): the caller's session of that id (404 if none).
 * neither: a fresh session, the one-off of :mod:`.inputs`. Every response names its session in
   ``conversation.id`` and the ``X-Tether-Session`` header, so it can be continued either way.
@@ -40,10 +42,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from tether.errors import SessionNotFound, TetherError
+from tether.errors import IdempotencyKeyReused, SessionNotFound, TetherError
 from tether.records import Principal, SessionKey, Turn
 from tether.server import sse
-from tether.server.conversation import as_taken, submit
+from tether.server.conversation import Opened, as_taken, submit
 from tether.server.deps import State
 from tether.server.faces.openai.chat import (
     IDEMPOTENCY_PARAM,
@@ -213,11 +215,7 @@ async def create_response(request: Request, st: State) -> Response:
         retry = idempotency_key(request)
         if previous:
             opened = await open_for(st, caller, model, session_id, text, _missing(previous))
-            # A retry with its key is checked after the submission only: it gets the turn the
-            # first request made, which may be the very turn that moved the conversation on.
-            after = await _latest(st, opened.key, previous, check=retry is None)
-            turn = await submit(st, opened, caller, text, idempotency_key=retry)
-            await _first_to_continue(st, turn, after)
+            turn = await _continue(st, opened, caller, previous, text)
         else:
             turn = await send_for(st, caller, model, session_id, text, retry, _missing(None))
     except (FaceError, TetherError, Problem) as exc:
@@ -227,7 +225,7 @@ async def create_response(request: Request, st: State) -> Response:
     if stream:
         # Its first event shows the turn as taken (queued), as a stream read again later does.
         return StreamingResponse(
-            sse.encoded(response_events(st, as_taken(turn, asked_at), asked), frame),
+            sse.encoded(response_events(st, as_taken(turn, asked_at), asked, live=turn), frame),
             media_type="text/event-stream",
             headers={**headers, "Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
@@ -237,7 +235,7 @@ async def create_response(request: Request, st: State) -> Response:
     if done is None:
         return Response(status_code=499)
     if done.status != "completed":
-        return outcome_error(done, headers)
+        return await outcome_error(st, done, headers)
     return JSONResponse(response_object(done, asked), headers=headers)
 
 
@@ -357,28 +355,39 @@ async def _session_of(
     return checked_session(conversation, "conversation")
 
 
-async def _latest(st: ServerState, key: SessionKey, previous: str, *, check: bool) -> int:
-    """``previous``'s seq; with ``check``, refused when the conversation has moved on past it."""
+async def _continue(
+    st: ServerState, opened: Opened, caller: Principal, previous: str, text: str
+) -> Turn:
+    """The turn that continues ``previous`` with ``text``, unless the conversation has moved
+    on past it.
+
+    Every request continuing one response is submitted under one idempotency key, made from
+    that response's id: the store admits one turn for it, atomically, whatever the number of
+    requests and processes. The same message again (a retry, with or without a key of its
+    own) is answered with that turn; another message is a 409, as it would be once the first
+    had answered. (Checked and then submitted, eight requests at once all went on.)"""
+    key = opened.key
     turn_id, _ = parse_id(previous)
-    turn = await st.runtime.sessions.turn(key, turn_id)
-    if turn is None:
+    before = await st.runtime.sessions.turn(key, turn_id)
+    if before is None:
         raise FaceError(404, "no such response", "response_not_found", "previous_response_id")
-    if check:
-        later = await st.runtime.sessions.turns(key, after=turn.seq, limit=100)
-        if any(_moved_on(t) for t in later):
-            raise _moved_on_error()
-    return turn.seq
-
-
-async def _first_to_continue(st: ServerState, turn: Turn, after: int) -> None:
-    """The check of :func:`_latest` again, now that ``turn`` has its place: requests that
-    continue one response at once all passed it, and each made a turn. The first of them goes
-    on; each later one is withdrawn (cancelled before it ran: it queues behind the first) and
-    refused, as it would have been a moment later."""
-    between = await st.runtime.sessions.turns(turn.key, after=after, limit=100)
-    if any(_moved_on(t) for t in between if t.seq < turn.seq):
-        await st.runtime.scheduler.cancel(turn.key, turn.id, "caller_cancelled")
+    later = await st.runtime.sessions.turns(key, after=before.seq, limit=100)
+    moved = [t for t in later if _moved_on(t)]
+    # The first turn after it with this very message may be this request's own, made by an
+    # earlier try: the key below tells.
+    if moved and moved[0].input != text:
         raise _moved_on_error()
+    try:
+        turn = await submit(st, opened, caller, text, idempotency_key=f"continues:{previous}")
+    except IdempotencyKeyReused:
+        raise _moved_on_error() from None
+    # A turn of another door (a conversation's, the native API's) may have come in between
+    # meanwhile: this one then follows it, which is no continuation of ``previous``.
+    between = await st.runtime.sessions.turns(key, after=before.seq, limit=100)
+    if any(_moved_on(t) for t in between if t.seq < turn.seq):
+        await st.runtime.scheduler.cancel(key, turn.id, "caller_cancelled")
+        raise _moved_on_error()
+    return turn
 
 
 def _moved_on(turn: Turn) -> bool:
