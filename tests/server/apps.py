@@ -66,6 +66,14 @@ def shout_flow(request: ModelRequest) -> str | ToolCalls:
     return ToolCalls(Call("shout", {"text": last.content}))
 
 
+def narrated_flow(request: ModelRequest) -> str | ToolCalls:
+    """Says a few words, calls a tool, then answers: a turn of two messages."""
+    last = request.messages[-1]
+    if last.role == "tool":
+        return f"it says {last.content}"
+    return ToolCalls(Call("shout", {"text": last.content}), text="Let me shout that.")
+
+
 def instructions(request: ModelRequest) -> str:
     """Answers with the first line of the system prompt: whose instructions the turn ran."""
     return request.messages[0].content.splitlines()[0]
@@ -162,6 +170,8 @@ agents = [
     Agent(name="steady", model=ScriptedModel(default=Slow("s " * 10, delay=0.02))),
     # Calls a tool that needs no approval, then answers with what it returned.
     Agent(name="shouter", model=ScriptedModel(default=shout_flow), tools=[shout]),
+    # Says something before it calls a tool, then answers: two messages in one turn.
+    Agent(name="narrator", model=ScriptedModel(default=narrated_flow), tools=[shout]),
     # Runs 1.5 s (a tool), then waits for a human's approval.
     Agent(
         name="hesitant",

@@ -529,3 +529,45 @@ def test_a_stream_queued_behind_a_turn_that_parks_later_ends_saying_so(
     with server.client() as c:
         turns = c.get(f"/v1/sessions/{sid}/turns").json()["data"]
     assert [t["status"] for t in turns] == ["awaiting_input", "cancelled"]
+
+
+def test_a_turn_of_two_messages_reads_the_same_streamed_or_not(client: openai.OpenAI) -> None:
+    """The model writes a few words, calls a tool, then answers. A stream shows both messages
+    as they come; the plain answer and the response object said the last one only, and a
+    response's text deltas did not add up to their item's text."""
+    both = "Let me shout that.\n\nit says HEY"
+    messages: Any = [{"role": "user", "content": "hey"}]
+    plain = client.chat.completions.create(model="narrator", messages=messages)
+    assert plain.choices[0].message.content == both
+    chunks = list(client.chat.completions.create(model="narrator", messages=messages, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == both
+    response = client.responses.create(model="narrator", input="hey")
+    texts = [
+        part.text
+        for item in response.output
+        if item.type == "message"
+        for part in item.content
+        if part.type == "output_text"
+    ]
+    assert texts == ["Let me shout that.", "it says HEY"]
+    assert len({item.id for item in response.output}) == 2
+    events = list(client.responses.create(model="narrator", input="hey", stream=True))
+    deltas: dict[str, str] = {}
+    done: dict[str, str] = {}
+    for e in events:
+        if isinstance(e, ResponseTextDeltaEvent):
+            deltas[e.item_id] = deltas.get(e.item_id, "") + e.delta
+        elif isinstance(e, ResponseTextDoneEvent):
+            done[e.item_id] = e.text
+    assert deltas == done and list(done.values()) == ["Let me shout that.", "it says HEY"]
+    final = events[-1]
+    assert isinstance(final, ResponseCompletedEvent)
+    assert [i.id for i in final.response.output] == list(done)
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    # Read back, streamed again: the same items, the same numbers.
+    again = list(client.responses.retrieve(final.response.id, stream=True))
+    assert [(e.type, e.sequence_number) for e in again] == [
+        (e.type, e.sequence_number) for e in events
+    ]
+    read = client.responses.retrieve(final.response.id)
+    assert [i.id for i in read.output] == list(done)

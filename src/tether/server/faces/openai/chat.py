@@ -24,7 +24,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from tether.errors import AgentNotFound, SessionNotFound, TetherError
-from tether.events import MESSAGE_DELTA, TURN_AWAITING_INPUT, TURN_ENDED
+from tether.events import MESSAGE_COMPLETED, MESSAGE_DELTA, TURN_AWAITING_INPUT, TURN_ENDED
 from tether.records import Principal, SessionKey, Turn
 from tether.server import sse
 from tether.server.conversation import Opened, agent_named, open_session, send
@@ -51,6 +51,7 @@ from tether.server.faces.openai.inputs import (
     no_client_tools,
     read_body,
 )
+from tether.server.faces.openai.said import SEPARATOR, said
 from tether.server.problems import Problem
 from tether.server.routes.turns import wait_for_turn
 from tether.server.schemas import IDEMPOTENCY_KEY, NO_NUL
@@ -264,7 +265,8 @@ async def chat_completions(request: Request, st: State) -> Response:
         return Response(status_code=499)
     if done.status != "completed":
         return await outcome_error(st, done, headers)
-    return JSONResponse(_completion(done, model), headers=headers)
+    text = SEPARATOR.join(await said(st, done))
+    return JSONResponse(_completion(done, model, text), headers=headers)
 
 
 def _include_usage(body: dict[str, Any]) -> bool:
@@ -293,7 +295,7 @@ def _finish_reason(turn: Turn) -> str:
     return "stop" if turn.complete else "length"
 
 
-def _completion(turn: Turn, model: str) -> dict[str, Any]:
+def _completion(turn: Turn, model: str, text: str) -> dict[str, Any]:
     return {
         "id": f"chatcmpl-{turn.id}",
         "object": "chat.completion",
@@ -302,7 +304,7 @@ def _completion(turn: Turn, model: str) -> dict[str, Any]:
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": turn.output or ""},
+                "message": {"role": "assistant", "content": text},
                 "finish_reason": _finish_reason(turn),
             }
         ],
@@ -338,12 +340,24 @@ async def _chunks(
 
     yield chunk({"role": "assistant", "content": ""})
     key = turn.key
+    # Messages after the first begin with SEPARATOR, as a plain completion joins them; a
+    # message that came whole (no pieces) is sent whole.
+    wrote = streaming = False
     async for event in unless_behind_a_human(st, turn, st.runtime.scheduler.events(key, turn.id)):
         if isinstance(event, Waiting):
             yield waiting_error(event)
             return
-        if event.type == MESSAGE_DELTA:
-            yield chunk({"content": str(event.data.get("text", ""))})
+        if event.type in (MESSAGE_DELTA, MESSAGE_COMPLETED):
+            text = str(event.data.get("text") or "")
+            whole = event.type == MESSAGE_COMPLETED
+            if whole and streaming:  # the message ends; its pieces were sent
+                streaming = False
+                continue
+            if text:
+                if wrote and not streaming:
+                    text = SEPARATOR + text
+                streaming, wrote = not whole, True
+                yield chunk({"content": text})
         elif event.type in (TURN_AWAITING_INPUT, TURN_ENDED):
             done = await _read(st, key, turn.id)
             if done.status != "completed":

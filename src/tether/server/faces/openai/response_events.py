@@ -4,15 +4,20 @@ request that made it, and read again (from any process) by ``GET …?stream=true
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from typing import Any
 
-from tether.events import MESSAGE_DELTA, TURN_AWAITING_INPUT, TURN_ENDED
+from tether.events import MESSAGE_COMPLETED, MESSAGE_DELTA, TURN_AWAITING_INPUT, TURN_ENDED
 from tether.records import Turn, Usage
 from tether.server.faces.endings import Waiting, unless_behind_a_human
 from tether.server.faces.openai.errors import awaiting_message, error_body, waiting_error
-from tether.server.faces.openai.response_objects import Asked, message_item, response_object
+from tether.server.faces.openai.response_objects import (
+    Asked,
+    message_id,
+    message_item,
+    response_object,
+)
 from tether.server.state import ServerState
 
 
@@ -30,44 +35,85 @@ async def _still_waits(st: ServerState, turn: Turn, call_id: object) -> bool:
     return any(d.call_id == call_id for d in pending)
 
 
+class _Items:
+    """The ``response.*`` events of one response, numbered as they are made: each message the
+    turn says is an output item of its own (added, its text in pieces, done)."""
+
+    def __init__(self, turn: Turn) -> None:
+        self.turn = turn
+        self.number = 0
+        self.index = 0  # the output item (message) under way, or next
+        self.pieces: list[str] = []  # its text so far
+        self.open = False
+        self.said: list[str] = []  # the messages ended so far
+
+    def event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        self.number += 1
+        return {"type": kind, "sequence_number": self.number - 1, **fields}
+
+    def _where(self) -> dict[str, Any]:
+        item_id = message_id(self.turn, self.index)
+        return {"item_id": item_id, "output_index": self.index, "content_index": 0}
+
+    def _opened(self) -> Iterator[dict[str, Any]]:
+        if not self.open:
+            self.open = True
+            item = message_item(self.turn, "", "in_progress", self.index)
+            yield self.event("response.output_item.added", output_index=self.index, item=item)
+            yield self.event("response.content_part.added", **self._where(), part=_part(""))
+
+    def delta(self, piece: str) -> Iterator[dict[str, Any]]:
+        yield from self._opened()
+        self.pieces.append(piece)
+        yield self.event("response.output_text.delta", **self._where(), delta=piece, logprobs=[])
+
+    def closed(self, text: str | None, state: str) -> Iterator[dict[str, Any]]:
+        """The message under way ends, with ``text`` (None: what its pieces made)."""
+        text = "".join(self.pieces) if text is None else text
+        yield from self._opened()
+        yield self.event("response.output_text.done", **self._where(), text=text, logprobs=[])
+        yield self.event("response.content_part.done", **self._where(), part=_part(text))
+        item = message_item(self.turn, text, state, self.index)
+        yield self.event("response.output_item.done", output_index=self.index, item=item)
+        self.said.append(text)
+        self.open, self.index, self.pieces = False, self.index + 1, []
+
+    def ended(self, done: Turn) -> Iterator[dict[str, Any]]:
+        if self.open or (not self.said and done.output):
+            # Ended with a message under way (its process was lost), or said without events.
+            state = "completed" if done.complete else "incomplete"
+            yield from self.closed(None if self.open else done.output, state)
+
+
+def _part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
 async def response_events(
     st: ServerState, turn: Turn, asked: Asked, *, live: Turn | None = None
 ) -> AsyncIterator[dict[str, Any]]:
     """The turn as ``response.*`` events, ``sequence_number`` counting from 0. ``live``: the
     turn as the request that made it now has it; then a turn that waits in the queue behind a
     human's decision is withdrawn and the stream ends saying so (a replay only reads)."""
-    number = 0
-    item_id = f"msg_{turn.id}"
-    texts: list[str] = []
-
-    def event(kind: str, **fields: Any) -> dict[str, Any]:
-        nonlocal number
-        number += 1
-        return {"type": kind, "sequence_number": number - 1, **fields}
-
-    def part(text: str) -> dict[str, Any]:
-        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-
-    def where() -> dict[str, Any]:
-        return {"item_id": item_id, "output_index": 0, "content_index": 0}
-
+    out = _Items(turn)
     obj = response_object(turn, asked)
-    yield event("response.created", response=obj)
-    yield event("response.in_progress", response={**obj, "status": "in_progress"})
+    yield out.event("response.created", response=obj)
+    yield out.event("response.in_progress", response={**obj, "status": "in_progress"})
     events = st.runtime.scheduler.events(turn.key, turn.id)
     async for ev in unless_behind_a_human(st, live, events) if live is not None else events:
         if isinstance(ev, Waiting):
             body = waiting_error(ev)["error"]
-            yield event("error", code=body["code"], message=body["message"], param=None)
+            yield out.event("error", code=body["code"], message=body["message"], param=None)
             return
         if ev.type == MESSAGE_DELTA:
-            piece = str(ev.data.get("text", ""))
-            if not texts:
-                item = message_item(turn, "", "in_progress")
-                yield event("response.output_item.added", output_index=0, item=item)
-                yield event("response.content_part.added", **where(), part=part(""))
-            texts.append(piece)
-            yield event("response.output_text.delta", **where(), delta=piece, logprobs=[])
+            for e in out.delta(str(ev.data.get("text", ""))):
+                yield e
+        elif ev.type == MESSAGE_COMPLETED:
+            text = str(ev.data.get("text") or "")
+            if text or out.open:
+                state = "completed" if ev.data.get("complete", True) else "incomplete"
+                for e in out.closed(text or None, state):
+                    yield e
         elif ev.type == TURN_AWAITING_INPUT:
             # Each wait takes one number, told or not, so that a stream read live and one read
             # again later number every event alike: told (and the stream ends) while the turn
@@ -76,33 +122,20 @@ async def response_events(
             if done is None:
                 return
             if not await _still_waits(st, done, ev.data.get("call_id")):
-                number += 1
+                out.number += 1
                 continue
             body = error_body(409, awaiting_message(done), "awaiting_input", None)["error"]
-            yield event("error", code=body["code"], message=body["message"], param=None)
+            yield out.event("error", code=body["code"], message=body["message"], param=None)
             return
         elif ev.type == TURN_ENDED:
             done = await st.runtime.sessions.turn(turn.key, turn.id)
             if done is None or not done.ended:
                 return
-            final = response_object(done, asked)
-            if texts or done.output:
-                text = done.output if done.output is not None else "".join(texts)
-                state = "completed" if done.complete else "incomplete"
-                if not texts:
-                    item = message_item(done, "", "in_progress")
-                    yield event("response.output_item.added", output_index=0, item=item)
-                    yield event("response.content_part.added", **where(), part=part(""))
-                yield event("response.output_text.done", **where(), text=text, logprobs=[])
-                yield event("response.content_part.done", **where(), part=part(text))
-                yield event(
-                    "response.output_item.done",
-                    output_index=0,
-                    item=message_item(done, text, state),
-                )
-            status = final["status"]
+            for e in out.ended(done):
+                yield e
+            final = response_object(done, asked, out.said)
             kind = {"completed": "response.completed", "incomplete": "response.incomplete"}
-            yield event(kind.get(status, "response.failed"), response=final)
+            yield out.event(kind.get(final["status"], "response.failed"), response=final)
             return
 
 

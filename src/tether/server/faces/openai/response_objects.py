@@ -54,26 +54,37 @@ def status_of(turn: Turn) -> str:
     return "cancelled"
 
 
-def message_item(turn: Turn, text: str, status: str) -> dict[str, Any]:
+def message_id(turn: Turn, index: int = 0) -> str:
+    """The id of the ``index``-th message a turn said (the first is named after the turn)."""
+    return f"msg_{turn.id}" if index == 0 else f"msg_{turn.id}_{index}"
+
+
+def message_item(turn: Turn, text: str, status: str, index: int = 0) -> dict[str, Any]:
     return {
         "type": "message",
-        "id": f"msg_{turn.id}",
+        "id": message_id(turn, index),
         "status": status,
         "role": "assistant",
         "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
     }
 
 
-def response_object(turn: Turn, asked: Asked | None = None) -> dict[str, Any]:
-    """The Responses API's view of ``turn`` (``asked``: by the request that made it)."""
+def response_object(
+    turn: Turn, asked: Asked | None = None, said: list[str] | None = None
+) -> dict[str, Any]:
+    """The Responses API's view of ``turn`` (``asked``: by the request that made it). Ended,
+    its output is a ``message`` item for each of the messages it ``said``
+    (:func:`~tether.server.faces.openai.said.said`; None: its output alone)."""
     asked = asked or Asked()
     status = status_of(turn)
     usage = turn.usage
     output = []
-    if turn.ended and turn.output:
-        output.append(
-            message_item(turn, turn.output, "completed" if turn.complete else "incomplete")
-        )
+    texts = said if said is not None else [turn.output] if turn.output else []
+    if turn.ended:
+        for n, text in enumerate(texts):
+            last = n == len(texts) - 1
+            state = "incomplete" if last and not turn.complete else "completed"
+            output.append(message_item(turn, text, state, n))
     error = None
     if status == "failed":
         error = {"code": "server_error", "message": f"{turn.reason}: {turn.error or ''}".strip()}

@@ -78,6 +78,7 @@ from tether.server.faces.openai.response_events import (
     response_events,
 )
 from tether.server.faces.openai.response_objects import Asked, parse_id, response_object
+from tether.server.faces.openai.said import said
 from tether.server.problems import Problem
 from tether.server.routes.turns import wait_for_turn
 from tether.server.schemas import NO_NUL
@@ -236,7 +237,7 @@ async def create_response(request: Request, st: State) -> Response:
         return Response(status_code=499)
     if done.status != "completed":
         return await outcome_error(st, done, headers)
-    return JSONResponse(response_object(done, asked), headers=headers)
+    return JSONResponse(response_object(done, asked, await said(st, done)), headers=headers)
 
 
 _GET_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -280,7 +281,7 @@ async def get_response(response_id: str, request: Request, st: State) -> Respons
     except (FaceError, TetherError, Problem) as exc:
         return refusal(exc, None)
     if not streaming:
-        return JSONResponse(response_object(turn))
+        return JSONResponse(response_object(turn, said=await said(st, turn)))
     events = response_events(st, as_created(turn), Asked())
     return StreamingResponse(
         sse.encoded(later_than(events, after), frame),
@@ -317,7 +318,7 @@ async def cancel_response(response_id: str, request: Request, st: State) -> Resp
                     turn = await st.runtime.scheduler.cancel(turn.key, turn.id, "cancelled")
     except (FaceError, TetherError, Problem) as exc:
         return refusal(exc, None)
-    return JSONResponse(response_object(turn))
+    return JSONResponse(response_object(turn, said=await said(st, turn)))
 
 
 def _missing(previous: str | None) -> FaceError:
