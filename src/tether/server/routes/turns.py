@@ -274,7 +274,7 @@ async def _ended_at(st: ServerState, key: SessionKey, tid: str, seq: int) -> boo
 
     Only that one: a resume id past every stored event comes from a process that died before
     persisting them, and that client is still owed the terminal event the recovery wrote (the
-    replay yields it, with a smaller seq)."""
+    replay yields it: it comes after every seq that process could have streamed)."""
     events = st.runtime.scheduler.events(key, tid, after_seq=seq - 1)
     try:
         first = await anext(events, None)
