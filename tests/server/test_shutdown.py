@@ -351,3 +351,36 @@ def test_after_kill_9_a_resumed_stream_hears_the_ending(launch: Launch, tmp_path
         kinds = [line[7:] for line in r.text.splitlines() if line.startswith("event: ")]
     assert kinds == ["turn.ended"], r.text
     assert int(ids[0].rsplit(":", 1)[1]) > int(last), (ids, seen)
+
+
+def test_deleting_a_session_through_another_process_ends_its_stream_with_the_ending(
+    launch: Launch, tmp_path: Path
+) -> None:
+    """Two processes on one SQLite file: the turn runs on A, is followed and deleted through B.
+    B's follower reads the store; the rows used to go before it read the ending, and the stream
+    ended without one (or cut short, with an error in the log)."""
+    data = tmp_path / "data"
+    a, b = launch(data), launch(data)
+    with a.client() as ca, b.client() as cb:
+        sid = new_session(ca, "slow")
+        tid = ca.post(f"/v1/sessions/{sid}/turns", json={"input": "go", "wait": False}).json()["id"]
+        kinds: list[str] = []
+        last = ""
+        with cb.stream("GET", f"/v1/sessions/{sid}/turns/{tid}/events") as r:
+            for line in r.iter_lines():
+                if line.startswith("event: "):
+                    kinds.append(line[7:])
+                    if kinds.count("message.delta") == 3:
+                        deleter = threading.Thread(
+                            target=lambda: cb.delete(f"/v1/sessions/{sid}"), daemon=True
+                        )
+                        deleter.start()
+                elif line.startswith("data: "):
+                    last = line[6:]
+        deleter.join(10)
+        assert cb.get(f"/v1/sessions/{sid}").status_code == 404
+    assert kinds[-1] == "turn.ended", kinds
+    ending = json.loads(last)
+    assert (ending["status"], ending["reason"]) == ("cancelled", "session_deleted")
+    for srv in (a, b):
+        assert "Traceback" not in srv.output() and "ERROR" not in srv.output()

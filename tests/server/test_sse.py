@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.server.conftest import Server
+from tether import Agent
+from tether.testing import EchoModel
 from tether.tools.approval import REFUSED_RESULT
 
 pytestmark = pytest.mark.slow
@@ -567,3 +571,38 @@ def test_cancel_a_finished_turn_returns_it_as_is(server: Server) -> None:
         assert r.status_code == 200
         assert r.json() == done
         assert c.post(f"/v1/sessions/{sid}/turns/t_nope/cancel").status_code == 404
+
+
+async def test_a_stream_whose_session_is_deleted_under_it_ends_cleanly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Followed from another process, a turn's session may be deleted (its turns ended first)
+    before the follower reads the ending: the stream ends cleanly (a client coming back gets
+    the 404), not cut mid-chunk by an exception in the ASGI app."""
+    from tether.errors import TurnNotFound
+    from tether.server.app import create_app
+    from tether.server.settings import Settings
+
+    app = create_app(Settings(data_dir=tmp_path), agents=[Agent(name="a", model=EchoModel())])
+    runtime = app.state.tether.runtime
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+            made = await c.post("/v1/sessions/gone/turns", json={"input": "hi"})
+            assert made.status_code == 404  # no such session yet: make it
+            assert (await c.post("/v1/sessions", json={"session_id": "gone"})).status_code == 201
+            turn = (await c.post("/v1/sessions/gone/turns", json={"input": "hi"})).json()
+            real = runtime.scheduler.events
+
+            async def deleted_meanwhile(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+                async for event in real(*args, **kwargs):
+                    if event.type == "turn.ended":
+                        raise TurnNotFound("turn not found")  # as a follower elsewhere finds
+                    yield event
+
+            runtime.scheduler.events = deleted_meanwhile
+            with caplog.at_level(logging.ERROR):
+                r = await c.get(f"/v1/sessions/gone/turns/{turn['id']}/events")
+    assert r.status_code == 200
+    assert "event: turn.started" in r.text and "turn.ended" not in r.text
+    assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR]

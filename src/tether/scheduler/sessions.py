@@ -37,6 +37,9 @@ from tether.tools.workspace import discard
 
 OFFLINE_CANCEL_WAIT = 30.0
 """Seconds an offline canceller waits for another process to end a running turn."""
+FOLLOWERS_GRACE = 0.1
+"""Seconds a deletion that ended turns waits before the rows go: two of the store polls a
+follower of a turn run elsewhere makes (:func:`tether.scheduler.feeds.follow_turn`)."""
 
 
 class Canceller(Protocol):
@@ -232,7 +235,11 @@ class SessionService:
     async def delete(self, key: SessionKey, reason: Reason = "session_deleted") -> bool:
         """Cancel the session's active turns (waiting for each to end), then delete it, its MCP
         servers and its workspace."""
-        await self.cancel_active(key, reason)
+        if await self.cancel_active(key, reason):
+            # Those turns' followers read their endings from the store (every 50 ms, here or
+            # in another process): give them that long, twice, before the rows go, or their
+            # streams end without the ending.
+            await asyncio.sleep(FOLLOWERS_GRACE)
         deleted = await self._store.delete_session(key)
         if self.mcp is not None:  # after its turns ended: none starts a server again
             await self.mcp.close_session(key)
@@ -248,13 +255,16 @@ class SessionService:
         if record is not None and record.expired():
             await self.delete(key, "session_expired")
 
-    async def cancel_active(self, key: SessionKey, reason: Reason) -> None:
+    async def cancel_active(self, key: SessionKey, reason: Reason) -> int:
         """End every queued or running turn of the session; a session or turn that goes away
-        meanwhile has nothing left to cancel."""
+        meanwhile has nothing left to cancel. How many there were."""
+        active: list[Turn] = []
         with contextlib.suppress(NotFound):
-            for turn in await self._store.active_turns(key):
+            active = await self._store.active_turns(key)
+            for turn in active:
                 with contextlib.suppress(NotFound):
                     await self._canceller.cancel(key, turn.id, reason)
+        return len(active)
 
     async def cancel_all_of(
         self, tenant: str, owner: str, reason: Reason, *, page: int = 200

@@ -172,6 +172,11 @@ class Workers:
         except asyncio.CancelledError:
             self._gone(key)
             raise
+        except SessionNotFound:
+            # Deleted (or expired and swept) under the worker, after its turns were ended:
+            # nothing is left to work on, which is no failure.
+            log.info("session %s is gone; its worker stops", key.session_id)
+            self._gone(key)
         except Exception:
             log.exception("session worker failed")
             self._gone(key)

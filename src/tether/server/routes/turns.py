@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from tether.errors import Conflict, TurnNotFound
+from tether.errors import Conflict, SessionNotFound, TurnNotFound
 from tether.events import TURN_ENDED
 from tether.records import AgentRef, Event, SessionKey, Turn
 from tether.server import sse
@@ -28,6 +29,7 @@ from tether.server.schemas import (
 )
 from tether.server.state import ServerState
 
+log = logging.getLogger("tether.server")
 router = APIRouter(prefix="/v1/sessions/{sid}/turns", tags=["turns"])
 
 NOT_FOUND: dict[int | str, dict[str, Any]] = {
@@ -71,9 +73,14 @@ def event_stream(
     async def frames() -> AsyncIterator[bytes]:
         finished = False
         try:
-            async for chunk in sse.stream(_until_end(st, key, turn_id, after)):
-                finished = finished or (chunk.startswith(b"id:") and _ENDED_FRAME in chunk)
-                yield chunk
+            try:
+                async for chunk in sse.stream(_until_end(st, key, turn_id, after)):
+                    finished = finished or (chunk.startswith(b"id:") and _ENDED_FRAME in chunk)
+                    yield chunk
+            except (TurnNotFound, SessionNotFound):
+                # The session was deleted (its turns ended first) before this stream read the
+                # ending: the stream ends, cleanly; a client that comes back gets the 404.
+                log.info("turn %s: its session is gone; the stream ends", turn_id)
             # Ended by us, not by the client: the turn is over, or this process is shutting
             # down with the turn still queued (the client re-attaches; nobody left).
             finished = True
