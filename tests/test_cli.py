@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -125,10 +126,23 @@ def test_forget_removes_the_users_workspaces_alone(
     assert (theirs / "notes.txt").read_text() == "kept here"
 
 
-def test_db_upgrade_creates_the_schema(tmp_path: Path) -> None:
-    result = runner.invoke(app, ["db", "upgrade", "--data-dir", str(tmp_path)])
-    assert result.exit_code == 0 and "up to date" in result.output
+def test_db_upgrade_says_what_it_did(tmp_path: Path) -> None:
+    """It said "schema is up to date" even as it made the whole schema: an operator could not
+    tell a no-op from a migration."""
+    from tether.store.sqlite.migrations import MIGRATIONS
+
+    latest = MIGRATIONS[-1][0]
+    made = runner.invoke(app, ["db", "upgrade", "--data-dir", str(tmp_path)])
+    assert made.exit_code == 0 and f"schema made: version {latest}" in made.output
     assert (tmp_path / "tether.db").is_file()
+    again = runner.invoke(app, ["db", "upgrade", "--data-dir", str(tmp_path)])
+    assert again.exit_code == 0 and f"schema is up to date: version {latest}" in again.output
+    # As a file an older tether left (the latest migration, a trigger made anew, can run again).
+    with sqlite3.connect(tmp_path / "tether.db") as conn:
+        conn.execute("DELETE FROM schema_version WHERE version = ?", (latest,))
+    upgraded = runner.invoke(app, ["db", "upgrade", "--data-dir", str(tmp_path)])
+    assert upgraded.exit_code == 0, upgraded.output
+    assert f"schema upgraded: version {latest - 1} -> {latest}" in upgraded.output
 
 
 def test_flags_win_over_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

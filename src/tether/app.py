@@ -156,6 +156,11 @@ def serve(
     sock = listen_socket(settings.host, settings.port)
     with sock:
         if settings.workers == 1:
+            from tether.server.workers import prepare_store
+
+            # A store that cannot be opened is one line and exit 3, as with workers (inside
+            # the app's start, uvicorn would print it as two tracebacks).
+            prepare_store(settings.store_url)
             ready = None if on_ready is None else lambda: on_ready(url_of(sock, settings.host))
             _serve_on(sock, settings, agents, log_level, access_log, ready)
             return

@@ -106,3 +106,19 @@ def test_an_embedder_spec_is_checked_where_it_is_given() -> None:
         with pytest.raises(ConfigError, match="unknown embedder"):
             MemoryService(InMemoryStore(), embedder=spec)
     MemoryService(InMemoryStore(), embedder="openai:text-embedding-3-small")  # nothing reached
+
+
+def test_a_store_that_cannot_be_opened_is_one_line_and_exit_3(tmp_path: Path) -> None:
+    """As with ``--workers``: it was two tracebacks and some hundred lines from uvicorn."""
+    done = subprocess.run(
+        [*TETHER_SERVE, "--port", "0", "--store", "postgresql://nobody@127.0.0.1:9/none"],
+        cwd=ROOT,
+        env={"PYTHONPATH": PYTHONPATH, "PATH": "/usr/bin:/bin", "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 3, output
+    assert "cannot open the store: postgresql: " in output
+    assert "Traceback" not in output and len(output.strip().splitlines()) <= 3, output

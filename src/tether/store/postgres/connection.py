@@ -129,6 +129,9 @@ class Connection:
         self._min_size = min(min_size, self._max_size)
         self._timeout = connect_timeout
         self._pool: _Pool | None = None
+        self.migrated: tuple[int, int] | None = None
+        """The schema's version before and after this store's first open applied what it
+        lacked (``tether db upgrade`` says it)."""
 
     def __repr__(self) -> str:
         parts = urlsplit(self.url)  # never the password
@@ -196,7 +199,8 @@ class Connection:
             translate(exc)
         try:
             async with pool.acquire(timeout=self._timeout) as conn:
-                await migrate(conn)
+                versions = await migrate(conn)
+                self.migrated = self.migrated or versions
         except BaseException as exc:
             pool.terminate()
             if isinstance(exc, DRIVER_ERRORS):

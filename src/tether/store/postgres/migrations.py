@@ -259,7 +259,8 @@ MIGRATIONS: list[tuple[int, str]] = [
 ]
 
 
-async def migrate(conn: Conn) -> None:
+async def migrate(conn: Conn) -> tuple[int, int]:
+    """Apply the migrations the database lacks; its schema version before and after."""
     # Server processes starting together on a fresh database take turns on this lock; the
     # later ones find every migration recorded. READ COMMITTED matters here: the version
     # read after the lock must see what the previous holder committed.
@@ -267,6 +268,7 @@ async def migrate(conn: Conn) -> None:
         await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
         await conn.execute(VERSION_TABLE)
         current = await conn.fetchval("SELECT COALESCE(MAX(version), 0) FROM schema_version")
+        now = current
         for version, sql in MIGRATIONS:
             if version > current:
                 await conn.execute(sql)
@@ -275,3 +277,5 @@ async def migrate(conn: Conn) -> None:
                     version,
                     time.time(),
                 )
+                now = version
+    return int(current), int(now)

@@ -60,6 +60,9 @@ class Connection:
         self._worker: SQLiteWorker | None = None
         self._scrubber: Scrubber | None = None
         self._doorbell = Doorbell(self.path)
+        self.migrated: tuple[int, int] | None = None
+        """The schema's version before and after this store's first open applied what it
+        lacked (``tether db upgrade`` says it)."""
         self._versions: dict[VersionsKey, tuple[Stamp, tuple[int, ...]]] = {}
         """Memory version reads and the stamp they were read under (:mod:`.recall`)."""
 
@@ -125,7 +128,8 @@ class Connection:
         # that no stale copy of a row, left in a page by an update or a rebalance, outlives
         # the row's deletion; a forget turns it fully on to clear freed pages as well.
         conn.execute("PRAGMA secure_delete=FAST")
-        migrate(conn)
+        versions = migrate(conn)
+        self.migrated = self.migrated or versions
         return conn
 
     async def close(self) -> None:

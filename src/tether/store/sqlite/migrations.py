@@ -323,18 +323,21 @@ def statements(sql: str) -> list[str]:
     return out
 
 
-def migrate(conn: sqlite3.Connection) -> None:
+def migrate(conn: sqlite3.Connection) -> tuple[int, int]:
+    """Apply the migrations the file lacks; its schema version before and after."""
     conn.execute("BEGIN IMMEDIATE")
     try:
         conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
         row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
-        current = row[0] or 0
+        current = now = row[0] or 0
         for version, sql in MIGRATIONS:
             if version > current:
                 for statement in statements(sql):
                     conn.execute(statement)
                 conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+                now = version
     except BaseException:
         conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
+    return current, now
