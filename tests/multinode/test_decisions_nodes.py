@@ -131,3 +131,31 @@ def test_a_sqlite_server_restarted_while_a_turn_waits(tmp_path: Path, launch_log
     finally:
         second.stop()
     assert len(_launches(launch_log)) == 1
+
+
+def test_a_decision_whose_asking_node_died_expires_near_its_deadline(
+    postgres_url: str, tmp_path: Path, launch_log: Path
+) -> None:
+    """Nobody decides, and the node that asked is gone: the others did not know its deadline
+    and found it on their next idle look, which came up to 30 s later (the turn and anything
+    queued behind it waited so long)."""
+    env = {"LAUNCH_LOG": str(launch_log), "TETHER_TEST_DECISION_TIMEOUT": "2"}
+    a, b = (
+        start_server(tmp_path / f"n{n}", "--store", postgres_url, "--node", f"n{n}", env=env)
+        for n in range(2)
+    )
+    try:
+        with a.client() as ca, b.client() as cb:
+            time.sleep(0.5)  # both idle: each has looked for deadlines, and found none
+            asked = time.monotonic()
+            tid, _ = _ask(ca, "d9", "probe")
+            a.stop(signal.SIGKILL)
+            _wait(cb, "d9", tid, {"completed", "failed"}, 30)
+            took = time.monotonic() - asked
+            [decision] = cb.get(f"/v1/sessions/d9/turns/{tid}/decisions").json()["decisions"]
+        assert decision["status"] == "expired"
+        assert took < 2 + 5 + 3, took  # its deadline, the sweep's longest sleep, a margin
+        assert _launches(launch_log) == []  # refused: the tool never ran
+    finally:
+        for srv in (a, b):
+            srv.stop(signal.SIGKILL)

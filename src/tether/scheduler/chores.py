@@ -240,9 +240,10 @@ async def adopt_orphans(
                 kick(key)
 
 
-DECISION_SWEEP_MAX = 30.0
+DECISION_SWEEP_MAX = 5.0
 """Longest sleep of the deadline sweep when no deadline is known (one cheap read: a decision
-asked in another process has its deadline found within this)."""
+asked in another process has its deadline found within this). It bounds how late a decision
+expires when the process that asked it died: no other process knew its deadline."""
 
 
 async def expire_decisions(
