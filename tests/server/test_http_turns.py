@@ -322,3 +322,16 @@ def test_the_chat_contracts_take_an_idempotency_key_too(server: Server, path: st
         assert other.status_code == 422 and other.json()["type"].endswith("idempotency-key-reused")
         turns = c.get(f"/v1/sessions/{sid}/turns").json()["data"]
         assert [t["input"] for t in turns] == ["only once"]
+
+
+def test_the_turn_list_shows_what_a_waiting_turn_waits_for(server: Server) -> None:
+    """As ``GET …/turns/{tid}`` does: the README says a turn's own ``decisions`` lists the
+    pending ones it waits for, and the list said ``[]``."""
+    with server.client() as c:
+        assert c.post("/v1/sessions", json={"session_id": "listed", "agent": "approver"})
+        parked = c.post("/v1/sessions/listed/turns", json={"input": "launch"}).json()
+        assert parked["status"] == "awaiting_input"
+        one = c.get(f"/v1/sessions/listed/turns/{parked['id']}").json()
+        listed = c.get("/v1/sessions/listed/turns").json()["data"]
+    assert [t["id"] for t in listed] == [parked["id"]]
+    assert listed[0]["decisions"] == one["decisions"] != []

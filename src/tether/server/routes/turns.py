@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from tether.errors import Conflict, SessionNotFound, TurnNotFound
 from tether.events import TURN_ENDED
-from tether.records import AgentRef, Event, SessionKey, Turn
+from tether.records import AgentRef, Decision, Event, SessionKey, Turn
 from tether.server import sse
 from tether.server.deps import AskingSession, Caller, Key, OwnSession, State, check_message
 from tether.server.routes.outcomes import turn_response
@@ -212,8 +212,14 @@ async def list_turns(
     """The session's turns in order; pass ``next_cursor`` back as ``cursor``."""
     turns = await st.runtime.sessions.turns(key, after=cursor or 0, limit=limit + 1)
     page = turns[:limit]
+    # A turn awaiting input lists the decisions it waits for, here as in GET …/turns/{tid}:
+    # the session's pending ones, read once when the page holds such a turn.
+    pending: dict[str, list[Decision]] = {}
+    if any(t.status == "awaiting_input" for t in page):
+        for d in await st.runtime.scheduler.decisions(key, status="pending"):
+            pending.setdefault(d.turn_id, []).append(d)
     return TurnPage(
-        data=[TurnOut.of(t) for t in page],
+        data=[TurnOut.of(t, pending.get(t.id)) for t in page],
         next_cursor=str(page[-1].seq) if len(turns) > limit and page else None,
     )
 
