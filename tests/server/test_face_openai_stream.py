@@ -571,3 +571,43 @@ def test_a_turn_of_two_messages_reads_the_same_streamed_or_not(client: openai.Op
     ]
     read = client.responses.retrieve(final.response.id)
     assert [i.id for i in read.output] == list(done)
+
+
+def test_a_queued_response_is_in_progress_only_once_it_runs(
+    client: openai.OpenAI, server: Server
+) -> None:
+    """Behind a running turn, a streamed response said ``in_progress`` at once, while tether
+    had it queued."""
+    sid = begin(server, "queued-response", "slow")
+    with server.client() as c:
+        ahead = c.post(f"/v1/sessions/{sid}/turns", json={"input": "first", "wait": False})
+        assert ahead.status_code == 202
+    began = time.monotonic()
+    seen: list[tuple[str, float]] = []
+    first_status = ""
+    for e in client.responses.create(model="slow", input="second", conversation=sid, stream=True):
+        seen.append((e.type, time.monotonic() - began))
+        if e.type == "response.created":
+            first_status = e.response.status or ""
+    kinds = [k for k, _ in seen]
+    assert first_status == "queued"
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] == "response.completed"
+    assert seen[1][1] > 1.0  # the turn ahead streams ~2 s: not before it ended
+    with server.client() as c:
+        turns = c.get(f"/v1/sessions/{sid}/turns").json()["data"]
+    assert [t["status"] for t in turns] == ["completed", "completed"]
+
+
+def test_models_can_be_read_one_by_one_and_n_is_one(client: openai.OpenAI) -> None:
+    assert client.models.retrieve("echo").id == "echo"
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("nope")
+    assert isinstance(missing.value.body, dict)
+    assert missing.value.body["code"] == "model_not_found"
+    messages: Any = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.BadRequestError) as two:
+        client.chat.completions.create(model="echo", messages=messages, n=2)
+    assert isinstance(two.value.body, dict) and two.value.body["param"] == "n"
+    one = client.chat.completions.create(model="echo", messages=messages, n=1)
+    assert len(one.choices) == 1

@@ -97,6 +97,7 @@ _REQUEST = {
             "properties": {"include_usage": {"type": "boolean"}},
         },
         "tools": {"type": "array", "maxItems": 0, "description": "Not supported: the agent's."},
+        "n": {"type": "integer", "minimum": 1, "maximum": 1, "description": "A turn has one."},
     },
 }
 IDEMPOTENCY_PARAM = {
@@ -146,11 +147,33 @@ async def models(request: Request, st: State) -> Response:
         await caller_of(st, request)
     except (TetherError, Problem) as exc:
         return refusal(exc, None)
-    data = [
-        {"id": a.name, "object": "model", "created": STARTED, "owned_by": "tether"}
-        for a in st.agents
-    ]
-    return JSONResponse({"object": "list", "data": data})
+    return JSONResponse({"object": "list", "data": [_model(a.name) for a in st.agents]})
+
+
+def _model(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": STARTED, "owned_by": "tether"}
+
+
+@router.get(
+    "/v1/models/{model}",
+    responses=documented(
+        {
+            400: "ambiguous credentials",
+            401: "no valid API key",
+            404: "no agent of that name",
+            503: "the store is unreachable",
+        },
+        body=False,
+    ),
+)
+async def retrieve_model(model: str, request: Request, st: State) -> Response:
+    """One of the app's agents, as an OpenAI model (``client.models.retrieve``)."""
+    try:
+        await caller_of(st, request)
+        _known_model(st, model)
+    except (FaceError, TetherError, Problem) as exc:
+        return refusal(exc, None)
+    return JSONResponse(_model(model))
 
 
 def _known_model(st: ServerState, model: str) -> None:
@@ -250,6 +273,7 @@ async def chat_completions(request: Request, st: State) -> Response:
         stream = flag(body, "stream")
         usage = _include_usage(body)
         no_client_tools(body)
+        _one_choice(body)
         turn = await send_for(st, caller, model, session_id, text, idempotency_key(request))
     except (FaceError, TetherError, Problem) as exc:
         return refusal(exc, _sid(session_id))
@@ -267,6 +291,14 @@ async def chat_completions(request: Request, st: State) -> Response:
         return await outcome_error(st, done, headers)
     text = SEPARATOR.join(await said(st, done))
     return JSONResponse(_completion(done, model, text), headers=headers)
+
+
+def _one_choice(body: dict[str, Any]) -> None:
+    """``n`` above 1 asks for several answers to one message: a turn has one (a request that
+    asked for two and got one, said nothing)."""
+    n = body.get("n")
+    if n is not None and (isinstance(n, bool) or n != 1):
+        raise FaceError(400, "n must be 1: a turn has one answer", "invalid_value", "n")
 
 
 def _include_usage(body: dict[str, Any]) -> bool:

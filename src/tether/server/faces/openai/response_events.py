@@ -8,8 +8,15 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from typing import Any
 
-from tether.events import MESSAGE_COMPLETED, MESSAGE_DELTA, TURN_AWAITING_INPUT, TURN_ENDED
-from tether.records import Turn, Usage
+from tether.events import (
+    MESSAGE_COMPLETED,
+    MESSAGE_DELTA,
+    TURN_AWAITING_INPUT,
+    TURN_ENDED,
+    TURN_RESUMED,
+    TURN_STARTED,
+)
+from tether.records import Event, Turn, Usage
 from tether.server.faces.endings import Waiting, unless_behind_a_human
 from tether.server.faces.openai.errors import awaiting_message, error_body, waiting_error
 from tether.server.faces.openai.response_objects import (
@@ -39,8 +46,11 @@ class _Items:
     """The ``response.*`` events of one response, numbered as they are made: each message the
     turn says is an output item of its own (added, its text in pieces, done)."""
 
-    def __init__(self, turn: Turn) -> None:
+    def __init__(self, turn: Turn, obj: dict[str, Any]) -> None:
         self.turn = turn
+        self.obj = obj
+        """The response as ``response.created`` showed it."""
+        self.started = obj["status"] != "queued"
         self.number = 0
         self.index = 0  # the output item (message) under way, or next
         self.pieces: list[str] = []  # its text so far
@@ -78,6 +88,28 @@ class _Items:
         self.said.append(text)
         self.open, self.index, self.pieces = False, self.index + 1, []
 
+    def head(self) -> Iterator[dict[str, Any]]:
+        yield self.event("response.created", response=self.obj)
+        if self.started:
+            yield self._in_progress()
+
+    def _in_progress(self) -> dict[str, Any]:
+        return self.event("response.in_progress", response={**self.obj, "status": "in_progress"})
+
+    def on(self, ev: Event) -> Iterator[dict[str, Any]]:
+        """What the turn's event ``ev`` is in the response's events, when it needs no read.
+        In progress once the turn runs: one queued behind others says so until it starts."""
+        if not self.started and ev.type in (TURN_STARTED, TURN_RESUMED):
+            self.started = True
+            yield self._in_progress()
+        if ev.type == MESSAGE_DELTA:
+            yield from self.delta(str(ev.data.get("text", "")))
+        elif ev.type == MESSAGE_COMPLETED:
+            text = str(ev.data.get("text") or "")
+            if text or self.open:
+                state = "completed" if ev.data.get("complete", True) else "incomplete"
+                yield from self.closed(text or None, state)
+
     def ended(self, done: Turn) -> Iterator[dict[str, Any]]:
         if self.open or (not self.said and done.output):
             # Ended with a message under way (its process was lost), or said without events.
@@ -95,26 +127,18 @@ async def response_events(
     """The turn as ``response.*`` events, ``sequence_number`` counting from 0. ``live``: the
     turn as the request that made it now has it; then a turn that waits in the queue behind a
     human's decision is withdrawn and the stream ends saying so (a replay only reads)."""
-    out = _Items(turn)
-    obj = response_object(turn, asked)
-    yield out.event("response.created", response=obj)
-    yield out.event("response.in_progress", response={**obj, "status": "in_progress"})
+    out = _Items(turn, response_object(turn, asked))
+    for e in out.head():
+        yield e
     events = st.runtime.scheduler.events(turn.key, turn.id)
     async for ev in unless_behind_a_human(st, live, events) if live is not None else events:
         if isinstance(ev, Waiting):
             body = waiting_error(ev)["error"]
             yield out.event("error", code=body["code"], message=body["message"], param=None)
             return
-        if ev.type == MESSAGE_DELTA:
-            for e in out.delta(str(ev.data.get("text", ""))):
-                yield e
-        elif ev.type == MESSAGE_COMPLETED:
-            text = str(ev.data.get("text") or "")
-            if text or out.open:
-                state = "completed" if ev.data.get("complete", True) else "incomplete"
-                for e in out.closed(text or None, state):
-                    yield e
-        elif ev.type == TURN_AWAITING_INPUT:
+        for e in out.on(ev):
+            yield e
+        if ev.type == TURN_AWAITING_INPUT:
             # Each wait takes one number, told or not, so that a stream read live and one read
             # again later number every event alike: told (and the stream ends) while the turn
             # still waits; passed over once it went on (its events follow) or ended.
