@@ -259,6 +259,36 @@ async def test_a_slow_task_is_cancelled_and_watchers_see_it_end(server: Server) 
             await send(client, user("more", task=tid))
 
 
+async def test_a_subscriber_joining_midway_gets_the_reply_so_far_then_the_rest(
+    server: Server,
+) -> None:
+    """Its task came with no artifact and its first chunk was the next word alone: a live view
+    showed the reply from the middle until the final chunk replaced it."""
+    async with a2a(server, "slow") as client, a2a(server, "slow") as watcher:
+        events = aiter(client.send_message(user("go")))
+        tid = (await anext(events)).task.id
+        seen = 0
+        async for event in events:
+            if event.HasField("artifact_update"):
+                seen += 1
+                if seen == 15:
+                    break
+        await asyncio.sleep(0.4)  # the words so far are stored (a flush a quarter second)
+        watched = [e async for e in watcher.subscribe(pb.SubscribeToTaskRequest(id=tid))]
+        rest = [e async for e in events]
+    chunks = [e.artifact_update for e in watched if e.HasField("artifact_update")]
+    first, *more = chunks
+    # From the reply's first word (what was stored as it joined comes as one chunk).
+    assert not first.append and first.artifact.parts[0].text.startswith("w0 ")
+    text = first.artifact.parts[0].text
+    for c in more:
+        text = text + c.artifact.parts[0].text if c.append else c.artifact.parts[0].text
+    assert text == " ".join(f"w{n}" for n in range(40))
+    # The last chunk only closes it: the pieces added up.
+    assert more[-1].last_chunk and more[-1].append and more[-1].artifact.parts[0].text == ""
+    assert states(watched)[-1] == states(rest)[-1] == S.TASK_STATE_COMPLETED
+
+
 # -- human decisions -----------------------------------------------------------------------------
 async def test_an_approval_is_input_required_then_answered(server: Server) -> None:
     async with a2a(server, "approver", streaming=False) as client:

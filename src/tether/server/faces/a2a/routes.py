@@ -255,7 +255,7 @@ async def _subscribe(
         yield pb.StreamResponse(task=first)
         if first.status.state == pb.TaskState.TASK_STATE_INPUT_REQUIRED:
             return  # nothing happens until someone answers it
-        async for item in streams.follow(st, turn, after):
+        async for item in streams.follow(st, turn, after, joined=True):
             yield item
 
     return _sse(call, items())

@@ -4,9 +4,10 @@ The stream opens with the task, then: ``turn.started`` / ``turn.resumed`` → st
 ``working``; each ``message.delta`` → a chunk of the ``reply`` artifact (``append`` after the
 first); ``turn.awaiting_input`` → status ``input-required`` saying what is asked, and the
 stream ends (answer with a message naming the task, which streams the rest); ``turn.ended`` →
-the final status, and the stream ends. When the chunks do not add up to the turn's reply (a
-stream joined midway, a reply made of several model steps), the whole reply is sent once more
-as the artifact (``append`` false, ``lastChunk`` true) before the final status.
+the final status, and the stream ends. A subscriber joining midway gets the reply's text so
+far as its first chunk. When the chunks do not add up to the turn's reply (a reply made of
+several model steps), the whole reply is sent once more as the artifact (``append`` false,
+``lastChunk`` true) before the final status.
 """
 
 from __future__ import annotations
@@ -25,8 +26,12 @@ from tether.server.faces.a2a import tasks
 from tether.server.state import ServerState
 
 
-async def follow(st: ServerState, turn: Turn, after_seq: int) -> AsyncIterator[pb.StreamResponse]:
-    """The turn's A2A events after its event ``after_seq``, until it ends or asks a human."""
+async def follow(
+    st: ServerState, turn: Turn, after_seq: int, *, joined: bool = False
+) -> AsyncIterator[pb.StreamResponse]:
+    """The turn's A2A events after its event ``after_seq``, until it ends or asks a human.
+    ``joined``: a subscriber that joins midway (its task shown as at ``after_seq``) gets the
+    reply's text so far first, as one chunk, and the rest as it comes."""
     tid = tasks.task_id(turn.key, turn.id)
     sid = turn.key.session_id
     streamed: list[str] = []
@@ -44,9 +49,17 @@ async def follow(st: ServerState, turn: Turn, after_seq: int) -> AsyncIterator[p
         )
         return pb.StreamResponse(artifact_update=event)
 
-    events = st.runtime.scheduler.events(turn.key, turn.id, after_seq=after_seq)
+    catch_up = after_seq if joined else 0
+    events = st.runtime.scheduler.events(turn.key, turn.id, after_seq=0 if joined else after_seq)
     try:
         async for event in events:
+            if event.seq <= catch_up:
+                # Already shown by the task it joined with, but for the reply's text so far.
+                if event.type == MESSAGE_DELTA and (text := str(event.data.get("text") or "")):
+                    streamed.append(text)
+                if event.seq == catch_up and streamed:
+                    yield chunk("".join(streamed), append=False, last=False)
+                continue
             if event.type in (TURN_STARTED, TURN_RESUMED):
                 yield update(tasks.status_of(replace(turn, status="running"), at=event.created_at))
             elif event.type == MESSAGE_DELTA:
