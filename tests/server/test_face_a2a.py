@@ -396,14 +396,20 @@ async def test_a_failing_model_fails_the_task(
         assert fine.status.state == S.TASK_STATE_COMPLETED and reply_of(fine) == "fine now"
 
 
-async def test_a_busy_context_rejects_with_the_reject_policy(server: Server) -> None:
+@pytest.mark.parametrize("where", ["request", "message"])
+async def test_a_busy_context_rejects_with_the_reject_policy(server: Server, where: str) -> None:
+    """``metadata.policy`` of the request or of its message (sent in the message's, it was
+    ignored: the message queued and ran)."""
     async with a2a(server, "slow") as client, a2a(server, "slow", streaming=False) as other:
         events = aiter(client.send_message(user("long")))
         first = await anext(events)
         async for event in events:
             if event.HasField("artifact_update"):
                 break
-        busy = await send(other, user("now", context=first.task.context_id, policy="reject"))
+        asked = user("now", context=first.task.context_id)
+        holder = asked if where == "request" else asked.message
+        holder.metadata.update({"policy": "reject"})
+        busy = await send(other, asked)
         assert busy.status.state == S.TASK_STATE_REJECTED
         assert busy.context_id == first.task.context_id and said(busy.status.message)
         with pytest.raises(TaskNotFoundError):  # nothing was stored for it

@@ -143,15 +143,22 @@ def text_of(parts: Sequence[pb.Part]) -> str:
 
 
 def _policy(params: pb.SendMessageRequest) -> Policy:
-    """``metadata.policy`` of the request: what to do when the context is busy (tether's
-    policies; enqueue by default)."""
-    if not params.HasField("metadata") or "policy" not in params.metadata:
+    """``metadata.policy`` of the request, else of its message: what to do when the context
+    is busy (tether's policies; enqueue by default). Clients put metadata in either place, and
+    one the face read only in the request's was ignored when sent in the message's."""
+    found = [
+        (where, holder.metadata)
+        for where, holder in (("metadata", params), ("message.metadata", params.message))
+        if holder.HasField("metadata") and "policy" in holder.metadata
+    ]
+    if not found:
         return "enqueue"
-    said = params.metadata["policy"]
+    where, metadata = found[0]
+    said = metadata["policy"]
     for policy in POLICIES:
         if said == policy:
             return policy
-    raise error(InvalidParamsError, f"metadata.policy must be one of: {', '.join(POLICIES)}")
+    raise error(InvalidParamsError, f"{where}.policy must be one of: {', '.join(POLICIES)}")
 
 
 def _idempotency(message: pb.Message) -> str | None:
