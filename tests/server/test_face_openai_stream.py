@@ -611,3 +611,19 @@ def test_models_can_be_read_one_by_one_and_n_is_one(client: openai.OpenAI) -> No
     assert isinstance(two.value.body, dict) and two.value.body["param"] == "n"
     one = client.chat.completions.create(model="echo", messages=messages, n=1)
     assert len(one.choices) == 1
+
+
+def test_a_continuation_that_failed_can_be_sent_again(
+    client: openai.OpenAI, fake_openai: FakeOpenAIServer
+) -> None:
+    """The same message continuing the same response is answered with what the first try
+    made, unless that try failed: then sending it again is a new try (a failed turn does not
+    move the conversation on), not that failure read back for a day."""
+    fake_openai.script("first", FakeError(500, "upstream melted", times=2), "second")
+    first = client.responses.create(model="upstream", input="one")
+    with pytest.raises(openai.APIError):
+        client.responses.create(model="upstream", input="two", previous_response_id=first.id)
+    again = client.responses.create(model="upstream", input="two", previous_response_id=first.id)
+    assert again.status == "completed" and again.output_text == "second"
+    same = client.responses.create(model="upstream", input="two", previous_response_id=first.id)
+    assert same.id == again.id

@@ -378,8 +378,12 @@ async def _continue(
     # earlier try: the key below tells.
     if moved and moved[0].input != text:
         raise _moved_on_error()
+    # One key an attempt: after one that failed (or was cancelled) the conversation has not
+    # moved on, and sending the message again is a new try, not that failure read back.
+    attempt = sum(1 for t in later if t.ended and not _moved_on(t))
+    retry = f"continues:{previous}:{attempt}"
     try:
-        turn = await submit(st, opened, caller, text, idempotency_key=f"continues:{previous}")
+        turn = await submit(st, opened, caller, text, idempotency_key=retry)
     except IdempotencyKeyReused:
         raise _moved_on_error() from None
     # A turn of another door (a conversation's, the native API's) may have come in between
