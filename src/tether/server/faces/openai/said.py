@@ -20,8 +20,10 @@ _PAGE = 1000
 
 
 async def said(st: ServerState, turn: Turn) -> list[str]:
-    """The texts of the messages ``turn`` said, in order (none empty). A turn of one model call
-    said its output alone, read without a store call."""
+    """The texts of the messages ``turn`` (ended) said, in order (none empty). A turn of one
+    model call said its output alone, read without a store call."""
+    if not turn.ended:
+        return []  # nothing said yet, for an answer (its stream tells it as it comes)
     if turn.usage.model_calls <= 1:
         return [turn.output] if turn.output else []
     texts: list[str] = []
