@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tether import Agent
-from tether.errors import ConfigError
+from tether.errors import ConfigError, TurnFailed
 from tether.models.base import ModelRequest
 from tether.records import LOCAL_PRINCIPAL, SessionKey
 from tether.runtime import Runtime
@@ -31,6 +31,7 @@ from tether.skills import (
 from tether.store import PostgresStore, SQLiteStore
 from tether.store.protocol import Store
 from tether.testing import Call, ScriptedModel, ToolCalls
+from tether.testing.scripted import Fail
 
 PDF_RULES = "Always answer with the page number first. PDF-RULE-7731."
 SQL_RULES = "Write SQL in upper case. SQL-RULE-4410."
@@ -161,7 +162,7 @@ def sqlite_at(tmp_path: Path) -> Callable[[], Store]:
     return lambda: SQLiteStore(tmp_path / "tether.db")
 
 
-def scripted(*steps: str | ToolCalls) -> ScriptedModel:
+def scripted(*steps: str | ToolCalls | Fail) -> ScriptedModel:
     return ScriptedModel(*steps)
 
 
@@ -233,6 +234,29 @@ async def test_activating_twice_keeps_one_and_two_skills_keep_the_agents_order(
         last = system_of(model.requests[-1])
         assert last.count(PDF_RULES) == 1 and last.index(PDF_RULES) < last.index(SQL_RULES)
         assert await active_in_store(rt, "s") == ["sql", "pdf"]
+
+
+async def test_a_failed_turn_keeps_no_skill_it_activated(skills_dir: Path, tmp_path: Path) -> None:
+    """DESIGN §3: what a turn writes besides items is kept only if its items are (not for
+    failed or rolled back). The activation stayed in the session's state after the turn
+    failed, its instructions in every later prompt, though no later turn sees it happen."""
+    model = scripted(
+        ToolCalls(Call("activate_skill", {"name": "sql"})),
+        ToolCalls(Call("activate_skill", {"name": "pdf"})),
+        Fail("boom", transient=False),
+        "fine",
+    )
+    agent = agent_with(model, skills_dir)
+    async with Runtime(sqlite_at(tmp_path)(), data_dir=tmp_path, agents=[agent]) as rt:
+        key = SessionKey("local", "local", "s")
+        await rt.sessions.create(key, agent.name)
+        await rt.sessions.update(key, state={"active_skills": ["sql"]})  # kept from before
+        with pytest.raises(TurnFailed):
+            await rt.chat(agent, "read the PDF", session_id="s")
+        assert await active_in_store(rt, "s") == ["sql"]
+        assert await rt.chat(agent, "again", session_id="s") == "fine"
+        assert PDF_RULES not in system_of(model.requests[-1])
+        assert SQL_RULES in system_of(model.requests[-1])
 
 
 async def test_agents_without_skills_get_no_skill_tool(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from tether.agent import Agent, MemoryPolicy, reachable, resolve_target
 from tether.errors import ConfigError, Conflict, TurnNotNext, internal_error_message
 from tether.events import TOOL_STARTED
 from tether.handoff import Handoff
-from tether.loop.context import Resumed, Switch, TurnContext, TurnPark
+from tether.loop.context import Resumed, Switch, TurnContext, TurnPark, TurnResult
 from tether.loop.turn import run_turn
 from tether.memory.service import MemoryService
 from tether.memory.tools import memory_tools
@@ -36,7 +36,13 @@ from tether.scheduler.skills import SessionSkills
 from tether.skills import activate_skill
 from tether.store.capabilities import ChangeCounter
 from tether.store.protocol import DecisionStore, FencedWrites, HistoryStore, SessionReader, TurnLog
-from tether.store.rules import aborted_results, always_approved, new_decision, terminal_event_data
+from tether.store.rules import (
+    aborted_results,
+    always_approved,
+    keeps_memory,
+    new_decision,
+    terminal_event_data,
+)
 from tether.tools.ask_user import ask_user
 from tether.tools.mcp import McpSessions
 from tether.tools.tool import Tool
@@ -289,9 +295,7 @@ class TurnRunner:
         if isinstance(result, TurnPark):
             decision = new_decision(turn.key, turn.id, result.decision, time.time())
             return await sink.park(result.items, decision, result.usage, writes)
-        # The agent the turn ended with (after any handoff) is recorded with its ending.
-        ending = replace(result.ending, agent=ctx.agent.name)
-        return await _end(sink, turn, ending, result.items, writes)
+        return await _ended(ctx, sink, turn, result, writes)
 
     async def _handed_to(self, turn: Turn, agent: Agent) -> Agent:
         """The agent the session's conversation was last handed to, when ``agent`` can reach it
@@ -351,6 +355,17 @@ class TurnRunner:
             return None
         model = resolve_model(agent.model if agent.model is not None else self.default_model)
         return Switch(agent, model, self._builtin_tools(agent, policy))
+
+
+async def _ended(
+    ctx: TurnContext, sink: FencedSink, turn: Turn, result: TurnResult, writes: MemoryWrites | None
+) -> Turn:
+    """Write how the turn ended, with the agent it ended with (after any handoff)."""
+    ending = replace(result.ending, agent=ctx.agent.name)
+    if isinstance(ctx.skills, SessionSkills) and not keeps_memory(ending.status):
+        # Before the ending: a process lost in between leaves a failed turn either way.
+        await ctx.skills.undo()
+    return await _end(sink, turn, ending, result.items, writes)
 
 
 def _set_up_failed(turn: Turn, agent: Agent, exc: Exception) -> TurnEnding:

@@ -37,6 +37,7 @@ class SessionSkills:
         self._lease = lease
         self._agent = agent
         self._active = active_skills(state)
+        self._initial = self._active
         # Two activations in one model step run at once: each must build on the other's.
         self._lock = asyncio.Lock()
 
@@ -64,3 +65,12 @@ class SessionSkills:
             f"The {name} skill is active: its instructions are now in your system prompt, for"
             " the rest of this conversation. Follow them."
         )
+
+    async def undo(self) -> None:
+        """Back to the skills the session had when the turn took them up. A turn whose items
+        are not kept (failed, rolled back) keeps nothing else it wrote either (DESIGN §3): the
+        model that activated a skill never said so, as far as later turns can see."""
+        async with self._lock:
+            if self._active != self._initial:
+                await self._store.set_state(self._lease, ACTIVE_SKILLS_KEY, list(self._initial))
+                self._active = self._initial
