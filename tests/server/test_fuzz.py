@@ -157,6 +157,7 @@ ROUTES = {
     ("post", "/agent"): "200",
     ("post", "/agents/{name}"): "200",
     ("get", "/v1/models"): "200",
+    ("get", "/v1/models/{model}"): "200",
     ("post", "/v1/chat/completions"): "200",
     ("post", "/v1/responses"): "200",
     ("get", "/v1/responses/{response_id}"): "200",
@@ -164,6 +165,7 @@ ROUTES = {
 }
 OPENAI_FACE = {
     "/v1/models",
+    "/v1/models/{model}",
     "/v1/chat/completions",
     "/v1/responses",
     "/v1/responses/{response_id}",

@@ -29,7 +29,9 @@ async def said(st: ServerState, turn: Turn) -> list[str]:
     texts: list[str] = []
     after = 0
     while True:
-        page = await st.runtime.store.list_events(turn.key, turn.id, after_seq=after, limit=_PAGE)
+        page = await st.runtime.sessions.stored_events(
+            turn.key, turn.id, after_seq=after, limit=_PAGE
+        )
         if not page:
             break
         after = page[-1].seq
