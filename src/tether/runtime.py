@@ -27,7 +27,7 @@ from tether.errors import (
 )
 from tether.events import TURN_ENDED
 from tether.keys import ApiKeys
-from tether.memory.embed import Embedder, check_embedder
+from tether.memory.embed import Embedder, embedder_from_env
 from tether.memory.service import MemoryService
 from tether.models import close_models
 from tether.records import (
@@ -63,18 +63,6 @@ DecisionAnswer = bool | str | None
 callback cannot decide it (the caller then gets :class:`DecisionRequired`)."""
 OnDecision = Callable[[Decision], DecisionAnswer | Awaitable[DecisionAnswer]]
 """Decides what a turn asks (sync or async). An exception refuses: it fails closed."""
-
-
-def _embedder_from_env() -> str | None:
-    """``TETHER_EMBEDDER``, checked now (a ConfigError naming it when it names no embedder)."""
-    spec = os.environ.get("TETHER_EMBEDDER", "").strip()
-    if spec in ("", "wordllama", "default"):
-        return spec or None
-    try:
-        check_embedder(spec)
-    except ConfigError:
-        raise ConfigError(f"TETHER_EMBEDDER={spec!r}: use wordllama or openai:<model>") from None
-    return spec
 
 
 def default_data_dir() -> Path:
@@ -117,7 +105,7 @@ class Runtime:
         self._definitions: dict[tuple[str, str], Agent] = {}
         for agent in agents or []:
             self.register(agent)
-        self.memory = MemoryService(self.store, embedder=embedder or _embedder_from_env())
+        self.memory = MemoryService(self.store, embedder=embedder or embedder_from_env())
         self.scheduler: Scheduler = Scheduler(
             self.store,
             self.resolve,

@@ -59,16 +59,8 @@ def test_a_taken_port_is_an_error_that_says_how_to_pick_another(tmp_path: Path) 
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        done = subprocess.run(
-            [*TETHER_SERVE, "--port", str(port), "--data-dir", str(tmp_path)],
-            cwd=ROOT,
-            env={"PYTHONPATH": PYTHONPATH, "PATH": "/usr/bin:/bin", "COLUMNS": "200"},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    output = done.stdout + done.stderr
-    assert done.returncode == 2, output
+        code, output = _serve("--port", str(port), "--data-dir", str(tmp_path))
+    assert code == 2, output
     assert f"cannot listen on 127.0.0.1:{port}: the address is already in use" in output
     assert f"--port {port + 1}" in output and "TETHER_PORT" in output
     assert "serving" not in output  # never announced
@@ -78,21 +70,8 @@ def test_a_taken_port_is_an_error_that_says_how_to_pick_another(tmp_path: Path) 
 def test_an_embedder_that_does_not_exist_stops_the_server_as_it_starts(tmp_path: Path) -> None:
     """As every other TETHER_* variable: it used to start, answer /readyz ok, and fail every
     memory and knowledge write with a 500."""
-    done = subprocess.run(
-        [*TETHER_SERVE, "--port", "0", "--data-dir", str(tmp_path)],
-        cwd=ROOT,
-        env={
-            "PYTHONPATH": PYTHONPATH,
-            "PATH": "/usr/bin:/bin",
-            "COLUMNS": "200",
-            "TETHER_EMBEDDER": "bogus",
-        },
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    output = done.stdout + done.stderr
-    assert done.returncode == 2, output
+    code, output = _serve("--port", "0", "--data-dir", str(tmp_path), TETHER_EMBEDDER="bogus")
+    assert code == 2, output
     assert "TETHER_EMBEDDER='bogus'" in output and "openai:<model>" in output
     assert "serving" not in output and "Traceback" not in output
 
@@ -110,15 +89,20 @@ def test_an_embedder_spec_is_checked_where_it_is_given() -> None:
 
 def test_a_store_that_cannot_be_opened_is_one_line_and_exit_3(tmp_path: Path) -> None:
     """As with ``--workers``: it was two tracebacks and some hundred lines from uvicorn."""
+    code, output = _serve("--port", "0", "--store", "postgresql://nobody@127.0.0.1:9/none")
+    assert code == 3, output
+    assert "cannot open the store: postgresql: " in output
+    assert "Traceback" not in output and len(output.strip().splitlines()) <= 3, output
+
+
+def _serve(*args: str, **env: str) -> tuple[int, str]:
+    """``tether serve args`` that is expected to stop by itself: its exit code and output."""
     done = subprocess.run(
-        [*TETHER_SERVE, "--port", "0", "--store", "postgresql://nobody@127.0.0.1:9/none"],
+        [*TETHER_SERVE, *args],
         cwd=ROOT,
-        env={"PYTHONPATH": PYTHONPATH, "PATH": "/usr/bin:/bin", "COLUMNS": "200"},
+        env={"PYTHONPATH": PYTHONPATH, "PATH": "/usr/bin:/bin", "COLUMNS": "200", **env},
         capture_output=True,
         text=True,
         timeout=60,
     )
-    output = done.stdout + done.stderr
-    assert done.returncode == 3, output
-    assert "cannot open the store: postgresql: " in output
-    assert "Traceback" not in output and len(output.strip().splitlines()) <= 3, output
+    return done.returncode, done.stdout + done.stderr

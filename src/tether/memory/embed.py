@@ -189,5 +189,18 @@ def check_embedder(spec: str) -> str:
     raise ConfigError(f"unknown embedder {spec!r}: use 'wordllama' or 'openai:<model>'")
 
 
+def embedder_from_env() -> str | None:
+    """``TETHER_EMBEDDER``, checked now: a ConfigError naming the variable when it names no
+    embedder (None: the default)."""
+    spec = os.environ.get("TETHER_EMBEDDER", "").strip()
+    if spec in ("", "wordllama", "default"):
+        return None
+    try:
+        check_embedder(spec)
+    except ConfigError:
+        raise ConfigError(f"TETHER_EMBEDDER={spec!r}: use wordllama or openai:<model>") from None
+    return spec
+
+
 def to_blob(vector: Vectors) -> bytes:
     return np.asarray(vector, dtype=np.float32).tobytes()
