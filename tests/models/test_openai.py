@@ -7,6 +7,7 @@ import json
 import socket
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 
+import httpx2
 import openai
 import pytest
 
@@ -117,19 +118,54 @@ async def test_a_slow_model_streams_a_delta_a_word_and_words_that_come_together_
 
 
 @pytest.mark.real_model
-async def test_a_call_makes_no_random_key_the_sdk_would_not_send(
-    model: OpenAIModel, fake: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    "base_url",
+    ["http://models.test/v1", "http://models.test:8080/openai/v1/", "https://api.openai.com/v1"],
+)
+async def test_a_request_is_the_one_the_sdk_would_send(
+    monkeypatch: pytest.MonkeyPatch, base_url: str
 ) -> None:
-    """The SDK makes an idempotency key per request (a uuid4: os.urandom and a UUID object)
-    that its OpenAI client never sends; the call gives one of its own, a counter."""
-    from openai._base_client import BaseClient
+    """tether sends its chat requests on the SDK's HTTP client but not through ``client.post``
+    (models/openai_send.py): the upstream must see the same request either way: method, URL,
+    every header (the key, the SDK's own), body."""
+    import tether.models.openai as module
 
-    def made(self: object) -> str:
-        raise AssertionError("the SDK made a uuid4 idempotency key")
+    seen: list[httpx2.Request] = []
 
-    monkeypatch.setattr(BaseClient, "_idempotency_key", made)
-    events = await collect(model, ask("hello"))
-    assert events[-1] == Finish("stop")
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        seen.append(request)
+        return httpx2.Response(
+            200,
+            headers={"content-type": "text/event-stream"},
+            content=b'data: {"choices":[{"index":0,"delta":{"content":"hi"},'
+            b'"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n',
+        )
+
+    monkeypatch.setattr(
+        module,
+        "_http_client",
+        lambda url, timeout: openai.DefaultAsyncHttpxClient(
+            timeout=timeout, transport=httpx2.MockTransport(answer)
+        ),
+    )
+    model = OpenAIModel("gpt-test", base_url=base_url, api_key="sk-the-key", timeout=12.5)
+    try:
+        events = await collect(model, ask("hello"))
+        assert events[-1] == Finish("stop")
+        body = seen[0].content
+        await model._get_client().post(
+            "/chat/completions", content=body, cast_to=httpx2.Response, stream=True
+        )
+    finally:
+        await model.aclose()
+    ours, sdks = seen
+    assert (ours.method, str(ours.url)) == (sdks.method, str(sdks.url))
+    assert str(ours.url) == base_url.rstrip("/") + "/chat/completions"
+    assert sorted(ours.headers.multi_items()) == sorted(sdks.headers.multi_items())
+    assert ours.headers["authorization"] == "Bearer sk-the-key"
+    assert ours.headers["x-stainless-read-timeout"] == "12.5"
+    assert ours.content == sdks.content
+    assert ours.extensions["timeout"] == sdks.extensions["timeout"]
 
 
 @pytest.mark.real_model

@@ -13,11 +13,9 @@ this module's log, with any password in the URL and the API key itself masked.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import logging
 import os
-import secrets
 from collections.abc import AsyncIterable, AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
@@ -40,6 +38,7 @@ from tether.models.base import (
 from tether.models.guard import ensure_requests_allowed
 from tether.models.openai_errors import clip, explain
 from tether.models.openai_messages import Encoded
+from tether.models.openai_send import Route, route, send
 from tether.redact import redact_url
 
 __all__ = ["OPENAI_BASE_URL", "OpenAIModel"]
@@ -58,8 +57,6 @@ _FINISH_REASONS: dict[str, FinishReason] = {
 TRANSPORT_ENV = "TETHER_OPENAI_TRANSPORT"
 """``aiohttp`` or ``httpx``: the HTTP transport of every OpenAI client, whoever runs it."""
 _server_transport = False
-_KEY_PREFIX = f"tether-{secrets.token_hex(6)}-"
-_KEYS = itertools.count(1)
 
 
 def use_server_transport() -> None:
@@ -86,8 +83,9 @@ def transport_asked() -> str:
     return asked
 
 
-def _http_client(base_url: str, timeout: float) -> httpx2.AsyncClient | None:
-    """The SDK's aiohttp transport (``openai.DefaultAioHttpClient``), or None for its default.
+def _http_client(base_url: str, timeout: float) -> httpx2.AsyncClient:
+    """The SDK's aiohttp transport (``openai.DefaultAioHttpClient``) or its default one
+    (``openai.DefaultAsyncHttpxClient``, what the SDK makes when given none).
 
     aiohttp refuses credentials in the URL beside the SDK's Authorization header, so such a
     base URL keeps the default transport.
@@ -96,7 +94,7 @@ def _http_client(base_url: str, timeout: float) -> httpx2.AsyncClient | None:
     wanted = asked == "aiohttp" or (asked == "" and _server_transport)
     parts = urlsplit(base_url)
     if not wanted or parts.username is not None or parts.password is not None:
-        return None
+        return openai.DefaultAsyncHttpxClient(timeout=timeout)
     return openai.DefaultAioHttpClient(timeout=timeout)
 
 
@@ -133,8 +131,7 @@ class OpenAIModel:
         # OpenAI itself wants max_completion_tokens (reasoning models reject max_tokens), while
         # compatible servers have long understood only max_tokens.
         self._official = custom_base_url is None
-        self._client: openai.AsyncOpenAI | None = None
-        self._client_loop: asyncio.AbstractEventLoop | None = None
+        self._bound: _Bound | None = None
         self._encoded = Encoded()
 
     @property
@@ -148,31 +145,50 @@ class OpenAIModel:
     def __repr__(self) -> str:
         return f"OpenAIModel({self.model!r}, base_url={self.base_url!r}, label={self._name!r})"
 
-    def _get_client(self) -> openai.AsyncOpenAI:
+    @property
+    def _client(self) -> openai.AsyncOpenAI | None:
+        """The SDK client of the loop that last used this model, if it is still open."""
+        return self._bound.client if self._bound is not None else None
+
+    def _bind(self) -> _Bound:
         # The client's connection pool is bound to the event loop it first ran on; an instance is
         # shared process-wide (resolve_model), so a new loop (e.g. a later asyncio.run) gets a new
         # client instead of pooled connections from a dead loop.
         loop = asyncio.get_running_loop()
-        if self._client is None or self._client_loop is not loop:
-            self._client = openai.AsyncOpenAI(
+        bound = self._bound
+        if bound is None or bound.loop is not loop:
+            # The HTTP client is ours to name, so that requests can go on it (openai_send).
+            http = _http_client(self.base_url, self.timeout)
+            client = openai.AsyncOpenAI(
                 api_key=self._api_key,
                 base_url=self.base_url,
                 timeout=self.timeout,
                 max_retries=0,
-                http_client=_http_client(self.base_url, self.timeout),
+                http_client=http,
             )
-            self._client_loop = loop
-        return self._client
+            bound = self._bound = _Bound(loop, client, http)
+        return bound
+
+    def _get_client(self) -> openai.AsyncOpenAI:
+        return self._bind().client
+
+    async def _get_route(self) -> Route:
+        """Where this loop's client sends chat requests (see :mod:`.openai_send`)."""
+        bound = self._bind()
+        if bound.route is None:
+            bound.route = await route(bound.client, bound.http, self.timeout)
+        return bound.route
 
     async def aclose(self) -> None:
         """Close the HTTP client and its pooled connections; the next ``stream`` opens a new one.
 
         Only a client of the running loop can be closed here; one of another loop is left to
         that loop (a runtime closes its models on its own loop when it closes)."""
-        if self._client is None or self._client_loop is not asyncio.get_running_loop():
+        bound = self._bound
+        if bound is None or bound.loop is not asyncio.get_running_loop():
             return
-        client, self._client, self._client_loop = self._client, None, None
-        await client.close()
+        self._bound = None
+        await bound.client.close()
 
     def _body(self, request: ModelRequest) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -202,23 +218,12 @@ class OpenAIModel:
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
         ensure_requests_allowed(self._name)
-        client = self._get_client()
-        body = self._body(request)
-        # The SDK does the HTTP (auth, base URL, timeouts, status errors), but the body is
-        # already in wire shape and the chunks are read as plain JSON: its per-request
-        # parameter transform and per-chunk model objects cost several ms of CPU a turn. The
-        # body goes as bytes orjson wrote (the SDK's json.dumps took ~20x as long on a long
-        # history), and the chunks are read with orjson too.
+        # The SDK's client, headers, HTTP and errors, without its per-request pipeline
+        # (openai_send). The body goes as bytes orjson wrote (the SDK's json.dumps took ~20x as
+        # long on a long history), and the chunks are read as plain JSON with orjson too:
+        # the SDK's per-chunk model objects cost several ms of CPU a turn.
         try:
-            response = await client.post(
-                "/chat/completions",
-                content=orjson.dumps(body),
-                cast_to=httpx2.Response,
-                stream=True,
-                # The SDK otherwise makes a uuid4 per request for a key it never sends (this
-                # client names no idempotency header): os.urandom and a UUID, every turn.
-                options={"idempotency_key": f"{_KEY_PREFIX}{next(_KEYS)}"},
-            )
+            response = await send(await self._get_route(), orjson.dumps(self._body(request)))
         except openai.OpenAIError as exc:
             raise self._error(exc) from exc
 
@@ -301,6 +306,16 @@ class OpenAIModel:
         """A short, retry-classified ModelError for an SDK exception; never a traceback."""
         e = explain(exc, self.timeout)
         return self._failed(e.what, e.detail, transient=e.transient, status=e.status)
+
+
+@dataclass(slots=True)
+class _Bound:
+    """One event loop's clients: the SDK's, the HTTP client it was given, the route once known."""
+
+    loop: asyncio.AbstractEventLoop
+    client: openai.AsyncOpenAI
+    http: httpx2.AsyncClient
+    route: Route | None = None
 
 
 @dataclass(slots=True)
