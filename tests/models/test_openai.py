@@ -127,7 +127,7 @@ async def test_a_request_is_the_one_the_sdk_would_send(
 ) -> None:
     """tether sends its chat requests on the SDK's HTTP client but not through ``client.post``
     (models/openai_send.py): the upstream must see the same request either way: method, URL,
-    every header (the key, the SDK's own), body."""
+    every header (the key, the SDK's own, a cookie an earlier answer set), body."""
     import tether.models.openai as module
 
     seen: list[httpx2.Request] = []
@@ -136,7 +136,8 @@ async def test_a_request_is_the_one_the_sdk_would_send(
         seen.append(request)
         return httpx2.Response(
             200,
-            headers={"content-type": "text/event-stream"},
+            # A load balancer's sticky-session cookie: the client sends it back after.
+            headers={"content-type": "text/event-stream", "set-cookie": "lb=node-2; Path=/"},
             content=b'data: {"choices":[{"index":0,"delta":{"content":"hi"},'
             b'"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n',
         )
@@ -150,15 +151,17 @@ async def test_a_request_is_the_one_the_sdk_would_send(
     )
     model = OpenAIModel("gpt-test", base_url=base_url, api_key="sk-the-key", timeout=12.5)
     try:
-        events = await collect(model, ask("hello"))
-        assert events[-1] == Finish("stop")
+        for _ in range(2):
+            events = await collect(model, ask("hello"))
+            assert events[-1] == Finish("stop")
         body = seen[0].content
         await model._get_client().post(
             "/chat/completions", content=body, cast_to=httpx2.Response, stream=True
         )
     finally:
         await model.aclose()
-    ours, sdks = seen
+    first, ours, sdks = seen
+    assert "cookie" not in first.headers and ours.headers["cookie"] == "lb=node-2"
     assert (ours.method, str(ours.url)) == (sdks.method, str(sdks.url))
     assert str(ours.url) == base_url.rstrip("/") + "/chat/completions"
     assert sorted(ours.headers.multi_items()) == sorted(sdks.headers.multi_items())

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 import httpx2
@@ -41,9 +42,11 @@ class Route:
 
     client: openai.AsyncOpenAI
     http: httpx2.AsyncClient
-    url: str
+    url: httpx2.URL
     headers: httpx2.Headers
-    timeout: float
+    """The HTTP client's own headers with the SDK's over them, as ``build_request`` merges them
+    for each request (ours never change after the client is made)."""
+    extensions: dict[str, Any]
 
 
 async def route(client: openai.AsyncOpenAI, http: httpx2.AsyncClient, seconds: float) -> Route:
@@ -53,8 +56,10 @@ async def route(client: openai.AsyncOpenAI, http: httpx2.AsyncClient, seconds: f
     # files) and caches; read here first in a thread, only a first client waits for it. The
     # rest are read on the loop: one names the async library it runs on.
     await asyncio.to_thread(client.platform_headers)
-    headers = _headers(client, seconds)
-    return Route(client, http, str(client.base_url.join("chat/completions")), headers, seconds)
+    headers = httpx2.Headers(http.headers)
+    headers.update(_headers(client, seconds))
+    url = client.base_url.join("chat/completions")
+    return Route(client, http, url, headers, {"timeout": httpx2.Timeout(seconds).as_dict()})
 
 
 def _headers(client: openai.AsyncOpenAI, timeout: float) -> httpx2.Headers:
@@ -71,8 +76,15 @@ async def send(route: Route, body: bytes) -> httpx2.Response:
     """POST ``body`` (JSON) and return the response, its body not yet read; a response that is
     not a success is read, closed, and raised as the SDK's ``APIStatusError``."""
     http = route.http
-    request = http.build_request(
-        "POST", route.url, headers=route.headers, content=body, timeout=route.timeout
+    # What http.build_request makes, without merging the same headers again each time; the
+    # cookies are the client's as they are now (a response may have set some).
+    request = httpx2.Request(
+        "POST",
+        route.url,
+        headers=route.headers,
+        cookies=http.cookies,
+        content=body,
+        extensions=route.extensions,
     )
     try:
         response = await http.send(request, stream=True)
