@@ -42,7 +42,7 @@ OWNER_ACTIVE = (
     " WHERE tenant = ? AND owner = ? AND status IN ('queued', 'running') GROUP BY session_pk)"
 )
 OWNER_SESSIONS = "SELECT COUNT(*) FROM sessions WHERE tenant = ? AND owner = ?"
-FENCE = f"SELECT pk, lease_token FROM sessions WHERE {KEY_WHERE}"
+FENCE = f"SELECT pk, lease_token, expires_at FROM sessions WHERE {KEY_WHERE}"
 SESSION_AGENT = f"SELECT agent FROM sessions WHERE {KEY_WHERE}"
 INSERT_SESSION = (
     "INSERT INTO sessions (tenant, owner, session_id, agent, metadata, created_at,"

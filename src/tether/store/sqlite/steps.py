@@ -39,6 +39,11 @@ def session_pk(c: sqlite3.Connection, key: SessionKey) -> int:
 
 
 def fenced_pk(c: sqlite3.Connection, lease: Lease) -> int:
+    return fenced_session(c, lease)[0]
+
+
+def fenced_session(c: sqlite3.Connection, lease: Lease) -> tuple[int, float | None]:
+    """The session's pk and expiry, once the lease is found current."""
     # Runs inside BEGIN IMMEDIATE: nobody can move the token between this read and the
     # writes that follow in the same transaction.
     row = c.execute(q.FENCE, key_args(lease.key)).fetchone()
@@ -46,7 +51,7 @@ def fenced_pk(c: sqlite3.Connection, lease: Lease) -> int:
         raise SessionNotFound("session not found")
     if row[1] != lease.token:
         raise StaleLease(rules.stale_message(lease.token, row[1]))
-    return int(row[0])
+    return int(row[0]), row[2]
 
 
 def first_active(c: sqlite3.Connection, pk: int) -> str | None:
@@ -76,13 +81,19 @@ def add_rows(
     turn_id: str,
     items: Sequence[NewItem],
     events: Sequence[NewEvent],
+    *,
+    last_event: int | None = None,
 ) -> list[Item]:
-    """Write a turn's items (the store assigns their seqs) and events."""
+    """Write a turn's items (the store assigns their seqs) and events; ``last_event`` is the
+    turn's last event seq when the caller knows it (a turn admitted in the same transaction),
+    read otherwise."""
     now = time.time()
     out: list[Item] = []
     if events:
+        if last_event is None:
+            last_event = last_event_seq(c, turn_id)
         # Checked before the first write, so a refused call changes nothing even on its own.
-        rules.check_event_seqs(turn_id, last_event_seq(c, turn_id), [e.seq for e in events])
+        rules.check_event_seqs(turn_id, last_event, [e.seq for e in events])
     if items:
         (first,) = c.execute(q.NEXT_ITEM_SEQS, (len(items), now, pk, len(items))).fetchone()
         out = rules.stored_items(turn_id, first, items, now)

@@ -12,7 +12,7 @@ import sqlite3
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from tether.errors import Conflict, SessionNotFound
 from tether.records import (
@@ -71,7 +71,7 @@ class Turns(Connection):
         def do(c: sqlite3.Connection) -> Turn:
             return self._enqueue(
                 c, key, turn_id, input, policy, max_queue, agent, limits, idempotency
-            )[0]
+            ).turn
 
         return await self._write(do)
 
@@ -90,10 +90,10 @@ class Turns(Connection):
         idempotency: Idempotency | None = None,
     ) -> tuple[Turn, Lease | None]:
         def do(c: sqlite3.Connection) -> tuple[Turn, Lease | None]:
-            turn, new = self._enqueue(
+            turn, first = self._enqueue(
                 c, key, turn_id, input, policy, max_queue, agent, limits, idempotency
             )
-            return turn, (_take_lease(c, key, owner, ttl) if new else None)
+            return turn, (_take_lease(c, key, owner, ttl) if first is not None else None)
 
         return await self._write(do)
 
@@ -112,15 +112,26 @@ class Turns(Connection):
         idempotency: Idempotency | None = None,
     ) -> tuple[Turn, list[Item] | None]:
         def do(c: sqlite3.Connection) -> tuple[Turn, list[Item] | None]:
-            pk = steps.fenced_pk(c, lease)
-            turn, new = self._enqueue(
-                c, lease.key, turn_id, input, policy, max_queue, agent, limits, idempotency
+            session = steps.fenced_session(c, lease)
+            turn, first = self._enqueue(
+                c,
+                lease.key,
+                turn_id,
+                input,
+                policy,
+                max_queue,
+                agent,
+                limits,
+                idempotency,
+                session=session,
             )
-            if not new or steps.first_active(c, pk) != turn_id:
+            if first != turn_id:
                 return turn, None  # a retry's turn, or one that waits behind another
-            now = time.time()
+            pk, now = session[0], time.time()
             c.execute(q.START_TURN, (now, turn_id, pk))
-            written = steps.add_rows(c, pk, turn_id, items, events)
+            # Its only event so far is the turn.queued that _enqueue wrote.
+            last = rules.QUEUED_EVENT_SEQ
+            written = steps.add_rows(c, pk, turn_id, items, events, last_event=last)
             return replace(turn, status="running", started_at=now), written
 
         return await self._write(do)
@@ -147,10 +158,10 @@ class Turns(Connection):
                 row = c.execute(q.SESSION_AGENT, key_args(key)).fetchone()
                 if row is not None and row[0] != expect_agent:
                     raise rules.agent_changed(expect_agent, row[0])
-            turn, new = self._enqueue(
+            turn, first = self._enqueue(
                 c, key, turn_id, input, policy, max_queue, agent, limits, idempotency
             )
-            lease = _take_lease(c, key, owner, ttl) if new else None
+            lease = _take_lease(c, key, owner, ttl) if first is not None else None
             if lease is None or lease.queue != (turn_id,):
                 return turn, lease, None  # held elsewhere, or other turns come first
             pk = steps.session_pk(c, key)
@@ -172,20 +183,25 @@ class Turns(Connection):
         agent: AgentRef | None,
         limits: PrincipalLimits | None,
         idempotency: Idempotency | None,
-    ) -> tuple[Turn, bool]:
-        """The admission and the new turn; or (False) the turn a retry's key made."""
-        row = c.execute(q.SESSION_FOR_ENQUEUE, key_args(key)).fetchone()
-        if row is None:
-            raise SessionNotFound("session not found")
-        pk, now = int(row[0]), time.time()
+        *,
+        session: tuple[int, float | None] | None = None,
+    ) -> _Enqueued:
+        """The admission and the new turn; or the turn a retry's key made (``first`` None).
+        ``session`` is the session's pk and expiry when the caller read them already."""
+        if session is None:
+            row = c.execute(q.SESSION_FOR_ENQUEUE, key_args(key)).fetchone()
+            if row is None:
+                raise SessionNotFound("session not found")
+            session = (int(row[0]), row[1])
+        (pk, expires_at), now = session, time.time()
         if idempotency is not None:
             known = c.execute(q.TURN_BY_IDEMPOTENCY, (pk, idempotency.key)).fetchone()
             if known is not None:
                 if rules.replays(known[-1], known[13], idempotency, now):
-                    return turn_row(known), False
+                    return _Enqueued(turn_row(known), None)
                 c.execute(q.RELEASE_IDEMPOTENCY, (pk, idempotency.key))
         active = c.execute(q.ACTIVE_TURN_IDS, (pk,)).fetchall()
-        rules.admit(policy, expires_at=row[1], now=now, active=active, max_queue=max_queue)
+        rules.admit(policy, expires_at=expires_at, now=now, active=active, max_queue=max_queue)
         if rules.bounds_turns(limits):
             busy, total = c.execute(q.OWNER_ACTIVE, (key.tenant, key.owner)).fetchone()
             rules.admit_for_principal(
@@ -213,7 +229,8 @@ class Turns(Connection):
         except sqlite3.IntegrityError as exc:
             raise rules.duplicate_turn(turn_id) from exc
         steps.write_event(c, turn_id, rules.queued_event(turn), now)
-        return turn, True
+        # The new turn is the session's last: the first active one is the oldest read above.
+        return _Enqueued(turn, str(active[0][0]) if active else turn_id)
 
     async def get_turn(self, key: SessionKey, turn_id: str) -> Turn | None:
         def do(c: sqlite3.Connection) -> Turn | None:
@@ -454,6 +471,13 @@ class Turns(Connection):
             return events_of(turn_id, rows, after_seq, limit)
 
         return await self._run(do)
+
+
+class _Enqueued(NamedTuple):
+    turn: Turn
+    first: str | None
+    """The session's first active turn once this one was admitted (this one's id when nothing
+    was ahead of it); None for the turn a retry's idempotency key made before."""
 
 
 def _take_lease(c: sqlite3.Connection, key: SessionKey, owner: str, ttl: float) -> Lease | None:
