@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import socket
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 
 import httpx2
 import openai
@@ -117,30 +118,11 @@ async def test_a_slow_model_streams_a_delta_a_word_and_words_that_come_together_
     assert len(fast) <= len(words)
 
 
-@pytest.mark.real_model
-@pytest.mark.parametrize(
-    "base_url",
-    ["http://models.test/v1", "http://models.test:8080/openai/v1/", "https://api.openai.com/v1"],
-)
-async def test_a_request_is_the_one_the_sdk_would_send(
-    monkeypatch: pytest.MonkeyPatch, base_url: str
+def _recording(
+    monkeypatch: pytest.MonkeyPatch, answer: Callable[[httpx2.Request], httpx2.Response]
 ) -> None:
-    """tether sends its chat requests on the SDK's HTTP client but not through ``client.post``
-    (models/openai_send.py): the upstream must see the same request either way: method, URL,
-    every header (the key, the SDK's own, a cookie an earlier answer set), body."""
+    """Every OpenAIModel made from now on sends on an httpx client that ``answer`` serves."""
     import tether.models.openai as module
-
-    seen: list[httpx2.Request] = []
-
-    def answer(request: httpx2.Request) -> httpx2.Response:
-        seen.append(request)
-        return httpx2.Response(
-            200,
-            # A load balancer's sticky-session cookie: the client sends it back after.
-            headers={"content-type": "text/event-stream", "set-cookie": "lb=node-2; Path=/"},
-            content=b'data: {"choices":[{"index":0,"delta":{"content":"hi"},'
-            b'"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n',
-        )
 
     monkeypatch.setattr(
         module,
@@ -149,6 +131,48 @@ async def test_a_request_is_the_one_the_sdk_would_send(
             timeout=timeout, transport=httpx2.MockTransport(answer)
         ),
     )
+
+
+SSE_HI = (
+    b'data: {"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":"stop"}]}\n\n'
+    b"data: [DONE]\n\n"
+)
+# A gateway's own headers, as OPENAI_CUSTOM_HEADERS often gives them: in lower case.
+GATEWAY = "authorization: Bearer gateway-token\nuser-agent: my-app/1.0\nx-stainless-retry-count: 7"
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize(
+    ("base_url", "custom"),
+    [
+        ("http://models.test/v1", None),
+        ("http://models.test:8080/openai/v1/", None),
+        ("https://api.openai.com/v1", None),
+        ("http://models.test/v1?api-version=2024-10-21", None),
+        ("http://models.test/v1", GATEWAY),
+    ],
+)
+async def test_a_request_is_the_one_the_sdk_would_send(
+    monkeypatch: pytest.MonkeyPatch, base_url: str, custom: str | None
+) -> None:
+    """tether sends its chat requests on the SDK's HTTP client but not through ``client.post``
+    (models/openai_send.py): the upstream must see the same request either way: method, URL
+    (a query string in the base URL as the SDK joins it), every header (the key, the SDK's
+    own, custom headers over them whatever their case, a cookie an earlier answer set), body."""
+    if custom is not None:
+        monkeypatch.setenv("OPENAI_CUSTOM_HEADERS", custom)
+    seen: list[httpx2.Request] = []
+
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        seen.append(request)
+        return httpx2.Response(
+            200,
+            # A load balancer's sticky-session cookie: the client sends it back after.
+            headers={"content-type": "text/event-stream", "set-cookie": "lb=node-2; Path=/"},
+            content=SSE_HI,
+        )
+
+    _recording(monkeypatch, answer)
     model = OpenAIModel("gpt-test", base_url=base_url, api_key="sk-the-key", timeout=12.5)
     try:
         for _ in range(2):
@@ -163,12 +187,70 @@ async def test_a_request_is_the_one_the_sdk_would_send(
     first, ours, sdks = seen
     assert "cookie" not in first.headers and ours.headers["cookie"] == "lb=node-2"
     assert (ours.method, str(ours.url)) == (sdks.method, str(sdks.url))
-    assert str(ours.url) == base_url.rstrip("/") + "/chat/completions"
+    if "?" not in base_url:
+        assert str(ours.url) == base_url.rstrip("/") + "/chat/completions"
     assert sorted(ours.headers.multi_items()) == sorted(sdks.headers.multi_items())
-    assert ours.headers["authorization"] == "Bearer sk-the-key"
+    if custom is None:
+        assert ours.headers["authorization"] == "Bearer sk-the-key"
+        assert ours.headers["x-stainless-retry-count"] == "0"
+    else:
+        # Once each: the gateway's token in place of the key, never beside it.
+        assert ours.headers.get_list("authorization") == ["Bearer gateway-token"]
+        assert ours.headers.get_list("user-agent") == ["my-app/1.0"]
+        assert ours.headers["x-stainless-retry-count"] == "0"  # the SDK's, over custom ones
     assert ours.headers["x-stainless-read-timeout"] == "12.5"
     assert ours.content == sdks.content
     assert ours.extensions["timeout"] == sdks.extensions["timeout"]
+
+
+@pytest.mark.real_model
+async def test_a_request_that_races_aclose_goes_out_on_a_new_client(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A model's first request works out its route off the event loop; an aclose meanwhile
+    closes that client. The request then goes out on a new one (it failed with the HTTP
+    client's RuntimeError, an internal error of the turn's)."""
+    _recording(monkeypatch, lambda request: httpx2.Response(200, content=SSE_HI))
+    model = OpenAIModel("gpt-test", base_url="http://models.test/v1", api_key="k")
+    try:
+        call = asyncio.create_task(collect(model, ask("hello")))
+        await asyncio.sleep(0)  # the call is waiting for its route
+        await model.aclose()
+        assert (await call)[-1] == Finish("stop")
+    finally:
+        await model.aclose()
+
+
+@pytest.mark.real_model
+async def test_an_answer_that_cannot_be_decoded_is_a_model_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    packed = gzip.compress(SSE_HI)
+    broken = packed[:12] + b"\x00" * 8 + packed[20:]
+
+    class Body(httpx2.AsyncByteStream):  # streamed, as a real transport's body is
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            yield broken
+
+    _recording(
+        monkeypatch,
+        lambda request: httpx2.Response(200, headers={"content-encoding": "gzip"}, stream=Body()),
+    )
+    model = OpenAIModel("gpt-test", base_url="http://models.test/v1", api_key="k")
+    try:
+        with pytest.raises(ModelError, match="answer could not be read") as caught:
+            await collect(model, ask("hello"))
+        assert caught.value.transient
+    finally:
+        await model.aclose()
+
+
+@pytest.mark.parametrize(
+    "base_url", ["ftp://models.test/v1", "models.test/v1", "http://models.test:99999/v1"]
+)
+def test_a_base_url_requests_cannot_go_to_is_a_config_error(base_url: str) -> None:
+    with pytest.raises(ConfigError, match="OpenAI base URL"):
+        OpenAIModel("gpt-test", base_url=base_url, api_key="k")
 
 
 @pytest.mark.real_model

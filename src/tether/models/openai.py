@@ -13,12 +13,11 @@ this module's log, with any password in the URL and the API key itself masked.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
-from collections.abc import AsyncIterable, AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx2
@@ -28,17 +27,14 @@ import orjson
 from tether.errors import ConfigError, ModelError
 from tether.models.base import (
     Finish,
-    FinishReason,
     ModelEvent,
     ModelRequest,
-    TextDelta,
-    ToolCallDelta,
-    Usage,
 )
 from tether.models.guard import ensure_requests_allowed
 from tether.models.openai_errors import clip, explain
 from tether.models.openai_messages import Encoded
 from tether.models.openai_send import Route, route, send
+from tether.models.openai_stream import Answer, body_of, reads
 from tether.redact import redact_url
 
 __all__ = ["OPENAI_BASE_URL", "OpenAIModel"]
@@ -47,13 +43,6 @@ log = logging.getLogger(__name__)
 
 OPENAI_BASE_URL = "https://api.openai.com/v1"
 
-_FINISH_REASONS: dict[str, FinishReason] = {
-    "stop": "stop",
-    "tool_calls": "tool_calls",
-    "function_call": "tool_calls",
-    "length": "length",
-    "content_filter": "content_filter",
-}
 TRANSPORT_ENV = "TETHER_OPENAI_TRANSPORT"
 """``aiohttp`` or ``httpx``: the HTTP transport of every OpenAI client, whoever runs it."""
 _server_transport = False
@@ -98,6 +87,23 @@ def _http_client(base_url: str, timeout: float) -> httpx2.AsyncClient:
     return openai.DefaultAioHttpClient(timeout=timeout)
 
 
+def _checked_base_url(url: str) -> str:
+    """``url`` if requests can be sent to it: an http(s) URL with a host and a port that can
+    be one. Otherwise a ConfigError at once, not a turn that fails as if the server were down
+    (and is tried again) or an exception of the HTTP client's that is no ModelError."""
+    parts = urlsplit(url)
+    try:
+        parts.port  # noqa: B018 - it raises ValueError for a port out of range
+    except ValueError:
+        raise ConfigError(f"the OpenAI base URL has an invalid port: {redact_url(url)!r}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(
+            f"the OpenAI base URL must be an http:// or https:// URL with a host, "
+            f"not {redact_url(url)!r}"
+        )
+    return url
+
+
 class OpenAIModel:
     """A chat model behind an OpenAI-compatible ``/chat/completions`` endpoint."""
 
@@ -123,7 +129,7 @@ class OpenAIModel:
             # Local servers (Ollama, llama.cpp, vLLM) ignore the key, but the SDK insists on one.
             key = "not-needed"
         self.model = model
-        self.base_url = (custom_base_url or OPENAI_BASE_URL).rstrip("/")
+        self.base_url = _checked_base_url((custom_base_url or OPENAI_BASE_URL).rstrip("/"))
         self.timeout = timeout
         self._api_key = key
         self._name = label or f"openai:{model}"
@@ -174,10 +180,15 @@ class OpenAIModel:
 
     async def _get_route(self) -> Route:
         """Where this loop's client sends chat requests (see :mod:`.openai_send`)."""
-        bound = self._bind()
-        if bound.route is None:
-            bound.route = await route(bound.client, bound.http, self.timeout)
-        return bound.route
+        while True:
+            bound = self._bind()
+            if bound.route is not None:
+                return bound.route
+            made = await route(bound.client, bound.http, self.timeout)
+            if self._bound is bound:
+                bound.route = made
+                return made
+            # Closed (aclose) while the route was worked out: a new client serves this call.
 
     async def aclose(self) -> None:
         """Close the HTTP client and its pooled connections; the next ``stream`` opens a new one.
@@ -227,20 +238,25 @@ class OpenAIModel:
         except openai.OpenAIError as exc:
             raise self._error(exc) from exc
 
-        answer = _Answer()
+        answer = Answer(self._failed)
         try:
-            async for lines in _reads(_body(response)):
-                events, error = answer.read(self, lines)
+            async for lines in reads(body_of(response)):
+                events, error = answer.read(lines)
                 for event in events:
                     yield event
                 if error is not None:
                     raise error
+            error = answer.end()
+            if error is not None:
+                raise error
         except httpx2.TimeoutException as exc:
             raise self._failed("the model provider's stream timed out", exc) from exc
         except httpx2.TransportError as exc:
             raise self._failed(
                 "the connection to the model provider broke mid-answer", exc
             ) from exc
+        except httpx2.RequestError as exc:  # a body its encoding cannot decode, say
+            raise self._failed("the model provider's answer could not be read", exc) from exc
         finally:
             # However the generator ends (exhausted, failed, closed by a consumer that stopped
             # iterating), the response is closed and its connection released.
@@ -254,27 +270,6 @@ class OpenAIModel:
         if usage is not None:
             yield usage
         yield Finish(finish)
-
-    def _chunk(self, line: bytes) -> dict[str, Any] | None:
-        """The JSON chunk of one line of the stream (None for lines that carry none)."""
-        if not line.startswith(b"data:"):
-            return None  # blank separators, comments (": ping"), event names
-        data = line[5:].strip()
-        if data == b"[DONE]":
-            # The caller reads on to the end of the body rather than stop: a response read to
-            # its end hands its connection back to the pool; one closed early costs a new TCP
-            # connection on the next call.
-            return None
-        try:
-            chunk = _loads(data)
-        except ValueError:
-            shown = data.decode("utf-8", "replace")
-            raise self._failed("the model provider sent invalid JSON", shown) from None
-        error = chunk.get("error")
-        if error:
-            detail = error.get("message") if isinstance(error, dict) else error
-            raise self._failed("the model provider failed mid-answer", str(detail))
-        return cast(dict[str, Any], chunk)
 
     def _failed(
         self,
@@ -316,119 +311,3 @@ class _Bound:
     client: openai.AsyncOpenAI
     http: httpx2.AsyncClient
     route: Route | None = None
-
-
-@dataclass(slots=True)
-class _Answer:
-    """One streamed answer as its chunks are read."""
-
-    usage: Usage | None = None
-    finish: FinishReason | None = None
-
-    def read(
-        self, model: OpenAIModel, lines: list[bytes]
-    ) -> tuple[list[ModelEvent], ModelError | None]:
-        """The events of one read's lines, and the error of a line that fails (after the
-        events of the lines before it: what came before is still the answer's).
-
-        The text of the chunks that came in one read of the connection is one delta: a model
-        streaming word by word over time still gives a delta a word, while words that came
-        together (a busy server reads late, a fast model writes at once) are passed on at once,
-        for a fraction of what each delta costs down the line (the turn loop, the event, every
-        follower)."""
-        out: list[ModelEvent] = []
-        text: list[str] = []
-        error: ModelError | None = None
-        try:
-            for line in lines:
-                chunk = model._chunk(line)
-                if chunk is None:
-                    continue
-                # Some servers repeat running totals: the last wins.
-                self.usage = _usage(chunk) or self.usage
-                for choice in chunk.get("choices") or ():
-                    if choice.get("index", 0) != 0:
-                        continue  # only one choice (n=1) is ever requested
-                    delta = choice.get("delta")
-                    if delta:
-                        # Text first, inline: it is what nearly every chunk carries.
-                        content = delta.get("content")
-                        if content:
-                            text.append(content)
-                        calls = delta.get("tool_calls")
-                        if calls:
-                            if text:
-                                out.append(TextDelta("".join(text)))
-                                text.clear()
-                            out.extend(_call_deltas(calls))
-                    reason = choice.get("finish_reason")
-                    if reason is not None:
-                        self.finish = _FINISH_REASONS.get(reason, "other")
-        except ModelError as exc:
-            error = exc
-        if text:
-            out.append(TextDelta("".join(text)))
-        return out, error
-
-
-async def _reads(body: AsyncIterable[bytes]) -> AsyncIterator[list[bytes]]:
-    """The complete lines of a streamed body, without their ends, read by read (a line cut
-    between two reads comes with the second).
-
-    httpx2's ``aiter_lines`` decodes every chunk to text and splits it in three layers of
-    generators; an answer arrives as dozens of small chunks, and only ``data:`` lines matter
-    here, which json reads as bytes. A ``\r\n`` cut between two chunks yields one extra
-    empty line, which SSE ignores like any blank line.
-    """
-    rest = b""
-    async for chunk in body:
-        lines = (rest + chunk).splitlines(keepends=True) if rest else chunk.splitlines(True)
-        rest = lines.pop() if lines and not lines[-1].endswith((b"\n", b"\r")) else b""
-        if lines:
-            yield [line.rstrip(b"\r\n") for line in lines]
-    if rest:
-        yield [rest]
-
-
-def _body(response: httpx2.Response) -> AsyncIterable[bytes]:
-    """The body's bytes as they arrive: straight from the transport's stream when the body is
-    not encoded (SSE never is, in practice), through httpx2's decoder otherwise. Each chunk
-    of a streamed answer went through four generators (the decoder, two chunkers, the raw
-    reader) that did nothing to it."""
-    encoding = response.headers.get("content-encoding")
-    stream = response.stream
-    if isinstance(stream, httpx2.AsyncByteStream) and (
-        encoding is None or encoding.strip().lower() in ("", "identity")
-    ):
-        response.is_stream_consumed = True  # read here: the SDK must not read it again
-        return stream
-    return response.aiter_bytes()
-
-
-def _loads(data: bytes) -> Any:
-    """A chunk's JSON: orjson's, or, where orjson refuses what the standard library reads (NaN,
-    an escaped lone surrogate), the standard library's, so a provider's odd chunk is read as it
-    was before orjson. Raises ValueError for what neither reads."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return json.loads(data)
-
-
-def _usage(chunk: dict[str, Any]) -> Usage | None:
-    raw = chunk.get("usage")
-    if not raw:
-        return None
-    return Usage(int(raw.get("prompt_tokens") or 0), int(raw.get("completion_tokens") or 0))
-
-
-def _call_deltas(calls: list[dict[str, Any]]) -> Iterator[ToolCallDelta]:
-    """The tool-call pieces of one streamed choice's delta."""
-    for call in calls:
-        fn = call.get("function") or {}
-        yield ToolCallDelta(
-            index=int(call.get("index", 0)),
-            id=call.get("id") or None,
-            name=fn.get("name") or None,
-            arguments=fn.get("arguments") or "",
-        )

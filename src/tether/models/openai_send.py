@@ -58,18 +58,29 @@ async def route(client: openai.AsyncOpenAI, http: httpx2.AsyncClient, seconds: f
     await asyncio.to_thread(client.platform_headers)
     headers = httpx2.Headers(http.headers)
     headers.update(_headers(client, seconds))
-    url = client.base_url.join("chat/completions")
+    # The SDK's join (_prepare_url): the base's raw path and ours, end to end. Not RFC 3986's
+    # (httpx2.URL.join), which would drop a query string the base URL carries.
+    base = client.base_url
+    url = base.copy_with(raw_path=base.raw_path + b"chat/completions")
     return Route(client, http, url, headers, {"timeout": httpx2.Timeout(seconds).as_dict()})
 
 
-def _headers(client: openai.AsyncOpenAI, timeout: float) -> httpx2.Headers:
-    merged = {**client.auth_headers, **client.default_headers}
-    # An Omit value is the SDK's "send no such header".
-    headers = httpx2.Headers({k: v for k, v in merged.items() if isinstance(v, str)})
-    # What the SDK adds to each request: tether's retries are its own, so the SDK's count is 0.
-    headers["X-Stainless-Retry-Count"] = "0"
-    headers["X-Stainless-Read-Timeout"] = str(timeout)
-    return headers
+def _headers(client: openai.AsyncOpenAI, timeout: float) -> dict[str, str]:
+    """The SDK's headers for a request, merged as it merges them: a later source wins whatever
+    the case of its names (custom headers, often written in lower case, replace the SDK's own:
+    a gateway's ``authorization`` must not go out beside the key), and an Omit removes."""
+    merged: dict[str, tuple[str, str]] = {}
+    for source in (client.auth_headers, client.default_headers):
+        for name, value in source.items():
+            if isinstance(value, str):
+                merged[name.lower()] = (name, value)
+            else:  # the SDK's Omit: send no such header
+                merged.pop(name.lower(), None)
+    # What the SDK sets on each request over those (only a request's own headers, which
+    # tether gives none, keep theirs): tether's retries are its own, so the SDK's count is 0.
+    merged["x-stainless-retry-count"] = ("x-stainless-retry-count", "0")
+    merged["x-stainless-read-timeout"] = ("x-stainless-read-timeout", str(timeout))
+    return dict(merged.values())
 
 
 async def send(route: Route, body: bytes) -> httpx2.Response:
