@@ -263,6 +263,58 @@ def test_stream_of_a_queued_turn_ends_cleanly_and_the_turn_survives(
         assert (done["status"], done["output"]) == ("completed", SLOW_TEXT)
 
 
+@pytest.mark.parametrize("door", ["turns", "api-chat", "openai"])
+def test_a_request_waiting_on_a_queued_turn_gets_a_503_at_shutdown(
+    launch: Launch, tmp_path: Path, door: str
+) -> None:
+    """The server will not run a turn queued behind the one it drains: a caller waiting for it
+    is told so (503 problem+json, as the README says), not cut off with a plain-text 500 once
+    the server's patience runs out. The turn stays queued, and runs after a restart."""
+    data = tmp_path / "data"
+    srv = launch(data, "--drain-timeout", "0.3")
+    answers: list[httpx.Response] = []
+    with srv.client() as c:
+        sid = new_session(c, "slow")
+        first = start_turn(c, sid, "one")
+        wait_for_output(c, sid, first, 2)
+
+        def ask() -> None:
+            with srv.client() as other:
+                if door == "turns":
+                    r = other.post(f"/v1/sessions/{sid}/turns", json={"input": "two"})
+                elif door == "api-chat":
+                    r = other.post("/api/chat", json={"message": "two", "session_id": sid})
+                else:
+                    body = {"model": "slow", "messages": [{"role": "user", "content": "two"}]}
+                    r = other.post(
+                        "/v1/chat/completions", json=body, headers={"X-Tether-Session": sid}
+                    )
+                answers.append(r)
+
+        waiting = threading.Thread(target=ask)
+        waiting.start()
+        deadline = time.monotonic() + 10
+        while len(c.get(f"/v1/sessions/{sid}/turns").json()["data"]) < 2:
+            assert time.monotonic() < deadline, "the second turn was never queued"
+            time.sleep(0.05)
+        code, took = terminate(srv, within=0.3)
+        waiting.join(timeout=MARGIN)
+    assert code == 0, srv.output()
+    assert took < 0.3 + MARGIN
+    (r,) = answers
+    assert r.status_code == 503, r.text
+    assert r.headers["content-type"].startswith("application/")  # problem+json, or OpenAI's
+    assert "shutting down" in r.text
+    assert "Task exception was never retrieved" not in srv.output()
+
+    again = launch(data)
+    with again.client() as c:
+        turns = c.get(f"/v1/sessions/{sid}/turns").json()["data"]
+        second = turns[1]["id"]
+        done = wait_for(c, sid, second, {"completed", "cancelled", "failed"})
+        assert (done["status"], done["output"]) == ("completed", SLOW_TEXT)
+
+
 def test_queued_turns_survive_a_shutdown_and_run_after_restart(
     launch: Launch, tmp_path: Path
 ) -> None:

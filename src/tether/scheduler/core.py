@@ -244,6 +244,11 @@ class Scheduler:
                 if stuck:
                     # The store closes after this returns: let the workers unwind first.
                     await asyncio.wait(stuck, timeout=1.0)
+        # Every turn that was to end here has ended, and its callers have it. Those still
+        # waiting wait for turns queued behind (or on another process): this one will not run
+        # them, and its store closes next. They are told so now (a 503 to an HTTP caller),
+        # instead of polling a closed store until the server cuts them off.
+        local.abandon(_shutting_down())
         for chore in self._chores:
             chore.cancel()
             await asyncio.gather(chore, return_exceptions=True)
@@ -398,6 +403,8 @@ class Scheduler:
         # Accepted here: the admission was the last look at the store.
         news = StoreNews(counter, accepted[1] if accepted is not None else None)
         while True:
+            if self.local.closed:
+                raise _shutting_down()  # nothing here will end the turn now
             if read_store:
                 news.looking()
                 turn = await self.store.get_turn(key, turn_id)
@@ -537,3 +544,10 @@ class Scheduler:
 
     def running_turns(self) -> list[Turn]:
         return [r.turn for r in self.local.running.values()]
+
+
+def _shutting_down() -> ShuttingDown:
+    return ShuttingDown(
+        "the server is shutting down: the turn is not ended, and another server (or this one, "
+        "restarted) takes it up"
+    )

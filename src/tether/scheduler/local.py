@@ -115,6 +115,8 @@ class Local:
     decision_asked: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when a turn here parks on a decision: the deadline sweep looks again."""
     closing: bool = False
+    closed: bool = False
+    """Set once the drain is over: no turn waited for here ends here any more."""
 
     def resolve(self, turn: Turn) -> None:
         """Hand an ended turn to every local caller waiting for it."""
@@ -124,6 +126,16 @@ class Local:
         for fut in futures:
             if not fut.done():
                 fut.set_result(turn)
+
+    def abandon(self, error: BaseException) -> None:
+        """Give every local caller still waiting for a turn ``error`` (the process is closing
+        and will not run the turns they wait for); the turns themselves stay as they are."""
+        self.closed = True
+        for _, futures in self.waiters.values():
+            for fut in futures:
+                if not fut.done():
+                    fut.set_exception(error)
+            futures.clear()
 
     def parked(self, turn: Turn) -> None:
         """Tell the local callers waiting for a turn that it waits for a decision (they may
