@@ -186,6 +186,72 @@ async def test_tools_yield_an_answer_or_a_well_formed_call(question: str) -> Non
         assert events[-1].reason != "tool_calls"
 
 
+ADD = ToolSpec(
+    name="add",
+    description="Add two integers.",
+    parameters={
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "required": ["a", "b"],
+    },
+)
+
+
+@pytest.mark.real_model
+async def test_an_empty_answer_after_a_tools_result_says_the_result() -> None:
+    """The README's calculator on the embedded model: after add's result, the model's answer
+    is {"answer": ""} (greedy decoding: every time). It was recorded as an answer with no
+    text; the answer is now the result, in the words the prompt gives results."""
+    call = ToolCall(id="call_1", name="add", arguments='{"a": 2, "b": 40}')
+    request = ModelRequest(
+        messages=(
+            Message("system", "Use the add tool for sums."),
+            Message("user", "What is 2 + 40?"),
+            Message("assistant", "", tool_calls=(call,)),
+            Message("tool", "42", tool_call_id="call_1"),
+        ),
+        tools=(ADD,),
+    )
+    events = await collect(LocalModel(), request)
+    assert text_of(events) == "The add tool returned: 42"
+    assert events[-1] == Finish("stop")
+
+
+@pytest.mark.real_model
+async def test_an_empty_answer_with_no_result_to_say_fails_the_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import tether.models.local as module
+
+    monkeypatch.setattr(module, "_structured_event", lambda raw, names: None)
+    request = ModelRequest(
+        messages=(Message("user", "What is 2 + 40?"),), tools=(ADD,), max_output_tokens=8
+    )
+    with pytest.raises(ModelError, match="empty answer") as caught:
+        await collect(LocalModel(), request)
+    assert not caught.value.transient  # greedy decoding: asking again gives the same
+
+
+def test_the_results_said_are_those_the_conversation_ends_with() -> None:
+    from tether.models.local import _results_said
+
+    calls = (
+        ToolCall(id="a", name="add", arguments="{}"),
+        ToolCall(id="w", name="get_weather", arguments="{}"),
+    )
+    messages = (
+        Message("user", "hi"),
+        Message("tool", "old", tool_call_id="x"),
+        Message("assistant", "", tool_calls=calls),
+        Message("tool", " 42\n", tool_call_id="a"),
+        Message("tool", "sunny", tool_call_id="w"),
+    )
+    assert _results_said(messages) == TextDelta(
+        "The add tool returned: 42\nThe get_weather tool returned: sunny"
+    )
+    assert _results_said(messages[:1]) is None
+
+
 @pytest.mark.real_model
 @pytest.mark.slow
 async def test_native_errors_become_model_errors() -> None:

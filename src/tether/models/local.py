@@ -310,10 +310,24 @@ class LocalModel:
             job.cancelled.set()
         if request.tools:
             event = _structured_event("".join(buffered), {tool.name for tool in request.tools})
+            if event is None:
+                # {"answer": ""}: after a tool's result, this model often has nothing to say,
+                # and greedy decoding says the same again. Forbidding it in the schema made the
+                # model call the tool again and again instead, to the loop limit; asked again
+                # unconstrained, it rambled and derailed the session's next turns (both
+                # measured on the README's calculator). What it was to put in words is the
+                # results: the answer says them, as the results' own words, or, with none,
+                # the turn fails and says why, never an empty bubble recorded as an answer.
+                event = _results_said(request.messages)
+                if event is None:
+                    raise ModelError(
+                        "local: the embedded model gave an empty answer (tools want a larger "
+                        "model: set TETHER_MODEL)",
+                        transient=False,
+                    )
             if isinstance(event, ToolCallDelta):
                 finish = "tool_calls"
-            if event is not None:
-                yield event
+            yield event
         if usage:
             tokens_in, tokens_out = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
             yield Usage(input_tokens=int(tokens_in), output_tokens=int(tokens_out))
@@ -439,6 +453,22 @@ def _arguments_schema(tool: ToolSpec) -> dict[str, Any]:
     if not tool.parameters or '"$ref"' in json.dumps(tool.parameters):
         return {"type": "object"}
     return tool.parameters
+
+
+def _results_said(messages: tuple[Message, ...]) -> TextDelta | None:
+    """The results of the tool calls the conversation ends with, as one answer, in the words
+    the prompt gives them ("The add tool returned: 42"); None when it ends with none."""
+    names: dict[str, str] = {}
+    for message in messages:
+        for call in message.tool_calls or ():
+            names[call.id] = call.name
+    said: list[str] = []
+    for message in reversed(messages):
+        if message.role != "tool":
+            break
+        name = names.get(message.tool_call_id or "", "the tool")
+        said.append(f"The {name} tool returned: {message.content.strip()}")
+    return TextDelta("\n".join(reversed(said))) if said else None
 
 
 def _structured_event(raw: str, tool_names: set[str]) -> TextDelta | ToolCallDelta | None:
