@@ -283,17 +283,21 @@ async def turn_events(
 
 
 async def _ended_at(st: ServerState, key: SessionKey, tid: str, seq: int) -> bool:
-    """Whether the turn's event ``seq`` is its ``turn.ended``.
+    """Whether a client that got the ended turn's event ``seq`` has had its ``turn.ended``:
+    ``seq`` is that event, or past every stored one (seqs only grow, and the ending is the
+    last).
 
-    Only that one: a resume id past every stored event comes from a process that died before
-    persisting them, and that client is still owed the terminal event the recovery wrote (the
-    replay yields it: it comes after every seq that process could have streamed)."""
+    A client of a process that died mid-turn may hold ids past the stored events (live events
+    run ahead of the store), but the ending its recovery wrote skips past all of those
+    (``rules.LIVE_AHEAD``): resumed from any of them, it is replayed, as it is owed."""
     events = st.runtime.scheduler.events(key, tid, after_seq=seq - 1)
     try:
         first = await anext(events, None)
     finally:
         await events.aclose()
-    return first is not None and first.seq == seq and first.type == TURN_ENDED
+    # Past it, the replay gives the ending anyway (its seq below ``seq``): owed to a client of
+    # a dead process, whose ids are below it, not to one that has it.
+    return first is None or (first.type == TURN_ENDED and first.seq <= seq)
 
 
 @router.post("/{tid}/cancel", responses=NOT_FOUND)
