@@ -73,6 +73,11 @@ def test_flags_win_over_the_variables(monkeypatch: pytest.MonkeyPatch) -> None:
         ("TETHER_WORKERS", "-2"),
         ("TETHER_WORKERS", "two"),
         ("TETHER_WORKERS", "1.5"),
+        ("TETHER_PORT", "70000"),  # bind() raised OverflowError: a traceback, exit 1
+        ("TETHER_PORT", "-1"),
+        # Read by the embedded model at its first turn: every turn failed, the server ran on.
+        ("TETHER_LOCAL_MAX_TOKENS", "abc"),
+        ("TETHER_LOCAL_MAX_SECONDS", "0"),
     ],
 )
 def test_bad_values_are_config_errors_naming_the_variable(
@@ -85,7 +90,13 @@ def test_bad_values_are_config_errors_naming_the_variable(
 
 @pytest.mark.parametrize(
     "overrides",
-    [{"lease_ttl": 0.0}, {"drain_timeout": float("nan")}, {"node": "x|y"}, {"workers": 0}],
+    [
+        {"lease_ttl": 0.0},
+        {"drain_timeout": float("nan")},
+        {"node": "x|y"},
+        {"workers": 0},
+        {"port": 99999},
+    ],
 )
 def test_bad_values_from_flags_are_refused_too(overrides: dict[str, object]) -> None:
     with pytest.raises(ConfigError):

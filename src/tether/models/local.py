@@ -21,7 +21,7 @@ import queue
 import secrets
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -334,11 +334,25 @@ class LocalModel:
         yield Finish(_FINISH_REASONS.get(finish or "", "other"))
 
 
-def _cap(given: T | None, name: str, env: str, default: T, kind: Callable[[str], T]) -> T:
+def check_caps(environ: Mapping[str, str]) -> None:
+    """``TETHER_LOCAL_MAX_TOKENS`` and ``TETHER_LOCAL_MAX_SECONDS`` as a server reads them when
+    it starts: a bad one is a ConfigError then, not a failure of every turn afterwards."""
+    _cap(None, "max_output_tokens", MAX_TOKENS_ENV, DEFAULT_MAX_OUTPUT_TOKENS, int, environ)
+    _cap(None, "max_reply_seconds", MAX_SECONDS_ENV, DEFAULT_MAX_REPLY_SECONDS, float, environ)
+
+
+def _cap(
+    given: T | None,
+    name: str,
+    env: str,
+    default: T,
+    kind: Callable[[str], T],
+    environ: Mapping[str, str] = os.environ,
+) -> T:
     """``given``, else the environment's value, else ``default``; each must be above zero."""
     source = name
     if given is None:
-        raw = os.environ.get(env, "").strip()
+        raw = environ.get(env, "").strip()
         if not raw:
             return default
         source = env

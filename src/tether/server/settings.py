@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tether.errors import ConfigError
 from tether.memory.budget import IngestLimits
+from tether.models.local import check_caps
 from tether.records import PrincipalLimits
 from tether.server.tokens import JwtSettings
 
@@ -182,6 +183,7 @@ class Settings:
             values["limits"] = limits
         values["principal"] = _principal_limits(env)
         values["jwt"] = JwtSettings.from_env(env)
+        check_caps(env)  # the embedded model's, read when it is first used
         given = {k: v for k, v in overrides.items() if v is not None}
         _check_runtime_values({**values, **given}, given.keys())
         values.update(given)
@@ -259,6 +261,10 @@ def _check_runtime_values(values: Mapping[str, object], from_flags: Collection[s
     drain = values.get("drain_timeout")
     if isinstance(drain, float | int) and not (math.isfinite(drain) and drain >= 0):
         raise ConfigError(f"{source('drain_timeout')}={drain!r}: seconds, a finite number >= 0")
+    port = values.get("port")
+    if isinstance(port, int) and not 0 <= port <= 65535:
+        # 0: a free port the system picks (a test's server); above 65535 bind() overflows.
+        raise ConfigError(f"{source('port')}={port!r}: a TCP port, 0-65535")
     workers = values.get("workers")
     if isinstance(workers, int) and workers < 1:
         raise ConfigError(f"{source('workers')}={workers!r}: a number of processes, 1 or more")
