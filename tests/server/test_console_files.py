@@ -101,3 +101,13 @@ def test_api_paths_still_answer_as_before(server: Server) -> None:
         assert r.status_code == 404
         assert r.headers["content-type"] == "application/problem+json"
     assert httpx.get(server.url + "/healthz").json() == {"status": "ok"}
+
+
+def test_probes_may_send_head(server: Server) -> None:
+    """Load balancers' and uptime checkers' probes send HEAD: the health, console and docs
+    pages answer it as they answer GET, without a body (405 before)."""
+    with server.client() as c:
+        for path in ("/healthz", "/readyz", "/", "/docs", "/redoc"):
+            got, head = c.get(path), c.head(path)
+            assert (head.status_code, head.content) == (200, b""), path
+            assert head.headers["content-type"] == got.headers["content-type"], path

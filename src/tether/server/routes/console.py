@@ -85,13 +85,13 @@ def install(app: FastAPI) -> None:
     app.mount(ASSETS, _Headers(StaticFiles(directory=CONSOLE_DIR), CONSOLE_CSP), name="console")
     title = app.title
 
-    @app.get("/", include_in_schema=False)
+    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def console() -> Response:
         response = FileResponse(CONSOLE_DIR / "index.html", media_type="text/html")
         response.headers["Cache-Control"] = "no-cache"
         return _secured(response, CONSOLE_CSP)
 
-    @app.get("/docs", include_in_schema=False)
+    @app.api_route("/docs", methods=["GET", "HEAD"], include_in_schema=False)
     async def swagger() -> HTMLResponse:
         html = get_swagger_ui_html(
             openapi_url=app.openapi_url or "/openapi.json",
@@ -105,7 +105,7 @@ def install(app: FastAPI) -> None:
         )
         return _docs(html)
 
-    @app.get("/redoc", include_in_schema=False)
+    @app.api_route("/redoc", methods=["GET", "HEAD"], include_in_schema=False)
     async def redoc() -> HTMLResponse:
         html = get_redoc_html(
             openapi_url=app.openapi_url or "/openapi.json",

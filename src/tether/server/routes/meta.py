@@ -18,6 +18,9 @@ READY_WITHIN = 5.0
 """A backstop for any backend: each store's ping has a shorter deadline of its own."""
 
 
+# HEAD too, as load balancers' and uptime checkers' probes send it (not in the schema: the
+# same operation as the GET, without a body).
+@router.head("/healthz", include_in_schema=False)
 @router.get("/healthz", tags=["health"], response_model_exclude_none=True)
 async def healthz(st: State) -> Health:
     """Liveness: the process answers (whatever state its store is in: see ``/readyz``), and
@@ -25,6 +28,7 @@ async def healthz(st: State) -> Health:
     return Health(status="ok", node=st.settings.node)
 
 
+@router.head("/readyz", include_in_schema=False)
 @router.get("/readyz", tags=["health"], responses=responses(503), response_model_exclude_none=True)
 async def readyz(st: State) -> Health:
     """Readiness: the store can take a write now. 503, within a bound, when it cannot (a full
