@@ -138,7 +138,12 @@ async def test_adecide_resumes_and_asks_the_next_decision(data_dir: Path) -> Non
     with pytest.raises(DecisionRequired) as second:
         await session.achat("ship it again")
     assert second.value.decision.turn_id != first.value.decision.turn_id
+    # Inside async code, what is pending is listed with the async twin (decisions() refuses).
+    pending = await session.adecisions()
+    assert [d.call_id for d in pending] == [second.value.decision.call_id]
+    assert len(await session.adecisions(status=None)) == 2
     assert await session.adecide(second.value.decision.call_id) == "tool said: deployed prod"
+    assert await session.adecisions() == []
 
 
 def test_a_turn_that_does_not_complete_after_the_decision_is_turn_failed(data_dir: Path) -> None:

@@ -344,6 +344,19 @@ class Session:
             return []  # not stored yet (no chat so far), or expired: nothing to decide
         return found
 
+    async def adecisions(self, status: DecisionStatus | None = "pending") -> list[Decision]:
+        """See :meth:`decisions`."""
+        self._check_open()
+        if self.is_remote:
+            async with self._async_client() as client:
+                return await client.decisions(self.session_id, status=status)
+        rt = self._rt()
+        try:
+            found: list[Decision] = await rt.acall(rt.runtime.decisions(self.key, status=status))
+        except SessionNotFound:
+            return []
+        return found
+
     def decide(
         self,
         decision: Decision | str,

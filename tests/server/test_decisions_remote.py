@@ -164,7 +164,9 @@ async def test_a_remote_session_decides_with_callbacks_sync_and_async(server: Se
         with pytest.raises(DecisionRequired):
             await remote.achat("launch", on_decision=lambda d: None)
         [left] = remote.decisions()
+        assert await remote.adecisions() == [left]
         assert remote.decide(left, "approve") == "tool said: launched rocket"
+        assert await remote.adecisions() == []
 
 
 async def test_a_message_behind_a_turn_that_waits_raises_or_decides_that_turns_decision(
