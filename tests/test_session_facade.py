@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -548,3 +551,33 @@ def test_agents_and_sessions_take_an_idempotency_key(data_dir: Path) -> None:
             agent.chat("pay twice", idempotency_key="pay-1")
         users = [m for m in session.get_context()["messages"] if m["role"] == "user"]
         assert [m["content"] for m in users] == ["pay once"]
+
+
+@pytest.mark.parametrize(
+    ("leave", "code"), [("break", 0), ("raise SystemExit('left')", 1)]
+)
+def test_leaving_astream_early_leaves_nothing_behind_at_exit(
+    tmp_path: Path, leave: str, code: int
+) -> None:
+    """``break`` out of ``agent.astream()`` (or an exception in the loop's body), then the
+    script's event loop ends: the turn is cancelled on the runtime's own loop, and nothing is
+    left to print "Task exception was never retrieved ... Event loop is closed" at exit."""
+    script = tmp_path / "early.py"
+    script.write_text(
+        "import asyncio\n"
+        "from tether import Agent\n"
+        "from tether.testing import ScriptedModel\n"
+        "from tether.testing.scripted import Slow\n"
+        "agent = Agent(name='s', model=ScriptedModel(Slow('one two three four', 0.2)))\n"
+        "async def main() -> None:\n"
+        "    async for event in agent.astream('go'):\n"
+        "        if event.type == 'message.delta':\n"
+        f"            {leave}\n"
+        "asyncio.run(main())\n"
+    )
+    env = {**os.environ, "TETHER_DATA_DIR": str(tmp_path / "data")}
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == code, done.stderr
+    assert "never retrieved" not in done.stderr and "Traceback" not in done.stderr, done.stderr

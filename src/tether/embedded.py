@@ -110,16 +110,24 @@ class EmbeddedRuntime:
         caller = asyncio.get_running_loop()
         queue: asyncio.Queue[Event | BaseException | None] = asyncio.Queue()
 
+        def tell(item: Event | BaseException | None) -> None:
+            # The caller may have left and its loop closed (a ``break`` out of the loop, then
+            # the end of ``asyncio.run``): nobody is listening then.
+            with contextlib.suppress(RuntimeError):
+                caller.call_soon_threadsafe(queue.put_nowait, item)
+
         async def pump() -> None:
             try:
                 async for event in self.runtime.stream(
                     agent, message, session_id=session_id, policy=policy
                 ):
-                    caller.call_soon_threadsafe(queue.put_nowait, event)
+                    tell(event)
+            except asyncio.CancelledError:
+                raise  # the caller left (below): the turn is cancelled, nobody is told
             except BaseException as exc:
-                caller.call_soon_threadsafe(queue.put_nowait, exc)
-                raise
-            caller.call_soon_threadsafe(queue.put_nowait, None)
+                tell(exc)  # the caller's to raise; raised here too, nobody would retrieve it
+                return
+            tell(None)
 
         future = self._submit(pump())
         try:
