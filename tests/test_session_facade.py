@@ -486,6 +486,12 @@ def test_chat_refuses_what_is_not_a_message_or_a_policy(data_dir: Path) -> None:
             agent.chat(bad)  # type: ignore[arg-type]
     with pytest.raises(InvalidInput, match="policy"):
         agent.chat("hi", policy="bogus")  # type: ignore[arg-type]
+    # A NUL is refused on every store (PostgreSQL's text cannot hold one; SQLite took it), as
+    # HTTP refuses it; an idempotency key is text.
+    with pytest.raises(InvalidInput, match="NUL"):
+        agent.chat("a\x00b")
+    with pytest.raises(InvalidInput, match="idempotency key"):
+        agent.chat("hi", idempotency_key=5)  # type: ignore[arg-type]
     # Nothing was stored by the refused calls.
     assert session.get_context()["message_count"] == 0
     assert agent.chat("hi") == "user:hi"

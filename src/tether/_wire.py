@@ -238,6 +238,7 @@ def chat_body(message: str, session_id: str | None, agent_name: str | None) -> d
 
 def idempotency(key: str | None) -> dict[str, str] | None:
     """The headers that carry an idempotency key, when there is one."""
+    check_submission("", idempotency_key=key)  # text, as an embedded session checks it
     return {"Idempotency-Key": key} if key else None
 
 

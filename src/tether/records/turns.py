@@ -70,13 +70,22 @@ Policy = Literal["enqueue", "reject", "interrupt", "rollback"]
 POLICIES: Final[tuple[Policy, ...]] = ("enqueue", "reject", "interrupt", "rollback")
 
 
-def check_submission(input: object, policy: object = "enqueue") -> None:
-    """InvalidInput for a message that is not text or a policy that is not one of POLICIES:
-    what every door checks before anything is stored (or sent to a remote server)."""
+def check_submission(
+    input: object, policy: object = "enqueue", idempotency_key: object = None
+) -> None:
+    """InvalidInput for a message that is not text (or holds a NUL), a policy that is not one
+    of POLICIES, or an idempotency key that is not text: what every door checks before
+    anything is stored (or sent to a remote server)."""
     if not isinstance(input, str):
         raise InvalidInput(f"a message is text (str), not {type(input).__name__}")
+    if "\x00" in input:
+        # Refused on every store alike: PostgreSQL's text cannot hold one, SQLite's can.
+        raise InvalidInput("the message must not contain NUL characters")
     if policy not in POLICIES:
         raise InvalidInput(f"policy {policy!r}: use one of {', '.join(POLICIES)}")
+    if idempotency_key is not None and not isinstance(idempotency_key, str):
+        kind = type(idempotency_key).__name__
+        raise InvalidInput(f"an idempotency key is text (str), not {kind}")
 
 
 @dataclass(frozen=True, slots=True)

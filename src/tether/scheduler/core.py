@@ -288,7 +288,7 @@ class Scheduler:
         if self.closing:
             raise ShuttingDown("the server is shutting down; retry on another node")
         # Checked here, for every door: HTTP's schema checks the same, Python callers get this.
-        check_submission(input, policy)
+        check_submission(input, policy, idempotency_key)
         turn_id = new_turn_id()
         counter = self._counter
         before = (counter.seen_version(), counter.heard()) if counter is not None else None
