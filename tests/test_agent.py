@@ -40,6 +40,12 @@ def test_agent_validation() -> None:
             Agent(name="a", memory={"session_id": dots})
     with pytest.raises(ConfigError):
         Agent(name="a", max_iterations=0)
+    # A model that is neither a spec nor a model object, memory that is no policy: said so
+    # (an AttributeError, and "unknown memory options: e, s, y", before).
+    with pytest.raises(ConfigError, match="model is a spec"):
+        Agent(name="a", model=5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="memory is True, False"):
+        Agent(name="a", memory="yes")  # type: ignore[arg-type]
 
 
 def test_each_agent_object_has_its_own_default_session() -> None:

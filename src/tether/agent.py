@@ -98,6 +98,11 @@ class MemoryPolicy:
             return cls(scopes=(), auto=False)
         if isinstance(value, MemoryPolicy):
             return value
+        if not isinstance(value, Mapping):
+            raise ConfigError(
+                f"memory is True, False, a MemoryPolicy or a mapping of its options, "
+                f"not {type(value).__name__}"
+            )
         unknown = set(value) - _MEMORY_OPTIONS
         if unknown:
             raise ConfigError(f"unknown memory options: {', '.join(sorted(unknown))}")
@@ -182,6 +187,11 @@ class RetryPolicy:
     attempts: int = 4
     initial_backoff: float = 0.5
     max_backoff: float = 8.0
+
+
+def _is_model(value: object) -> bool:
+    """Whether ``value`` has what the turn loop asks of a model (:class:`Model`)."""
+    return all(hasattr(value, attr) for attr in ("name", "context_window", "stream"))
 
 
 def _model_spec(model: str | Model | None) -> str:
@@ -352,6 +362,11 @@ class Agent:
     ) -> None:
         if not name or not isinstance(name, str):
             raise ConfigError("an agent needs a non-empty name")
+        if model is not None and not isinstance(model, str) and not _is_model(model):
+            raise ConfigError(
+                f"agent {name}: model is a spec ('openai:gpt-4o-mini', 'local') or a model "
+                f"object (name, context_window, stream), not {type(model).__name__}"
+            )
         tools = tuple(tools)
         for t in tools:
             if not isinstance(t, Tool):
