@@ -20,9 +20,12 @@ def _ids(body: dict[str, Any]) -> list[str]:
 def test_newest_first_searched_and_detailed(server: Server) -> None:
     with server.client() as c:
         for sid in ("list-a", "list-b", "list-c"):
-            assert (
-                c.post("/v1/sessions", json={"agent": "echo", "session_id": sid}).status_code == 201
-            )
+            made = c.post("/v1/sessions", json={"agent": "echo", "session_id": sid})
+            assert made.status_code == 201
+            # The same shape as a read's: no turn sent to an agent yet is [], not null.
+            fresh = made.json()
+            assert (fresh["status"], fresh["turn_count"], fresh["agents"]) == ("idle", 0, [])
+            assert c.get(f"/v1/sessions/{sid}").json()["agents"] == []
         c.post("/v1/sessions/list-a/turns", json={"input": "hi"})  # list-a is now the newest
         r = c.get("/v1/sessions", params={"order": "newest", "q": "list-"})
         assert r.status_code == 200, r.text

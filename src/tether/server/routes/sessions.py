@@ -98,7 +98,7 @@ async def create_session(body: SessionCreate, st: State, caller: Caller) -> Sess
     record, _ = await st.runtime.sessions.create(
         key, agent, metadata=body.metadata, ttl_seconds=body.ttl_seconds, replace_expired=True
     )
-    return SessionOut.of(record, status="idle", item_count=0, turn_count=0)
+    return SessionOut.of(record, status="idle", item_count=0, turn_count=0, agents=[])
 
 
 @router.get("")
