@@ -236,6 +236,24 @@ def test_local_ctrl_c_cancels_the_reply_in_progress(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("session", [None, "known-remote-1"])
+def test_remote_chat_with_an_unknown_agent_fails_cleanly(
+    server: Server, children: list[pexpect.spawn], session: str | None
+) -> None:
+    """Even when the session exists already (it was resumed with its own agent, the name
+    asked for set aside), as the local chat refuses it."""
+    with server.client() as c:
+        c.post("/v1/sessions", json={"agent": "echo", "session_id": "known-remote-1"})
+    args = ["--url", server.url, "--agent", "nobody"]
+    child = spawn(*args, *(["--session", session] if session else []))
+    children.append(child)
+    child.expect_exact("no agent named 'nobody' (the agents there: ")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 2
+
+
+@pytest.mark.slow
 def test_local_chat_with_an_unknown_agent_fails_cleanly(
     tmp_path: Path, children: list[pexpect.spawn]
 ) -> None:

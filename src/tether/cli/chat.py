@@ -360,6 +360,14 @@ class _RemoteChat:
         self.agent = ""
 
     def open(self, session_id: str | None, agent: str | None) -> None:
+        if agent:
+            # As the local chat checks it: a session that exists already would otherwise be
+            # resumed with its own agent, the name asked for silently set aside.
+            listed = self.client.request("GET", "/v1/agents")["data"]
+            names = [a["name"] for a in listed]
+            if agent not in names:
+                known = ", ".join(names)
+                raise ConfigError(f"no agent named {agent!r} (the agents there: {known})")
         session = self.client.ensure_session(session_id, agent)
         self.sid, self.agent = session["session_id"], session["agent"]
         _banner(self.out, "session", self.sid, self.agent, f" on {self.url}")
