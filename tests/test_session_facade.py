@@ -559,9 +559,7 @@ def test_agents_and_sessions_take_an_idempotency_key(data_dir: Path) -> None:
         assert [m["content"] for m in users] == ["pay once"]
 
 
-@pytest.mark.parametrize(
-    ("leave", "code"), [("break", 0), ("raise SystemExit('left')", 1)]
-)
+@pytest.mark.parametrize(("leave", "code"), [("break", 0), ("raise SystemExit('left')", 1)])
 def test_leaving_astream_early_leaves_nothing_behind_at_exit(
     tmp_path: Path, leave: str, code: int
 ) -> None:
