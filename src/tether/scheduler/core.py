@@ -248,7 +248,7 @@ class Scheduler:
         # waiting wait for turns queued behind (or on another process): this one will not run
         # them, and its store closes next. They are told so now (a 503 to an HTTP caller),
         # instead of polling a closed store until the server cuts them off.
-        local.abandon(_shutting_down())
+        local.abandon(_shutting_down)
         for chore in self._chores:
             chore.cancel()
             await asyncio.gather(chore, return_exceptions=True)

@@ -8,6 +8,7 @@ the store still holds every accepted turn, its lease and its outcome.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,14 +128,17 @@ class Local:
             if not fut.done():
                 fut.set_result(turn)
 
-    def abandon(self, error: BaseException) -> None:
-        """Give every local caller still waiting for a turn ``error`` (the process is closing
-        and will not run the turns they wait for); the turns themselves stay as they are."""
+    def abandon(self, error: Callable[[], BaseException]) -> None:
+        """Give every local caller still waiting for a turn an ``error()`` (the process is
+        closing and will not run the turns they wait for); the turns stay as they are."""
         self.closed = True
         for _, futures in self.waiters.values():
             for fut in futures:
                 if not fut.done():
-                    fut.set_exception(error)
+                    fut.set_exception(error())
+                    # Marked as seen: a caller that left meanwhile never will, and the loop
+                    # would log "exception was never retrieved" for it.
+                    fut.exception()
             futures.clear()
 
     def parked(self, turn: Turn) -> None:
