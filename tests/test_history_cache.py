@@ -23,7 +23,7 @@ from tether.records import Item, NewItem, SessionKey, TurnEnding
 from tether.runtime import Runtime
 from tether.scheduler.history import MAX_ITEMS, CachedHistory, HistoryCache
 from tether.store import InMemoryStore
-from tether.store.capabilities import ChangeCounter
+from tether.store.capabilities import ChangeCounter, ReleasingEnd
 from tether.store.protocol import Store
 from tether.testing import ScriptedModel
 
@@ -217,13 +217,18 @@ async def test_turns_further_apart_than_the_linger_read_the_history_once(
         rt.scheduler.linger = 0.0
         key = SessionKey("local", "local", "apart")
         await rt.sessions.create(key, "a")
-        calls = _counting(store, "release_lease", "active_turns")
+        releasing = isinstance(store, ReleasingEnd)
+        ending = "end_turn_released" if releasing else "end_turn"
+        calls = _counting(store, "release_lease", "active_turns", ending)
         for n in range(10):
             turn = await rt.scheduler.submit(key, f"question {n}")
             await rt.scheduler.wait(key, turn.id)
             while rt.scheduler.lease_of(key) is not None:  # noqa: ASYNC110 - given up at once
                 await asyncio.sleep(0.001)
-        assert calls["release_lease"] == 10  # a lease a turn
+            if releasing:
+                assert await store.lease_holder(key) is None  # given up with the ending
+        # A lease a turn: given up with the turn's ending by a store that can, else after it.
+        assert (calls[ending], calls["release_lease"]) == (10, 0 if releasing else 10)
         assert calls["recent_items"] <= 1
         if isinstance(store, ChangeCounter):
             # The store told each lease its queue (the turn it was handed, and nothing else),

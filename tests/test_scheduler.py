@@ -32,7 +32,12 @@ from tether.records import (
 from tether.runtime import Runtime
 from tether.scheduler.owners import new_owner_id, owner_is_dead
 from tether.store import InMemoryStore
-from tether.store.capabilities import ChangeCounter, LeasingQueue, StartingQueue
+from tether.store.capabilities import (
+    ChangeCounter,
+    LeasingQueue,
+    ReleasingEnd,
+    StartingQueue,
+)
 from tether.store.protocol import Store
 from tether.store.sqlite import SQLiteStore
 from tether.testing import ScriptedModel, Slow
@@ -962,9 +967,11 @@ async def test_a_turn_on_an_idle_session_is_leased_and_started_as_it_is_admitted
             "enqueue_turn_leased",
             "enqueue_turn_taken",
             "end_turn",
+            "end_turn_released",
             "release_lease",
         ):
-            setattr(store, name, _logged(calls, name, getattr(store, name)))
+            if hasattr(store, name):
+                setattr(store, name, _logged(calls, name, getattr(store, name)))
         for text in ("one", "two"):
             calls.clear()
             turn = await rt.scheduler.submit(key, text)
@@ -973,9 +980,14 @@ async def test_a_turn_on_an_idle_session_is_leased_and_started_as_it_is_admitted
                 done = await rt.scheduler.wait(key, turn.id)
             assert (done.status, done.output) == ("completed", f"re {text}")
             await wait_until(lambda: rt.scheduler.lease_of(key) is None)
+            if isinstance(store, ReleasingEnd):
+                assert await store.lease_holder(key) is None  # given up with the ending
             # (A store with no data version is read after each turn: nothing says nobody
-            # wrote.)
-            expected = ["enqueue_turn_taken", "end_turn", "release_lease"]
+            # wrote.) A store that can gives the lease up with the turn's ending.
+            if isinstance(store, ReleasingEnd):
+                expected = ["enqueue_turn_taken", "end_turn_released"]
+            else:
+                expected = ["enqueue_turn_taken", "end_turn", "release_lease"]
             if isinstance(store, ChangeCounter):
                 assert calls == expected
             else:
@@ -984,6 +996,65 @@ async def test_a_turn_on_an_idle_session_is_leased_and_started_as_it_is_admitted
             assert [e.seq for e in events] == list(range(1, len(events) + 1))
             assert [e.type for e in events][:2] == [TURN_QUEUED, TURN_STARTED]
             assert events[-1].type == TURN_ENDED
+        history = [(i.kind, i.content) for i in await store.list_items(key)]
+        assert history == [
+            ("user", "one"),
+            ("assistant", "re one"),
+            ("user", "two"),
+            ("assistant", "re two"),
+        ]
+        assert [m.content for m in model.requests[-1].messages[-3:]] == ["one", "re one", "two"]
+
+
+@pytest.mark.parametrize("hold", ["before", "after"])
+async def test_a_turn_sent_as_the_last_one_ends_and_lets_the_lease_go_runs(
+    store: Store, hold: str
+) -> None:
+    """A store that can (ReleasingEnd) gives the lease up with a turn's ending when nothing
+    else is left: a turn sent while that ending is on its way to the store (held before it
+    reaches the store, or after it committed and before the worker hears) is not lost. Sent
+    first, it is queued behind the ending turn, and the ending keeps the lease for it; sent
+    after, it takes the free lease itself. Either way it runs, once, after the first, and the
+    session is free at the end."""
+    if not isinstance(store, ReleasingEnd):
+        pytest.skip("this store gives a lease up by release_lease only")
+    model = ScriptedModel(default=lambda r: f"re {r.messages[-1].content}")
+    async with Runtime(store, agents=[Agent(name="a", model=model)]) as rt:
+        assert rt.scheduler.linger == 0.0  # the default with such a store
+        key = SessionKey("local", "local", f"let-go-{hold}")
+        await rt.sessions.create(key, "a")
+        reached, go = asyncio.Event(), asyncio.Event()
+        releasing = store.end_turn_released
+        outcomes: list[bool] = []
+
+        async def held(*args: Any, **kwargs: Any) -> tuple[Turn, bool]:
+            if hold == "before" and not outcomes:
+                reached.set()
+                await go.wait()
+            done = await releasing(*args, **kwargs)
+            outcomes.append(done[1])
+            if hold == "after" and len(outcomes) == 1:
+                reached.set()
+                await go.wait()
+            return done
+
+        store.end_turn_released = held  # type: ignore[method-assign]
+        first = await rt.scheduler.submit(key, "one")
+        async with asyncio.timeout(10):
+            await reached.wait()
+            assert rt.scheduler.lease_of(key) is None  # letting go: a new turn goes the usual way
+            second = await asyncio.create_task(rt.scheduler.submit(key, "two"))
+            go.set()
+            ends = [await rt.scheduler.wait(key, t.id) for t in (first, second)]
+            await wait_until(lambda: rt.scheduler.lease_of(key) is None)
+        assert [(t.status, t.output) for t in ends] == [
+            ("completed", "re one"),
+            ("completed", "re two"),
+        ]
+        # Held before: the first ending found the second turn queued and kept the lease.
+        # Held after: the first let it go, and the second took it as it was admitted.
+        assert outcomes == ([False, True] if hold == "before" else [True, True])
+        assert await store.lease_holder(key) is None
         history = [(i.kind, i.content) for i in await store.list_items(key)]
         assert history == [
             ("user", "one"),

@@ -51,7 +51,7 @@ from tether.scheduler.news import StoreNews
 from tether.scheduler.owners import new_owner_id
 from tether.scheduler.runner import AgentResolver, AutoNotes, TurnRunner, TurnStore
 from tether.scheduler.worker import Workers, WorkerStore
-from tether.store.capabilities import ChangeCounter
+from tether.store.capabilities import ChangeCounter, ReleasingEnd
 from tether.store.protocol import DecisionStore, Maintenance, TurnLog
 from tether.store.rules import DEFAULT_MAX_QUEUE
 from tether.tools import workspace
@@ -76,6 +76,9 @@ NOT_HERE_POLL = 0.05
 LOCAL_SAFETY = 1.0
 """The same while this process holds the session's lease, so the turn's end comes here as a
 signal: a read now and then, in case the lease was lost."""
+LINGER = 0.25
+"""Seconds a worker keeps a session's lease after its queue empties, by default, with a store
+that cannot give it up with a turn's ending (:class:`ReleasingEnd`); 0 with one."""
 PREEMPT_ROUNDS = 64
 """Looks at the turns ahead of an interrupting one: each round after the first follows a turn
 that a worker moved meanwhile, which each turn does once."""
@@ -97,7 +100,7 @@ class Scheduler:
         workspace_root: Path | None = None,
         workspace_quota: int = DEFAULT_QUOTA_BYTES,
         default_model: str | None = None,
-        linger: float = 0.25,
+        linger: float | None = None,
         memory: MemoryService | None = None,
         auto_notes: AutoNotes = "default",
         limits: PrincipalLimits | None = None,
@@ -123,6 +126,10 @@ class Scheduler:
         )
         self.mcp = mcp
         """The sessions' MCP connections in this process; swept sessions' are closed."""
+        if linger is None:
+            # A store that gives the lease up with a turn's ending (and takes it with the next
+            # turn's admission) would save no write by keeping it: a lease lingers elsewhere.
+            linger = 0.0 if isinstance(store, ReleasingEnd) else LINGER
         self.workers = Workers(
             store, self.local, self.runner, owner=self.owner, lease_ttl=lease_ttl, linger=linger
         )

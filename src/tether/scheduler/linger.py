@@ -1,7 +1,11 @@
 """A worker's lease kept a moment after its session's queue empties, and what ends the wait.
 
 A conversation's next turn often follows within moments: holding on to the lease saves taking
-and giving it up (two write transactions) per turn. A turn submitted in this process wakes the
+and giving it up (two write transactions) per turn, with a store that cannot fold them into
+the turns' own writes. One that can (SQLite, the in-memory store: the admission takes a free
+lease, :class:`~tether.store.capabilities.StartingQueue`, and the ending gives it up,
+:class:`~tether.store.capabilities.ReleasingEnd`) saves nothing by lingering, and does not by
+default (:data:`~tether.scheduler.core.LINGER`). A turn submitted in this process wakes the
 lingering worker at once (its kick). One accepted by another process (a load balancer spreading
 a session over several nodes) must wake it too, without a look at the store every few
 milliseconds while nothing happens:

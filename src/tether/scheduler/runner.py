@@ -34,7 +34,7 @@ from tether.scheduler.local import Admitted, Local, RunningTurn
 from tether.scheduler.sink import FencedSink
 from tether.scheduler.skills import SessionSkills
 from tether.skills import activate_skill
-from tether.store.capabilities import ChangeCounter
+from tether.store.capabilities import ChangeCounter, ReleasingEnd
 from tether.store.protocol import DecisionStore, FencedWrites, HistoryStore, SessionReader, TurnLog
 from tether.store.rules import (
     aborted_results,
@@ -109,12 +109,20 @@ class TurnRunner:
         self.mcp = mcp
         """The sessions' MCP connections in this process (None: agents' MCP servers unused)."""
         self._counter = store if isinstance(store, ChangeCounter) else None
+        self._releasing = store if isinstance(store, ReleasingEnd) else None
 
     async def run(
-        self, lease: Lease, turn: Turn, agent_name: str | None, started: Admitted | None = None
-    ) -> None:
+        self,
+        lease: Lease,
+        turn: Turn,
+        agent_name: str | None,
+        started: Admitted | None = None,
+        let_go: Callable[[], bool] | None = None,
+    ) -> bool:
         """Run ``turn`` to its ending (or until it parks on a decision) and hand it to whoever
-        waits for it. ``started``: the turn was started as it was admitted, so.
+        waits for it. ``started``: the turn was started as it was admitted, so. ``let_go``:
+        asked as the ending is written whether to give the lease up with it (a store that can,
+        :class:`ReleasingEnd`). True if the lease was given up so.
 
         Raises :class:`StaleLease` when the session was lost meanwhile: nothing more was written;
         :class:`TurnNotNext` when an earlier turn of the session is active: nothing was written.
@@ -125,9 +133,13 @@ class TurnRunner:
         try:
             if started is not None:
                 sink = FencedSink(self._store, lease, turn.id, feed, history=self._local.history)
+                if let_go is not None and self._releasing is not None:
+                    sink.let_go(self._releasing, let_go)
                 done = await self._run(sink, turn, agent_name, frozenset(), started)
             else:
                 sink, called = await self._sink(lease, turn, feed)
+                if let_go is not None and self._releasing is not None:
+                    sink.let_go(self._releasing, let_go)
                 done = await self._run(sink, turn, agent_name, called)
         finally:
             if sink is not None:
@@ -141,6 +153,7 @@ class TurnRunner:
             self._local.resolve(done)
         else:
             self._local.parked(done)
+        return sink is not None and sink.released
 
     async def _honour_late_cancel(self, parked: Turn) -> Turn:
         """A cancel or preemption asked through the store while the turn ran, but read by

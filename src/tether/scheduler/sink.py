@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tether.errors import StaleLease
@@ -36,6 +36,7 @@ from tether.records import (
 )
 from tether.scheduler.feeds import TurnFeed
 from tether.scheduler.history import HistoryCache
+from tether.store.capabilities import ReleasingEnd
 from tether.store.protocol import FencedWrites
 from tether.store.rules import LIVE_AHEAD, decision_data, keeps_memory
 
@@ -89,6 +90,14 @@ class FencedSink:
         self._flusher: asyncio.Task[None] | None = None
         self._started = False
         self._stale: StaleLease | None = None
+        self._letting_go: tuple[ReleasingEnd, Callable[[], bool]] | None = None
+        self.released = False
+        """The turn's ending gave the session's lease up (:meth:`let_go`)."""
+
+    def let_go(self, store: ReleasingEnd, when: Callable[[], bool]) -> None:
+        """End the turn through ``store``, giving the lease up with the ending if ``when()``
+        says so as the ending is written (and no other turn of the session is active then)."""
+        self._letting_go = (store, when)
 
     def emit(self, type: EventType, data: dict[str, Any]) -> None:
         event = self._add(type, data)
@@ -257,9 +266,15 @@ class FencedSink:
                     self.emit(MEMORY_WRITTEN, written_event_data(record))
             self.emit(TURN_ENDED, terminal)
             events = self.take_events()
-            ended = await self._store.end_turn(
-                self.lease, self._turn_id, ending, items, events, memory=memory
-            )
+            letting_go = self._letting_go
+            if letting_go is not None and letting_go[1]():
+                ended, self.released = await letting_go[0].end_turn_released(
+                    self.lease, self._turn_id, ending, items, events, memory=memory
+                )
+            else:
+                ended = await self._store.end_turn(
+                    self.lease, self._turn_id, ending, items, events, memory=memory
+                )
             self._wrote(events)
             self._history.ended(self.lease, self._turn_id, items, ended.status)
             return ended

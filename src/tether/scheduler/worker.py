@@ -3,9 +3,10 @@
 Each session with work has at most one worker task in this process. The worker takes the
 session's lease (a fencing token incremented on every acquisition), ends any turn a dead owner
 left ``running`` (``failed``/``owner_lost``), then runs queued turns in ``seq`` order until none
-is left, and releases the lease. Every write a turn makes is fenced by that lease in the store
-itself, so a worker that lost its lease (paused past expiry, say) cannot write, even if it does
-not know yet.
+is left, and releases the lease (with the last turn's ending when the store can and nothing
+here waits for the lease: :meth:`Workers._let_go`). Every write a turn makes is fenced by that
+lease in the store itself, so a worker that lost its lease (paused past expiry, say) cannot
+write, even if it does not know yet.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Protocol
 
 from tether.errors import SessionNotFound, StaleLease, TurnNotNext
@@ -130,16 +132,16 @@ class Workers:
                     return
                 lease, news = acquired
                 local.leases[key] = lease
-                kept = False
+                kept = released = False
                 try:
                     if await self._recover(lease):
                         local.history.forget(key)  # recovery wrote to the history
                     else:
                         local.history.adopt(lease)
                     self._queue_seen(key, lease, news)
-                    await self._drain(key, lease)
-                    while await self._linger(key, lease):
-                        await self._drain(key, lease)
+                    released = await self._drain(key, lease)
+                    while not released and await self._linger(key, lease):
+                        released = await self._drain(key, lease)
                     kept = True
                 except StaleLease:
                     log.warning("lost the lease of a session mid-turn; stopped without writing")
@@ -160,7 +162,8 @@ class Workers:
                         local.history.release(lease)  # for the session's next lease here
                     else:
                         local.history.forget(key)
-                    await self._release(lease)
+                    if not released:
+                        await self._release(lease)
                 # No await between this check and leaving workers: a submit that lands after
                 # it sees no worker and starts a new one; one that landed before set dirty.
                 if key in local.dirty:
@@ -272,8 +275,11 @@ class Workers:
         if all(turn_id in ids for turn_id in lease.queue):
             self._looked[key] = news
 
-    async def _drain(self, key: SessionKey, lease: Lease) -> None:
+    async def _drain(self, key: SessionKey, lease: Lease) -> bool:
+        """Run the session's turns while there are any; True if the last one's ending gave
+        the lease up (:meth:`_let_go`)."""
         local = self._local
+        let_go = self._let_go(key, lease)
         while True:
             dirty = key in local.dirty
             local.dirty.discard(key)
@@ -282,7 +288,10 @@ class Workers:
                 # process is closing (it shows running; left so, it would end owner_lost).
                 first, admitted = local.started.pop(key)
                 self._ran_to[key] = max(first.seq, self._ran_to.get(key, 0))
-                await self._runner.run(lease, first, await self._agent(key, first), admitted)
+                agent = await self._agent(key, first)
+                if await self._runner.run(lease, first, agent, admitted, let_go):
+                    return True
+                local.leases[key] = lease  # kept: a turn was left to run
                 continue
             # A turn submitted here is most often the next one: start it without reading the
             # queue. The store refuses the start if an earlier turn (accepted by another
@@ -292,18 +301,45 @@ class Workers:
             if turn is None and not dirty and news is not None and self._looked.get(key) == news:
                 # Read under this lease, and nothing handed, announced or committed elsewhere
                 # since: the queue holds nothing new (the read after each turn, saved).
-                return
+                return False
             if turn is None or turn.seq <= self._ran_to.get(key, 0):
                 turn = runnable(await self._store.active_turns(key))
                 if turn is None and news is not None:
                     self._looked[key] = news  # noted before the read: nothing it missed
             if turn is None or local.closing:
-                return
+                return False
             self._ran_to[key] = max(turn.seq, self._ran_to.get(key, 0))
             try:
-                await self._runner.run(lease, turn, await self._agent(key, turn))
+                if await self._runner.run(lease, turn, await self._agent(key, turn), None, let_go):
+                    return True
             except TurnNotNext:
                 self._looked.pop(key, None)  # an earlier turn is active: the queue says which
+            local.leases[key] = lease  # kept (a turn was left to run), if it was offered
+
+    def _let_go(self, key: SessionKey, lease: Lease) -> Callable[[], bool]:
+        """What a turn's ending asks of the worker (when the store can give the lease up with
+        it): whether to. Yes when nothing here waits to run under the lease and no linger is
+        wanted; the lease is then no longer held here as far as this process goes, so a turn
+        submitted while the ending is written is admitted the usual way (the store takes the
+        lease for it once the ending let it go, or queues it behind the lease kept for a turn
+        that is still active, which the worker then runs: :meth:`_drain` puts it back)."""
+        local = self._local
+
+        def when() -> bool:
+            if (
+                self._lingering.seconds > 0
+                or local.leases.get(key) is not lease
+                or key in local.dirty
+                or key in local.handed
+                or key in local.claims
+                or key in local.granted
+                or local.started_under(key, lease) is not None
+            ):
+                return False
+            del local.leases[key]
+            return True
+
+        return when
 
     async def _agent(self, key: SessionKey, turn: Turn) -> str:
         """The name of the agent ``turn`` was sent to: its own, or the session's."""

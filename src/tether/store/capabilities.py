@@ -7,6 +7,8 @@ does without where a store has none.
 * :class:`LeasingQueue`: it admits a turn and takes the idle session's lease in one write;
 * :class:`StartingQueue`: it admits a turn under the lease its submitter holds and starts it in
   the same write when nothing is ahead of it;
+* :class:`ReleasingEnd`: it ends a turn and gives the session's lease up in the same write
+  when nothing else of the session is active;
 * :class:`CancelFeed`: it announces cancel requests and queued turns as they are made
   (PostgreSQL's LISTEN/NOTIFY).
 """
@@ -21,12 +23,14 @@ from tether.records import (
     Idempotency,
     Item,
     Lease,
+    MemoryWrites,
     NewEvent,
     NewItem,
     Policy,
     PrincipalLimits,
     SessionKey,
     Turn,
+    TurnEnding,
 )
 from tether.store.rules import DEFAULT_MAX_QUEUE
 
@@ -150,6 +154,30 @@ class StartingQueue(Protocol):
         A turn on an idle session (the first of a conversation's lease) is then accepted,
         leased and started in one write where it took two (and three with a read of the
         session for its agent)."""
+        ...
+
+
+@runtime_checkable
+class ReleasingEnd(Protocol):
+    """A store that can end a turn and give its session's lease up in one transaction
+    (optional): a turn on a session whose worker has nothing else to run then costs two writes,
+    its admission (:meth:`StartingQueue.enqueue_turn_taken`) and its end, where it cost three
+    (and a lease kept a moment in case another turn came, a watch of the store meanwhile)."""
+
+    async def end_turn_released(
+        self,
+        lease: Lease,
+        turn_id: str,
+        ending: TurnEnding,
+        items: Sequence[NewItem],
+        events: Sequence[NewEvent],
+        memory: MemoryWrites | None = None,
+    ) -> tuple[Turn, bool]:
+        """:meth:`~tether.store.protocol.FencedWrites.end_turn`; and in the same transaction,
+        when no other turn of the session is active (queued, running or awaiting input), the
+        lease given up as :meth:`~tether.store.protocol.LeaseStore.release_lease` gives it up.
+        The ended turn, and whether the lease was given up (False: a turn is left to run, and
+        the lease is still held)."""
         ...
 
 

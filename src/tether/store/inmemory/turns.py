@@ -287,6 +287,9 @@ class Turns(State):
         return kept
 
     async def release_lease(self, lease: Lease) -> None:
+        self._release(lease)
+
+    def _release(self, lease: Lease) -> None:
         s = self._sessions.get(lease.key)
         if s is not None and s.lease_token == lease.token:
             s.lease_owner = None
@@ -338,6 +341,17 @@ class Turns(State):
         events: Sequence[NewEvent],
         memory: MemoryWrites | None = None,
     ) -> Turn:
+        return self._end(lease, turn_id, ending, items, events, memory)
+
+    def _end(
+        self,
+        lease: Lease,
+        turn_id: str,
+        ending: TurnEnding,
+        items: Sequence[NewItem],
+        events: Sequence[NewEvent],
+        memory: MemoryWrites | None,
+    ) -> Turn:
         s = self._in_status(lease, turn_id)
         rules.check_event_seqs(turn_id, s.last_event_seq(turn_id), [e.seq for e in events])
         if memory:
@@ -351,6 +365,22 @@ class Turns(State):
         if memory and rules.keeps_memory(ending.status):
             self._apply_memory(memory)
         return done
+
+    async def end_turn_released(
+        self,
+        lease: Lease,
+        turn_id: str,
+        ending: TurnEnding,
+        items: Sequence[NewItem],
+        events: Sequence[NewEvent],
+        memory: MemoryWrites | None = None,
+    ) -> tuple[Turn, bool]:
+        # No await between the ending and the release: one write, as far as others can tell.
+        done = self._end(lease, turn_id, ending, items, events, memory)
+        if self._sessions[lease.key].active:
+            return done, False  # a turn is left to run: the lease stays
+        self._release(lease)
+        return done, True
 
     async def park_turn(
         self,

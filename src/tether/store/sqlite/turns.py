@@ -357,15 +357,25 @@ class Turns(Connection):
         memory: MemoryWrites | None = None,
     ) -> Turn:
         def do(c: sqlite3.Connection) -> Turn:
-            pk = steps.fenced_pk(c, lease)
-            turn = steps.get_turn(c, pk, turn_id)
-            if turn is None or turn.status != "running":
-                raise rules.not_in_status(turn_id, "running")
-            steps.add_rows(c, pk, turn_id, items, events)
-            done = steps.finish(c, pk, turn, ending, terminal=False)
-            if memory and rules.keeps_memory(ending.status):
-                apply_writes(c, memory)
-            return done
+            return _end(c, lease, turn_id, ending, items, events, memory)[1]
+
+        return await self._write(do)
+
+    async def end_turn_released(
+        self,
+        lease: Lease,
+        turn_id: str,
+        ending: TurnEnding,
+        items: Sequence[NewItem],
+        events: Sequence[NewEvent],
+        memory: MemoryWrites | None = None,
+    ) -> tuple[Turn, bool]:
+        def do(c: sqlite3.Connection) -> tuple[Turn, bool]:
+            pk, done = _end(c, lease, turn_id, ending, items, events, memory)
+            if c.execute(q.FIRST_ACTIVE_TURN, (pk,)).fetchone() is not None:
+                return done, False  # a turn is left to run: the lease stays
+            c.execute(q.RELEASE_LEASE, (*key_args(lease.key), lease.token))
+            return done, True
 
         return await self._write(do)
 
@@ -499,3 +509,24 @@ def _take_lease(c: sqlite3.Connection, key: SessionKey, owner: str, ttl: float) 
         queue=tuple(turn_id for turn_id, _ in active),
         history_seq=int(row[2]),
     )
+
+
+def _end(
+    c: sqlite3.Connection,
+    lease: Lease,
+    turn_id: str,
+    ending: TurnEnding,
+    items: Sequence[NewItem],
+    events: Sequence[NewEvent],
+    memory: MemoryWrites | None,
+) -> tuple[int, Turn]:
+    """End the running ``turn_id`` under ``lease``: its session's pk and the ended turn."""
+    pk = steps.fenced_pk(c, lease)
+    turn = steps.get_turn(c, pk, turn_id)
+    if turn is None or turn.status != "running":
+        raise rules.not_in_status(turn_id, "running")
+    steps.add_rows(c, pk, turn_id, items, events)
+    done = steps.finish(c, pk, turn, ending, terminal=False)
+    if memory and rules.keeps_memory(ending.status):
+        apply_writes(c, memory)
+    return pk, done

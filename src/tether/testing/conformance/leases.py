@@ -25,7 +25,7 @@ from tether.records import (
     Turn,
     TurnEnding,
 )
-from tether.store.capabilities import LeasingQueue, StartingQueue
+from tether.store.capabilities import LeasingQueue, ReleasingEnd, StartingQueue
 from tether.store.protocol import Store
 from tether.store.rules import request_digest
 from tether.testing.conformance._support import (
@@ -405,6 +405,43 @@ class LeasesConformance:
             await send(k5, "y1", "nine", limits=PrincipalLimits(running_turns=1))
         assert await snapshot(store, k5) == before
         assert await store.lease_holder(k5) is None
+
+    async def test_a_turn_may_end_and_give_its_lease_up_in_one_write(self, store: Store) -> None:
+        # A store that can (ReleasingEnd) ends a turn as end_turn does and, with no other turn
+        # of the session active, gives the lease up in the same transaction; with one, keeps it.
+        if not isinstance(store, ReleasingEnd):
+            pytest.skip("this store gives a lease up by release_lease only")
+        done = TurnEnding("completed", "answered")
+        k = await new_session(store)
+        lease = await running_turn(store, k, "t1", text="one")
+        await store.enqueue_turn(k, turn_id="t2", input="two", policy="enqueue")
+        ended, released = await store.end_turn_released(
+            lease, "t1", done, [NewItem("assistant", "re one")], [ev(3)]
+        )
+        assert (ended.id, ended.status, released) == ("t1", "completed", False)
+        assert await store.lease_holder(k) == "node-a"  # kept: t2 is left to run
+        assert [t.id for t in await store.active_turns(k)] == ["t2"]
+        assert [e.seq for e in await store.list_events(k, "t1")] == [1, 2, 3]
+        # The last active turn's ending lets the lease go: the session is free for anyone,
+        # and the next lease's token is past it.
+        await store.start_turn(lease, "t2", [NewItem("user", "two")], [ev(2, TURN_STARTED)])
+        ended, released = await store.end_turn_released(
+            lease, "t2", done, [NewItem("assistant", "re two")], [ev(3)]
+        )
+        assert (ended.id, ended.status, released) == ("t2", "completed", True)
+        assert await store.lease_holder(k) is None and await store.active_turns(k) == []
+        stored = await store.get_turn(k, "t2")
+        assert stored is not None and stored.status == "completed"
+        assert [i.content for i in await store.list_items(k)] == ["one", "re one", "two", "re two"]
+        b = await acquire(store, k, "node-b")
+        assert b.token == lease.token + 1
+        # Under a lease no longer held, nothing is written, and the holder's lease stays.
+        await running_turn(store, k, "t3", lease=b)
+        before = await snapshot(store, k)
+        with pytest.raises(StaleLease):
+            await store.end_turn_released(lease, "t3", done, [NewItem("assistant", "x")], [ev(3)])
+        assert await snapshot(store, k) == before
+        assert await store.lease_holder(k) == "node-b"
 
     async def test_take_over_lease(self, store: Store) -> None:
         k = await new_session(store)
