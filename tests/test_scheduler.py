@@ -1065,6 +1065,58 @@ async def test_a_turn_sent_as_the_last_one_ends_and_lets_the_lease_go_runs(
         assert [m.content for m in model.requests[-1].messages[-3:]] == ["one", "re one", "two"]
 
 
+async def test_a_turn_queued_elsewhere_as_the_holder_ends_keeps_the_lease_for_it(
+    make_store: StoreFactory,
+) -> None:
+    """A turn accepted by another process while the holder's ending (which offers to give
+    the lease up) is on its way: the store keeps the lease for it, and the holder runs it
+    next, having read its queue, though nothing announced the turn to it while its lease was
+    being let go (on PostgreSQL the feed's notice reaches no held session then)."""
+    if make_store is InMemoryStore:
+        pytest.skip("the in-memory store is one process's memory; it cannot be shared")
+    model_a = ScriptedModel(default=lambda r: f"a: {r.messages[-1].content}")
+    model_b = ScriptedModel(default=lambda r: f"b: {r.messages[-1].content}")
+    a = Runtime(make_store(), agents=[Agent(name="a", model=model_a)])
+    b = Runtime(make_store(), agents=[Agent(name="a", model=model_b)])
+    async with a, b:
+        store = a.scheduler.store
+        if not isinstance(store, ReleasingEnd):
+            pytest.skip("this store gives a lease up by release_lease only")
+        key = SessionKey("local", "local", "kept-for-elsewhere")
+        await a.sessions.create(key, "a")
+        reached, go = asyncio.Event(), asyncio.Event()
+        releasing = store.end_turn_released
+        outcomes: list[bool] = []
+
+        async def held(*args: Any, **kwargs: Any) -> tuple[Turn, bool]:
+            if not outcomes:
+                reached.set()
+                await go.wait()
+            done = await releasing(*args, **kwargs)
+            outcomes.append(done[1])
+            return done
+
+        store.end_turn_released = held  # type: ignore[method-assign]
+        first = await a.scheduler.submit(key, "one")
+        async with asyncio.timeout(10):
+            await reached.wait()
+            second = await b.scheduler.submit(key, "two")
+            assert second.status == "queued"  # A holds the lease in the store
+            go.set()
+            ends = [await a.scheduler.wait(key, first.id), await b.scheduler.wait(key, second.id)]
+        assert [(t.status, t.output) for t in ends] == [
+            ("completed", "a: one"),
+            ("completed", "a: two"),  # run by A, under the lease its ending kept
+        ]
+        assert outcomes == [False, True]
+        assert model_b.requests == []
+        # (B's own worker, started as B queued the turn, may take the free lease a moment to
+        # find nothing left to run.)
+        async with asyncio.timeout(5):
+            while await store.lease_holder(key) is not None:  # noqa: ASYNC110 - polls the store
+                await asyncio.sleep(0.01)
+
+
 async def test_a_caller_gone_during_a_leased_start_leaves_a_turn_that_runs(
     store: Store,
 ) -> None:

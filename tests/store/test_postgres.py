@@ -441,9 +441,10 @@ async def test_a_ttl_the_previous_release_sets_on_an_idle_session_is_its_own(
 async def back_to_release_12(url: str) -> None:
     """The schema as release 12 left it: no busy_sessions, no trigger, no session function,
     no lease function, no admission that starts (under a lease held, or taken), no index of
-    expiring sessions, no idle TTL. Opening a store then runs migrations 13 on again (their
-    functions are made whole again by them)."""
+    expiring sessions, no idle TTL, no ending that gives the lease up. Opening a store then
+    runs migrations 13 on again (their functions are made whole again by them)."""
     for sql in (
+        "DROP FUNCTION tether_end_release",
         "DROP FUNCTION tether_enqueue(text, text, text, text, text, text, double precision,"
         " text, text, text, text, bigint, boolean, bigint, bigint, bigint, text, text,"
         " double precision)",

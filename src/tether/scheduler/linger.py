@@ -2,8 +2,8 @@
 
 A conversation's next turn often follows within moments: holding on to the lease saves taking
 and giving it up (two write transactions) per turn, with a store that cannot fold them into
-the turns' own writes. One that can (SQLite, the in-memory store: the admission takes a free
-lease, :class:`~tether.store.capabilities.StartingQueue`, and the ending gives it up,
+the turns' own writes. One that can (every store here: the admission takes a free lease,
+:class:`~tether.store.capabilities.StartingQueue`, and the ending gives it up,
 :class:`~tether.store.capabilities.ReleasingEnd`) saves nothing by lingering, and does not by
 default (:data:`~tether.scheduler.core.LINGER`). A turn submitted in this process wakes the
 lingering worker at once (its kick). One accepted by another process (a load balancer spreading

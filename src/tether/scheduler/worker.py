@@ -291,7 +291,7 @@ class Workers:
                 agent = await self._agent(key, first)
                 if await self._runner.run(lease, first, agent, admitted, let_go):
                     return True
-                local.leases[key] = lease  # kept: a turn was left to run
+                self._kept(key, lease)
                 continue
             # A turn submitted here is most often the next one: start it without reading the
             # queue. The store refuses the start if an earlier turn (accepted by another
@@ -314,7 +314,17 @@ class Workers:
                     return True
             except TurnNotNext:
                 self._looked.pop(key, None)  # an earlier turn is active: the queue says which
-            local.leases[key] = lease  # kept (a turn was left to run), if it was offered
+            self._kept(key, lease)
+
+    def _kept(self, key: SessionKey, lease: Lease) -> None:
+        """After a turn that did not give the lease up: if its ending offered to (and the
+        store kept the lease, a turn of the session being left active), hold it here again,
+        and read the queue next (the turn left may be one queued elsewhere and announced to
+        nobody while the lease was not held here)."""
+        local = self._local
+        if local.leases.get(key) is not lease:
+            local.leases[key] = lease
+            self._looked.pop(key, None)
 
     def _let_go(self, key: SessionKey, lease: Lease) -> Callable[[], bool]:
         """What a turn's ending asks of the worker (when the store can give the lease up with

@@ -564,3 +564,60 @@ FUNCTIONS: list[tuple[int, str]] = [
         """,
     ),
 ]
+
+END_RELEASING: list[tuple[int, str]] = [
+    (
+        23,
+        """
+        -- tether_end, and then, with no other turn of the session active, the session's lease
+        -- given up as queries.RELEASE_LEASE gives it up, in the same statement (ReleasingEnd).
+        -- tether_end locked the session's row (FOR UPDATE) in this transaction, so a turn
+        -- admitted meanwhile either committed before it (and is seen here: the lease stays
+        -- for it) or waits for this commit (and finds the lease free).
+        CREATE FUNCTION tether_end_release(
+            p_tenant text, p_owner text, p_session text, p_token bigint, p_turn text,
+            p_now double precision,
+            p_kinds text[], p_contents text[], p_completes boolean[], p_call_ids text[],
+            p_tools text[], p_arguments text[], p_metas text[],
+            p_event_seqs bigint[], p_event_lasts bigint[], p_event_types text[],
+            p_event_datas text[],
+            p_effect text, p_status text, p_reason text, p_error text, p_output text,
+            p_complete boolean, p_usage text, p_ran_by text,
+            OUT outcome text, OUT current_token bigint, OUT first_seq bigint,
+            OUT last_event bigint, OUT turn_seq bigint, OUT turn_input text,
+            OUT turn_policy text, OUT turn_created double precision,
+            OUT turn_started double precision, OUT turn_agent text, OUT turn_fingerprint text,
+            OUT released boolean)
+        LANGUAGE plpgsql VOLATILE AS $$
+        DECLARE
+            v_pk bigint;
+        BEGIN
+            SELECT e.outcome, e.current_token, e.first_seq, e.last_event, e.turn_seq,
+                   e.turn_input, e.turn_policy, e.turn_created, e.turn_started, e.turn_agent,
+                   e.turn_fingerprint
+              INTO outcome, current_token, first_seq, last_event, turn_seq, turn_input,
+                   turn_policy, turn_created, turn_started, turn_agent, turn_fingerprint
+              FROM tether_end(p_tenant, p_owner, p_session, p_token, p_turn, p_now, p_kinds,
+                              p_contents, p_completes, p_call_ids, p_tools, p_arguments,
+                              p_metas, p_event_seqs, p_event_lasts, p_event_types,
+                              p_event_datas, p_effect, p_status, p_reason, p_error, p_output,
+                              p_complete, p_usage, p_ran_by) e;
+            released := false;
+            IF outcome <> 'ended' THEN
+                RETURN;
+            END IF;
+            SELECT s.pk INTO v_pk FROM sessions s
+             WHERE s.tenant = p_tenant AND s.owner = p_owner AND s.session_id = p_session;
+            PERFORM 1 FROM turns t
+             WHERE t.session_pk = v_pk AND t.status IN ('queued', 'running', 'awaiting_input');
+            IF NOT FOUND THEN
+                UPDATE sessions SET lease_owner = NULL, lease_expires_at = 0
+                 WHERE pk = v_pk AND lease_token = p_token;
+                released := true;
+            END IF;
+        END
+        $$;
+        """,
+    ),
+]
+"""Migration 23: a running turn's ending that also gives the lease up (after IDLE_TTL's)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from tether.store.postgres.functions import FUNCTIONS
+from tether.store.postgres.functions import END_RELEASING, FUNCTIONS
 from tether.store.postgres.session_functions import IDLE_TTL, SESSION_FUNCTIONS
 from tether.store.postgres.steps import Conn
 
@@ -256,6 +256,7 @@ MIGRATIONS: list[tuple[int, str]] = [
         """,
     ),
     *IDLE_TTL,  # 21, 22: TTLs that count from the latest activity (session_functions.py)
+    *END_RELEASING,  # 23: an ending that gives the lease up (functions.py)
 ]
 
 

@@ -144,6 +144,13 @@ END = (
     " $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22,"
     " $23, $24, $25)"
 )
+# The same, and the lease given up when no other turn of the session is active (migration 23).
+END_RELEASE = (
+    "SELECT outcome, current_token, first_seq, last_event, turn_seq, turn_input, turn_policy,"
+    " turn_created, turn_started, turn_agent, turn_fingerprint, released FROM"
+    " tether_end_release($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,"
+    " $17, $18, $19, $20, $21, $22, $23, $24, $25)"
+)
 # A whole admission in one round trip, committed as it returns (migration 14's overload).
 ENQUEUE = (
     "SELECT outcome, turn_seq, expires_at, active_ids, active_statuses, busy, total"

@@ -534,8 +534,37 @@ class Turns(Connection):
         memory: MemoryWrites | None = None,
     ) -> Turn:
         if not (memory and rules.keeps_memory(ending.status)):
-            return await self._end(lease, turn_id, ending, items, events)
-        # Memory writes go with the ending, in one transaction (rare: a turn that remembered).
+            return (await self._end(lease, turn_id, ending, items, events))[0]
+        return (await self._end_remembering(lease, turn_id, ending, items, events, memory))[0]
+
+    async def end_turn_released(
+        self,
+        lease: Lease,
+        turn_id: str,
+        ending: TurnEnding,
+        items: Sequence[NewItem],
+        events: Sequence[NewEvent],
+        memory: MemoryWrites | None = None,
+    ) -> tuple[Turn, bool]:
+        if not (memory and rules.keeps_memory(ending.status)):
+            return await self._end(lease, turn_id, ending, items, events, release=True)
+        return await self._end_remembering(
+            lease, turn_id, ending, items, events, memory, release=True
+        )
+
+    async def _end_remembering(
+        self,
+        lease: Lease,
+        turn_id: str,
+        ending: TurnEnding,
+        items: Sequence[NewItem],
+        events: Sequence[NewEvent],
+        memory: MemoryWrites,
+        *,
+        release: bool = False,
+    ) -> tuple[Turn, bool]:
+        """Memory writes go with the ending, in one transaction (rare: a turn that
+        remembered); with ``release``, the lease too when no other turn is active."""
         async with self._tx() as conn:
             pk = await steps.fenced_pk(conn, lease)
             row = await conn.fetchrow(q.GET_TURN, pk, turn_id)
@@ -544,7 +573,10 @@ class Turns(Connection):
             await steps.add(conn, pk, turn_id, items, events)
             done = await steps.finish(conn, pk, turn_row(row), ending, terminal=False)
             await apply_writes(conn, memory)
-            return done
+            if not release or await conn.fetchval(q.FIRST_ACTIVE_TURN, pk) is not None:
+                return done, False
+            await conn.execute(q.RELEASE_LEASE, *key_args(lease.key), lease.token)
+            return done, True
 
     async def _end(
         self,
@@ -553,8 +585,11 @@ class Turns(Connection):
         ending: TurnEnding,
         items: Sequence[NewItem],
         events: Sequence[NewEvent],
-    ) -> Turn:
-        """end_turn in one statement (migration 11's tether_end), with _write's checks."""
+        *,
+        release: bool = False,
+    ) -> tuple[Turn, bool]:
+        """end_turn in one statement (migration 11's tether_end, or with ``release`` 23's
+        tether_end_release), with _write's checks; and whether the lease was given up."""
         rules.check_event_seqs(turn_id, 0, [e.seq for e in events])  # none repeats
         now = time.time()
         args = (
@@ -570,12 +605,12 @@ class Turns(Connection):
         )
         async with self._conn() as conn:
             try:
-                row = await conn.fetchrow(q.END, *args)
+                row = await conn.fetchrow(q.END_RELEASE if release else q.END, *args)
             except asyncpg.UniqueViolationError as exc:
                 raise Conflict(f"an event seq of turn {turn_id} was already written") from exc
         assert row is not None  # a function with OUT parameters answers one row
         _refused(row, lease, turn_id, events, "running")
-        seq, given, policy, created, started, agent, fingerprint = tuple(row)[4:]
+        seq, given, policy, created, started, agent, fingerprint = tuple(row)[4:11]
         running = Turn(
             id=turn_id,
             key=lease.key,
@@ -593,7 +628,7 @@ class Turns(Connection):
             ended_at=None,
             agent=AgentRef(agent, fingerprint or "") if agent is not None else None,
         )
-        return rules.ended(running, ending, now)
+        return rules.ended(running, ending, now), bool(release and row[11])
 
     async def park_turn(
         self,
