@@ -28,6 +28,7 @@ from tether.store import InMemoryStore
 from tether.testing import Call, ScriptedModel, ToolCalls
 from tether.tools import Tool, ToolContext
 from tether.tools.sandbox import Bubblewrap, Limits, sandbox_tools
+from tether.tools.sandbox.base import Outcome, explain
 from tether.tools.sandbox.process import run_process
 from tether.tools.workspace import ensure_workspace, workspace_dir
 
@@ -290,6 +291,22 @@ async def test_a_fork_bomb_stops_at_the_process_limit(tmp_path: Path) -> None:
     # The classic one too, as the model would type it: it ends, and says why.
     out = await _shell(_ctx(tmp_path, "s"), ":(){ :|:& };:; sleep 1")
     assert "process limit" in out
+
+
+def test_a_fork_bombs_dying_forks_are_told_as_the_process_limit_not_memory() -> None:
+    """Once a fork bomb's first shell is gone, the forks still under way in its pid namespace
+    fail with ENOMEM: what the shell prints then (seen in CI) names the process limit, which
+    is what was hit; ENOMEM alone is the memory limit."""
+    bomb = (
+        b"environment: fork: retry: Resource temporarily unavailable\n"
+        b"environment: fork: Cannot allocate memory\n"
+    )
+    told = explain(Outcome(0, stderr=bomb), LIMITS).reason
+    assert told == "probably the process limit (32 processes)"
+    hog = explain(Outcome(1, stderr=b"MemoryError\n"), LIMITS).reason
+    assert hog is not None and hog.startswith("probably the memory limit")
+    alone = explain(Outcome(1, stderr=b"fork: Cannot allocate memory\n"), LIMITS).reason
+    assert alone is not None and alone.startswith("probably the memory limit")
 
 
 @needs_bwrap

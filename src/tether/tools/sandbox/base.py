@@ -176,13 +176,16 @@ def explain(outcome: Outcome, limits: Limits) -> Outcome:
         reason = f"the CPU time limit of {limits.cpu_seconds} s per process was reached"
     elif outcome.signal == signals.SIGXFSZ or "File too large" in err:
         reason = f"the file size limit of {limits.file_bytes:,} bytes was reached"
+    elif ("fork" in err and "Resource temporarily unavailable" in err) or "Cannot fork" in err:
+        # Before the memory signs: once a fork bomb's first shell is gone, the forks still
+        # under way in its pid namespace fail with ENOMEM ("fork: Cannot allocate memory"),
+        # which is no memory limit.
+        reason = f"probably the process limit ({limits.processes} processes)"
     elif "MemoryError" in err or "Cannot allocate memory" in err or "bad_alloc" in err:
         reason = (
             f"probably the memory limit of {limits.memory_bytes:,} bytes of address space "
             "per process"
         )
-    elif ("fork" in err and "Resource temporarily unavailable" in err) or "Cannot fork" in err:
-        reason = f"probably the process limit ({limits.processes} processes)"
     elif "Too many open files" in err:
         reason = f"the open files limit ({limits.open_files}) was reached"
     if reason == outcome.reason:
