@@ -155,7 +155,11 @@ class Workers:
                     # goes (after _linger that is done; after a failure it may be in flight).
                     while (claim := local.claims.get(key)) is not None:
                         await claim.wait()
-                    local.agents.pop(key, None)
+                    # The agent noted under this lease (one noted under the next lease, which
+                    # an admission may have taken once the ending let this one go, stays).
+                    noted = local.agents.get(key)
+                    if noted is not None and noted[0] is lease:
+                        del local.agents[key]
                     self._agent_of.pop(key, None)
                     self._looked.pop(key, None)  # a new lease reads its queue afresh
                     if kept:
