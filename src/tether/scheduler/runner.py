@@ -133,14 +133,12 @@ class TurnRunner:
         try:
             if started is not None:
                 sink = FencedSink(self._store, lease, turn.id, feed, history=self._local.history)
-                if let_go is not None and self._releasing is not None:
-                    sink.let_go(self._releasing, let_go)
-                done = await self._run(sink, turn, agent_name, frozenset(), started)
+                called: frozenset[str] = frozenset()
             else:
                 sink, called = await self._sink(lease, turn, feed)
-                if let_go is not None and self._releasing is not None:
-                    sink.let_go(self._releasing, let_go)
-                done = await self._run(sink, turn, agent_name, called)
+            if let_go is not None and self._releasing is not None:
+                sink.let_go(self._releasing, let_go)
+            done = await self._run(sink, turn, agent_name, called, started)
         finally:
             if sink is not None:
                 sink.close()
