@@ -249,9 +249,9 @@ def _serve_workers(
 
 
 def _draining_server(config: uvicorn.Config, scheduler: Scheduler, drain_timeout: float) -> Any:
-    import uvicorn
+    from tether.server.quiet import QuietServer
 
-    class DrainingServer(uvicorn.Server):
+    class DrainingServer(QuietServer):
         """Starts draining the scheduler the moment shutdown begins.
 
         uvicorn first waits for open connections, and only then runs the app's lifespan

@@ -167,7 +167,9 @@ class Turns(Connection):
             pk = steps.session_pk(c, key)
             now = time.time()
             c.execute(q.START_TURN, (now, turn_id, pk))
-            written = steps.add_rows(c, pk, turn_id, items, events)
+            # A new turn (a retry's took no lease): its only event is _enqueue's turn.queued.
+            last = rules.QUEUED_EVENT_SEQ
+            written = steps.add_rows(c, pk, turn_id, items, events, last_event=last)
             return replace(turn, status="running", started_at=now), lease, written
 
         return await self._write(do)
