@@ -69,16 +69,39 @@ async def test_the_date_header_is_renewed_on_every_tick() -> None:
 async def test_setting_should_exit_stops_the_server_at_once_not_at_the_next_tick(
     where: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(quiet, "TICK", 60.0)  # a tick would not come within the test
+    monkeypatch.setattr(quiet, "TICK", 1000.0)  # no tick comes within the test's timeout
     server, sock = _server()
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))
     await wait_until(lambda: server.started)
     await asyncio.sleep(0.2)  # main_loop waits now
     if where == "loop":
         server.should_exit = True
-    else:  # as a test or an application stopping a server run in another thread would
-        setter = threading.Thread(target=setattr, args=(server, "should_exit", True))
-        setter.start()
-        setter.join()
-    await asyncio.wait_for(serving, 10)
+    else:
+        # As a test or an application stopping a server run in another thread would: set
+        # while this loop sleeps in its selector, which only a thread-safe wake-up ends.
+        threading.Timer(0.2, setattr, args=(server, "should_exit", True)).start()
+    # No timeout of our own: its timer would wake the loop too. Only the setter's wake-up can
+    # end this wait (else pytest's timeout fails the test).
+    await serving
     assert server.should_exit
+
+
+async def test_a_flag_set_then_unset_leaves_the_loop_waiting_not_spinning() -> None:
+    server, sock = _server()
+    ticks: list[float] = []
+    on_tick = server.on_tick
+
+    async def counted(counter: int) -> bool:
+        ticks.append(time.monotonic())
+        return await on_tick(counter)
+
+    server.on_tick = counted  # type: ignore[method-assign]
+    serving = asyncio.ensure_future(server.serve(sockets=[sock]))
+    await wait_until(lambda: server.started)
+    server.should_exit = True
+    server.should_exit = False  # changed its mind before the loop looked
+    await asyncio.sleep(1.5)
+    assert not serving.done()
+    assert len(ticks) <= 4, len(ticks)  # a tick a second, not a busy loop
+    server.should_exit = True
+    await asyncio.wait_for(serving, 10)
