@@ -31,8 +31,8 @@ def _server() -> tuple[QuietServer, socket.socket]:
     return QuietServer(config), sock
 
 
-async def test_a_server_with_nothing_to_do_ticks_once_a_second_not_ten_times() -> None:
-    server, sock = _server()
+def _ticks(server: QuietServer) -> list[float]:
+    """When the server's ticks come, from now on."""
     ticks: list[float] = []
     on_tick = server.on_tick
 
@@ -41,6 +41,12 @@ async def test_a_server_with_nothing_to_do_ticks_once_a_second_not_ten_times() -
         return await on_tick(counter)
 
     server.on_tick = counted  # type: ignore[method-assign]
+    return ticks
+
+
+async def test_a_server_with_nothing_to_do_ticks_once_a_second_not_ten_times() -> None:
+    server, sock = _server()
+    ticks = _ticks(server)
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))
     await asyncio.sleep(2.5)
     server.should_exit = True
@@ -88,14 +94,7 @@ async def test_setting_should_exit_stops_the_server_at_once_not_at_the_next_tick
 
 async def test_a_flag_set_then_unset_leaves_the_loop_waiting_not_spinning() -> None:
     server, sock = _server()
-    ticks: list[float] = []
-    on_tick = server.on_tick
-
-    async def counted(counter: int) -> bool:
-        ticks.append(time.monotonic())
-        return await on_tick(counter)
-
-    server.on_tick = counted  # type: ignore[method-assign]
+    ticks = _ticks(server)
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))
     await wait_until(lambda: server.started)
     server.should_exit = True
