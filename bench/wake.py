@@ -17,7 +17,7 @@ after pauses of 0 to 200 ms spent asleep:
 
 Each row gives the median CPU per piece and its ratio to the back-to-back row of the same
 run. A ratio well above 1 is the host (caches and the virtual CPU woken cold), not the code:
-it is why one session's CPU per turn (``hot_path.py``) is about three times the CPU of a turn
+it is why one session's CPU per turn (``hot_path.py``) is two to three times the CPU of a turn
 at 64 sessions, where the process never sleeps, for the reference server as for tether.
 """
 
