@@ -23,6 +23,7 @@ from tether.server.routes import chat, console, knowledge, memory, meta, session
 from tether.server.settings import Settings
 from tether.server.state import ServerState
 from tether.server.tokens import JwtVerifier
+from tether.server.turn_lane import TurnLane
 from tether.store import open_store_url
 from tether.version import __version__
 
@@ -181,6 +182,8 @@ def create_app(settings: Settings | None = None, agents: Sequence[Agent] | None 
     if "agui" in settings.faces:
         app.include_router(agui_face.router)
     console.install(app)
+    # Added before BodyLimit, so inside it: the lane's bodies are bounded as every other's.
+    app.add_middleware(TurnLane, owner=app)
     app.add_middleware(
         BodyLimit,
         limit=settings.limits.max_body_bytes,

@@ -15,7 +15,15 @@ from tether.errors import Conflict, SessionNotFound, TurnNotFound
 from tether.events import TURN_ENDED
 from tether.records import AgentRef, Decision, Event, SessionKey, Turn
 from tether.server import sse
-from tether.server.deps import AskingSession, Caller, Key, OwnSession, State, check_message
+from tether.server.deps import (
+    Asking,
+    AskingSession,
+    Caller,
+    Key,
+    OwnSession,
+    State,
+    check_message,
+)
 from tether.server.routes.outcomes import turn_response
 from tether.server.schemas import (
     IDEMPOTENCY_KEY,
@@ -145,6 +153,14 @@ async def create_turn(
     events; ``wait=false`` with 202 and the accepted turn (queued, or running already). A
     retry with the same idempotency key gets the turn the first request made, in the same
     form."""
+    return await answer_turn(asking, request, body, idempotency_key)
+
+
+async def answer_turn(
+    asking: Asking, request: Request, body: TurnCreate, idempotency_key: str | None
+) -> Response:
+    """What ``POST /v1/sessions/{sid}/turns`` answers once its request has been read: by the
+    route, or by :class:`~tether.server.turn_lane.TurnLane` past FastAPI's machinery."""
     st, caller, key = asking.st, asking.caller, asking.key
     check_message(st, body.input)
     if idempotency_key and body.idempotency_key and idempotency_key != body.idempotency_key:
