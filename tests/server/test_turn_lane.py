@@ -21,7 +21,7 @@ from tether.server.settings import Limits, Settings
 from tether.server.turn_lane import TurnLane
 from tether.testing import ScriptedModel
 
-LIMITS = Limits(max_message_chars=50, max_body_bytes=2_000)
+LIMITS = Limits(max_message_chars=100, max_body_bytes=2_000)
 TURNS = "/v1/sessions/s1/turns"
 
 
@@ -135,8 +135,16 @@ def json_type(params: str = "") -> dict[str, str]:
         (b'{"input": "hi"}', {"content-type": "text/plain"}, 422),
         (b'{"input": "hi"}', {"content-type": "application/vnd.api+json"}, 200),
         (b'{"input": "hi"}', {}, 422),
-        # A turn the route reads and runs: its body reached it whole.
+        # Turns the route reads and runs: their bodies reached it whole.
         (b'{"input": "keyed"}', {**json_type(), "Idempotency-Key": "k-1"}, 200),
+        (b'{"input": "' + b"{" * 65 + b'"}', json_type(), 200),
+        # Nested (then dropped by the later key): how deep json.loads goes depends on how deep
+        # the stack is, and the route parses further down than the lane.
+        (
+            b'{"agent": ' + b"[" * 100 + b"]" * 100 + b', "agent": null, "input": "deep"}',
+            json_type(),
+            200,
+        ),
         (b'{"input": "hi"}', {**json_type(), "Idempotency-Key": "bad key"}, 422),
     ],
 )
@@ -169,6 +177,22 @@ async def test_other_methods_and_paths_go_to_the_route(
         ]
 
 
+async def test_a_request_fastapi_traces_goes_to_the_route(tmp_path: Path) -> None:
+    """FastAPI's own telemetry (when configured) marks the scope; the route then names the
+    span and records its parts, which the lane would not."""
+    async with spied(tmp_path) as (c, passed):
+        app = c._transport.app  # type: ignore[attr-defined]
+
+        async def traced(scope: Scope, receive: Receive, send: Send) -> None:
+            await app({**scope, "fastapi.telemetry": object()}, receive, send)
+
+        transport = httpx.ASGITransport(app=traced, client=("127.0.0.1", 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as t:
+            r = await t.post(TURNS, json={"input": "traced"})
+        assert r.status_code == 200, r.text
+        assert passed.seen == [("POST", TURNS, b'{"input":"traced"}')]
+
+
 async def test_a_body_over_the_limit_is_refused_on_the_lane(
     tmp_path: Path,
 ) -> None:
@@ -192,7 +216,7 @@ SCENARIOS: list[tuple[str, dict[str, Any]]] = [
     ("a second turn sees the first", {"json": {"input": "again"}}),
     ("an unknown session", {"url": "/v1/sessions/nobody/turns", "json": {"input": "hi"}}),
     ("a bad session id", {"url": "/v1/sessions/bad%20id!/turns", "json": {"input": "hi"}}),
-    ("a message over the limit", {"json": {"input": "x" * 51}}),
+    ("a message over the limit", {"json": {"input": "x" * 101}}),
     ("a NUL", {"json": {"input": "a\u0000b"}}),
     ("an agent not served", {"json": {"input": "hi", "agent": "zed"}}),
     ("fire and forget", {"json": {"input": "later", "wait": False}}),

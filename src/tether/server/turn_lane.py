@@ -12,8 +12,12 @@ the app untouched, the body it read included:
 * a POST to that path (no ``root_path``, no trailing slash), with a JSON ``Content-Type``;
 * no ``Idempotency-Key`` header (FastAPI checks it; the body's field is checked here, by the
   model);
-* a body that ``json.loads`` reads (Starlette's ``request.json``) and that validates as
-  :class:`~tether.server.schemas.TurnCreate`.
+* not traced by FastAPI's own telemetry (the route names the span and records its parts);
+* a body of at most 64 brackets that ``json.loads`` reads (Starlette's ``request.json``) and
+  that validates as :class:`~tether.server.schemas.TurnCreate`. The bound is on nesting: how
+  deep ``json.loads`` may go depends on how deep the stack already is (Python's recursion
+  limit counts its scanner), and the route parses a dozen frames further down, so a body
+  nested ~960 deep was read here and refused there. A turn's fields are all scalars.
 
 From there it does what the route does, with the route's own code: the caller and session key
 from :func:`~tether.server.deps.asking`, the answer from
@@ -31,6 +35,7 @@ import re
 from typing import Any
 
 from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -40,6 +45,8 @@ from tether.server.routes.turns import answer_turn
 from tether.server.schemas import TurnCreate
 
 PATH = re.compile(r"/v1/sessions/([^/]+)/turns")
+MAX_BRACKETS = 64
+"""A body with more ``[`` and ``{`` (in its strings too) goes to the route: see above."""
 
 
 class TurnLane:
@@ -48,7 +55,9 @@ class TurnLane:
 
     def __init__(self, app: ASGIApp, owner: FastAPI) -> None:
         self.app = app
-        self.owner = owner
+        # Copied as Starlette copies them when it builds the middleware stack (which makes
+        # this lane too): a handler added later reaches neither.
+        self.handlers: dict[Any, Any] = dict(owner.exception_handlers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         sid = _lane_session(scope)
@@ -77,15 +86,15 @@ class TurnLane:
         """The response the app's handler for ``exc`` makes (as Starlette's
         ExceptionMiddleware looks it up, by class); ``exc`` itself when none does, for the
         server-error handler above."""
-        handlers: dict[Any, Any] = self.owner.exception_handlers
         for cls in type(exc).__mro__:
             if cls is Exception:
                 break  # Starlette's ServerErrorMiddleware answers those
-            handler = handlers.get(cls)
+            handler = self.handlers.get(cls)
             if handler is not None:
-                response = handler(request, exc)
-                if inspect.isawaitable(response):
-                    response = await response
+                if inspect.iscoroutinefunction(handler):
+                    response = await handler(request, exc)
+                else:  # as Starlette runs a plain function: off the event loop
+                    response = await run_in_threadpool(handler, request, exc)
                 assert isinstance(response, Response)
                 return response
         raise exc
@@ -94,6 +103,8 @@ class TurnLane:
 def _lane_session(scope: Scope) -> str | None:
     """The session id of a request the lane may serve; None for any other."""
     if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
+        return None
+    if scope.get("fastapi.telemetry") is not None:
         return None
     match = PATH.fullmatch(scope["path"])
     if match is None:
@@ -114,6 +125,8 @@ def _lane_session(scope: Scope) -> str | None:
 def _turn_create(raw: bytes) -> TurnCreate | None:
     """The body as the route reads it (``json.loads``, then the model from the Python value);
     None when the route would refuse it (it says why)."""
+    if raw.count(b"[") + raw.count(b"{") > MAX_BRACKETS:
+        return None
     try:
         return TurnCreate.model_validate(json.loads(raw))
     except Exception:  # not JSON, too deeply nested, not a valid turn: the route says which
