@@ -66,6 +66,8 @@ class Answer:
         text: list[str] = []
         try:
             for line in lines:
+                if not line and not self._pending:
+                    continue  # the blank line after each event: nothing to read (most lines)
                 chunk = self._event(line)
                 if chunk is not _NOTHING:
                     self._take(chunk, out, text)
@@ -98,11 +100,14 @@ class Answer:
                 # to its end hands its connection back to the pool; one closed early costs a
                 # new TCP connection on the next call.
                 return _NOTHING
-            try:
-                return _loads(data)
-            except ValueError:
-                self._pending.append(data)  # perhaps the first line of several
-                return _NOTHING
+            try:  # _loads, inline: this is every chunk's path
+                return orjson.loads(data)
+            except orjson.JSONDecodeError:
+                try:
+                    return json.loads(data)
+                except ValueError:
+                    self._pending.append(data)  # perhaps the first line of several
+                    return _NOTHING
         if not line and self._pending:  # the blank line that ends an event
             data, self._pending = b"\n".join(self._pending), []
             raise self._fail("the model provider sent invalid JSON", _shown(data))
@@ -119,7 +124,9 @@ class Answer:
             raise self._fail("the model provider failed mid-answer", str(detail))
         try:
             # Some servers repeat running totals: the last wins.
-            self.usage = _usage(chunk) or self.usage
+            usage = chunk.get("usage")
+            if usage:
+                self.usage = _usage(usage)
             for choice in chunk.get("choices") or ():
                 if choice.get("index", 0) != 0:
                     continue  # only one choice (n=1) is ever requested
@@ -206,10 +213,7 @@ def _loads(data: bytes) -> Any:
         return json.loads(data)
 
 
-def _usage(chunk: dict[str, Any]) -> Usage | None:
-    raw = chunk.get("usage")
-    if not raw:
-        return None
+def _usage(raw: dict[str, Any]) -> Usage:
     return Usage(int(raw.get("prompt_tokens") or 0), int(raw.get("completion_tokens") or 0))
 
 

@@ -20,6 +20,7 @@ node's copy only.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
@@ -49,8 +50,10 @@ def owner_workspaces(root: Path, tenant: str, owner: str) -> Path:
     return root / _digest(tenant, owner)
 
 
+@functools.lru_cache(maxsize=1024)
 def workspace_dir(root: Path, key: SessionKey) -> Path:
-    """The workspace of the session ``key`` under ``root`` (not created here)."""
+    """The workspace of the session ``key`` under ``root`` (not created here). Remembered for
+    the sessions of the latest turns: every turn asks, and two digests cost ~8 µs."""
     return owner_workspaces(root, key.tenant, key.owner) / _digest(
         key.tenant, key.owner, key.session_id
     )
