@@ -411,3 +411,137 @@ IDLE_TTL: list[tuple[int, str]] = [
         """,
     ),
 ]
+
+TAKEN_AT_ONCE: list[tuple[int, str]] = [
+    (
+        24,
+        """
+        -- tether_enqueue_taken as migration 19's, its common case in one body: a turn on an
+        -- idle session (the lease free or expired, no turn of the session active, no
+        -- idempotency key, items to write) is admitted, leased and started with one update of
+        -- the session's row and one insert a table, where tether_enqueue then tether_write
+        -- took the row twice, updated it three times, and wrote the turn queued then running
+        -- (19 statements and two trigger calls; 9 and one now). What is committed is what the
+        -- two committed; only the row versions in between are gone. The checks are theirs,
+        -- in their order; a case they would answer otherwise (a refusal but the owner's
+        -- bound, a turn ahead, events that would not follow the queued one) goes migration
+        -- 19's way, which looks again under the row lock this transaction then holds.
+        CREATE OR REPLACE FUNCTION tether_enqueue_taken(
+            p_tenant text, p_owner text, p_session text, p_turn text, p_input text,
+            p_policy text, p_now double precision, p_agent text, p_fingerprint text,
+            p_idem text, p_digest text, p_max_queue bigint, p_limits boolean,
+            p_running bigint, p_queued bigint, p_event_seq bigint, p_event_type text,
+            p_by text, p_lease_until double precision,
+            p_kinds text[], p_contents text[], p_completes boolean[], p_call_ids text[],
+            p_tools text[], p_arguments text[], p_metas text[],
+            p_event_seqs bigint[], p_event_lasts bigint[], p_event_types text[],
+            p_event_datas text[], p_expect_agent text,
+            OUT outcome text, OUT turn_seq bigint, OUT expires_at double precision,
+            OUT active_ids text[], OUT active_statuses text[], OUT busy bigint,
+            OUT total bigint, OUT r_token bigint, OUT r_next_item bigint, OUT first_seq bigint,
+            OUT found_agent text)
+        LANGUAGE plpgsql VOLATILE AS $$
+        DECLARE
+            v_written text;
+            v_pk bigint;
+            v_holder text;
+            v_held_until double precision;
+            v_count integer := cardinality(p_kinds);
+        BEGIN
+            IF p_expect_agent IS NOT NULL THEN
+                -- Under the row lock the admission then takes again: the agent cannot change
+                -- between this look and the admission.
+                SELECT s.agent INTO found_agent FROM sessions s
+                 WHERE s.tenant = p_tenant AND s.owner = p_owner AND s.session_id = p_session
+                   FOR UPDATE;
+                IF FOUND AND found_agent IS DISTINCT FROM p_expect_agent THEN
+                    outcome := 'agent';
+                    RETURN;
+                END IF;
+            END IF;
+            IF p_idem IS NULL AND p_lease_until IS NOT NULL AND v_count > 0
+               AND p_max_queue > 0
+               AND (cardinality(p_event_seqs) = 0
+                    OR (SELECT min(x) FROM unnest(p_event_seqs) x) > p_event_seq) THEN
+                SELECT s.pk, s.expires_at, s.lease_owner, s.lease_expires_at
+                  INTO v_pk, expires_at, v_holder, v_held_until FROM sessions s
+                 WHERE s.tenant = p_tenant AND s.owner = p_owner AND s.session_id = p_session
+                   FOR UPDATE;
+                IF FOUND AND (v_holder IS NULL OR v_held_until <= p_now)
+                   AND (expires_at IS NULL OR expires_at > p_now)
+                   AND NOT EXISTS (
+                       SELECT 1 FROM turns t WHERE t.session_pk = v_pk
+                          AND t.status IN ('queued', 'running', 'awaiting_input')) THEN
+                    active_ids := '{}';
+                    active_statuses := '{}';
+                    IF p_limits THEN
+                        -- After the lock, a new statement, so a new snapshot: the count sees
+                        -- what the lock's previous holder committed.
+                        PERFORM pg_advisory_xact_lock(
+                            hashtextextended(p_tenant || chr(31) || p_owner, 7));
+                        SELECT count(*), coalesce(sum(b.live), 0) INTO busy, total
+                          FROM busy_sessions b WHERE b.tenant = p_tenant AND b.owner = p_owner;
+                        IF p_running IS NOT NULL AND busy >= p_running THEN
+                            outcome := 'refused';
+                            RETURN;
+                        END IF;
+                    END IF;
+                    -- The admission's seq, the lease, the items' seqs: tether_enqueue's two
+                    -- updates and tether_write's, whose RETURNING values these are.
+                    UPDATE sessions SET next_turn_seq = next_turn_seq + 1, lease_owner = p_by,
+                           lease_token = lease_token + 1, lease_expires_at = p_lease_until,
+                           next_item_seq = next_item_seq + v_count, updated_at = p_now
+                     WHERE pk = v_pk
+                    RETURNING next_turn_seq - 1, lease_token, next_item_seq - v_count
+                         INTO turn_seq, r_token, r_next_item;
+                    first_seq := r_next_item;
+                    INSERT INTO turns (id, session_pk, seq, input, policy, status, created_at,
+                                       started_at, agent, agent_fingerprint, idempotency_key,
+                                       request_digest)
+                    VALUES (p_turn, v_pk, turn_seq, p_input, p_policy, 'running', p_now, p_now,
+                            p_agent, p_fingerprint, NULL, p_digest);
+                    -- The queued event's data is rules.queued_event's, as json.dumps writes it.
+                    INSERT INTO events (turn_id, seq, last_seq, type, data, created_at)
+                    SELECT p_turn, p_event_seq, NULL, p_event_type,
+                           '{"seq": ' || turn_seq || '}', p_now
+                    UNION ALL
+                    SELECT p_turn, u.seq, u.last_seq, u.type, u.data, p_now
+                      FROM unnest(p_event_seqs, p_event_lasts, p_event_types, p_event_datas)
+                           AS u(seq, last_seq, type, data);
+                    INSERT INTO items (session_pk, seq, turn_id, kind, content, complete,
+                                       call_id, tool_name, arguments, meta, created_at)
+                    SELECT v_pk, first_seq + u.n - 1, p_turn, u.kind, u.content, u.complete,
+                           u.call_id, u.tool_name, u.arguments, u.meta, p_now
+                      FROM unnest(p_kinds, p_contents, p_completes, p_call_ids, p_tools,
+                                  p_arguments, p_metas)
+                           WITH ORDINALITY AS u(kind, content, complete, call_id, tool_name,
+                                                arguments, meta, n);
+                    outcome := 'started';
+                    RETURN;
+                END IF;
+            END IF;
+            SELECT e.outcome, e.turn_seq, e.expires_at, e.active_ids, e.active_statuses,
+                   e.busy, e.total, e.r_token, e.r_next_item
+              INTO outcome, turn_seq, expires_at, active_ids, active_statuses, busy, total,
+                   r_token, r_next_item
+              FROM tether_enqueue(p_tenant, p_owner, p_session, p_turn, p_input, p_policy,
+                                  p_now, p_agent, p_fingerprint, p_idem, p_digest,
+                                  p_max_queue, p_limits, p_running, p_queued, p_event_seq,
+                                  p_event_type, p_by, p_lease_until) e;
+            IF outcome <> 'queued' OR r_token IS NULL OR cardinality(active_ids) > 0 THEN
+                RETURN;  -- as tether_enqueue left it: not leased here, or behind another turn
+            END IF;
+            SELECT w.outcome, w.first_seq INTO v_written, first_seq
+              FROM tether_write(p_tenant, p_owner, p_session, r_token, p_turn, true, p_now,
+                                p_kinds, p_contents, p_completes, p_call_ids, p_tools,
+                                p_arguments, p_metas, p_event_seqs, p_event_lasts,
+                                p_event_types, p_event_datas) w;
+            IF v_written = 'written' THEN
+                outcome := 'started';
+            END IF;
+        END
+        $$;
+        """,
+    ),
+]
+"""Migration 24: the admission that takes a free lease and starts the turn, in one body."""
