@@ -621,3 +621,103 @@ END_RELEASING: list[tuple[int, str]] = [
     ),
 ]
 """Migration 23: a running turn's ending that also gives the lease up (after IDLE_TTL's)."""
+
+END_RELEASING_AT_ONCE: list[tuple[int, str]] = [
+    (
+        25,
+        """
+        -- tether_end_release as migration 23's in one body: the ending's checks and writes as
+        -- tether_end makes them, in its order, and the lease given up by the same update of
+        -- the session's row that numbers the items (12 statements, 9 now; the row updated
+        -- once where it was twice). Whether the lease goes is asked after the row lock, of the
+        -- turns but this one (an ending's status is never an active one), as migration 23
+        -- asked of them all after the ending: a turn admitted meanwhile either committed
+        -- before the lock (and is seen: the lease stays for it) or waits for this commit.
+        CREATE OR REPLACE FUNCTION tether_end_release(
+            p_tenant text, p_owner text, p_session text, p_token bigint, p_turn text,
+            p_now double precision,
+            p_kinds text[], p_contents text[], p_completes boolean[], p_call_ids text[],
+            p_tools text[], p_arguments text[], p_metas text[],
+            p_event_seqs bigint[], p_event_lasts bigint[], p_event_types text[],
+            p_event_datas text[],
+            p_effect text, p_status text, p_reason text, p_error text, p_output text,
+            p_complete boolean, p_usage text, p_ran_by text,
+            OUT outcome text, OUT current_token bigint, OUT first_seq bigint,
+            OUT last_event bigint, OUT turn_seq bigint, OUT turn_input text,
+            OUT turn_policy text, OUT turn_created double precision,
+            OUT turn_started double precision, OUT turn_agent text, OUT turn_fingerprint text,
+            OUT released boolean)
+        LANGUAGE plpgsql VOLATILE AS $$
+        DECLARE
+            v_pk bigint;
+            v_count integer := cardinality(p_kinds);
+        BEGIN
+            released := false;
+            SELECT s.pk, s.lease_token INTO v_pk, current_token FROM sessions s
+             WHERE s.tenant = p_tenant AND s.owner = p_owner AND s.session_id = p_session
+               FOR UPDATE;
+            IF NOT FOUND THEN
+                outcome := 'missing';
+                RETURN;
+            END IF;
+            IF current_token <> p_token THEN
+                outcome := 'stale';
+                RETURN;
+            END IF;
+            -- Every refusal comes before the first write: a RETURN commits what was done.
+            SELECT t.seq, t.input, t.policy, t.created_at, t.started_at, t.agent,
+                   t.agent_fingerprint
+              INTO turn_seq, turn_input, turn_policy, turn_created, turn_started, turn_agent,
+                   turn_fingerprint
+              FROM turns t WHERE t.id = p_turn AND t.session_pk = v_pk AND t.status = 'running';
+            IF NOT FOUND THEN
+                outcome := 'status';
+                RETURN;
+            END IF;
+            IF cardinality(p_event_seqs) > 0 THEN
+                SELECT COALESCE(MAX(COALESCE(e.last_seq, e.seq)), 0) INTO last_event
+                  FROM events e WHERE e.turn_id = p_turn;
+                IF (SELECT min(x) FROM unnest(p_event_seqs) x) <= last_event THEN
+                    outcome := 'events';
+                    RETURN;
+                END IF;
+            END IF;
+            released := NOT EXISTS (
+                SELECT 1 FROM turns t WHERE t.session_pk = v_pk AND t.id <> p_turn
+                   AND t.status IN ('queued', 'running', 'awaiting_input'));
+            IF v_count > 0 THEN
+                UPDATE sessions SET next_item_seq = next_item_seq + v_count, updated_at = p_now,
+                       lease_owner = CASE WHEN released THEN NULL ELSE lease_owner END,
+                       lease_expires_at = CASE WHEN released THEN 0 ELSE lease_expires_at END
+                 WHERE pk = v_pk RETURNING next_item_seq - v_count INTO first_seq;
+                INSERT INTO items (session_pk, seq, turn_id, kind, content, complete, call_id,
+                                   tool_name, arguments, meta, created_at)
+                SELECT v_pk, first_seq + u.n - 1, p_turn, u.kind, u.content, u.complete,
+                       u.call_id, u.tool_name, u.arguments, u.meta, p_now
+                  FROM unnest(p_kinds, p_contents, p_completes, p_call_ids, p_tools,
+                              p_arguments, p_metas)
+                       WITH ORDINALITY AS u(kind, content, complete, call_id, tool_name,
+                                            arguments, meta, n);
+            ELSIF released THEN
+                UPDATE sessions SET lease_owner = NULL, lease_expires_at = 0 WHERE pk = v_pk;
+            END IF;
+            INSERT INTO events (turn_id, seq, last_seq, type, data, created_at)
+            SELECT p_turn, u.seq, u.last_seq, u.type, u.data, p_now
+              FROM unnest(p_event_seqs, p_event_lasts, p_event_types, p_event_datas)
+                   AS u(seq, last_seq, type, data);
+            IF p_effect = 'delete' THEN
+                DELETE FROM items WHERE session_pk = v_pk AND turn_id = p_turn;
+            ELSIF p_effect = 'exclude' THEN
+                UPDATE items SET excluded = true WHERE session_pk = v_pk AND turn_id = p_turn;
+            END IF;
+            UPDATE turns SET status = p_status, reason = p_reason, error = p_error,
+                   output = p_output, complete = p_complete, usage = p_usage, ended_at = p_now,
+                   ran_by = p_ran_by, held_memory = NULL
+             WHERE id = p_turn;
+            outcome := 'ended';
+        END
+        $$;
+        """,
+    ),
+]
+"""Migration 25: that ending in one body (after TAKEN_AT_ONCE's)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from tether.store.postgres.functions import END_RELEASING, FUNCTIONS
+from tether.store.postgres.functions import END_RELEASING, END_RELEASING_AT_ONCE, FUNCTIONS
 from tether.store.postgres.session_functions import IDLE_TTL, SESSION_FUNCTIONS, TAKEN_AT_ONCE
 from tether.store.postgres.steps import Conn
 
@@ -258,6 +258,7 @@ MIGRATIONS: list[tuple[int, str]] = [
     *IDLE_TTL,  # 21, 22: TTLs that count from the latest activity (session_functions.py)
     *END_RELEASING,  # 23: an ending that gives the lease up (functions.py)
     *TAKEN_AT_ONCE,  # 24: an idle session's turn started in one body (session_functions.py)
+    *END_RELEASING_AT_ONCE,  # 25: the ending that gives the lease up, in one body (functions.py)
 ]
 
 

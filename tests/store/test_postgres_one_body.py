@@ -1,7 +1,9 @@
-"""PostgreSQL's ``tether_enqueue_taken`` (migration 24: an idle session's turn admitted, leased
-and started in one body) commits and answers what migration 19's did (``tether_enqueue`` then
-``tether_write``), case by case: its own path, and every case it hands on to the old one.
-Skips without ``TETHER_TEST_POSTGRES_URL`` (see tests/conformance/postgres_db.py)."""
+"""PostgreSQL's hot functions rewritten as one body commit and answer what the ones they
+replace did, case by case: ``tether_enqueue_taken`` (migration 24: an idle session's turn
+admitted, leased and started; migration 19's called ``tether_enqueue`` then ``tether_write``),
+its own path and every case it hands on to the old one; ``tether_end_release`` (migration 25;
+migration 23's called ``tether_end``). Skips without ``TETHER_TEST_POSTGRES_URL`` (see
+tests/conformance/postgres_db.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import pytest
 
 from tether.records import SessionKey
 from tether.store import PostgresStore
+from tether.store.postgres.functions import END_RELEASING
 from tether.store.postgres.session_functions import SESSION_FUNCTIONS
 
 OLD = "old_enqueue_taken"
@@ -116,7 +119,9 @@ async def state(conn: Any, owner: str, ids: dict[str, str]) -> dict[str, Any]:
     )
     turns = await conn.fetch(
         "SELECT t.id, t.seq, t.input, t.policy, t.status, t.created_at, t.started_at,"
-        " t.agent, t.agent_fingerprint, t.idempotency_key, t.request_digest FROM turns t"
+        " t.agent, t.agent_fingerprint, t.idempotency_key, t.request_digest, t.reason,"
+        " t.error, t.output, t.complete, t.usage, t.ended_at, t.ran_by, t.held_memory"
+        " FROM turns t"
         " JOIN sessions s ON s.pk = t.session_pk WHERE s.owner = $1 ORDER BY t.seq",
         owner,
     )
@@ -294,6 +299,150 @@ async def test_an_idle_sessions_turn_updates_its_row_once(postgres_url: str) -> 
             assert outcome == "started"
         assert dict(updates["new"]) == {"sessions": 1, "turns": 0}
         assert updates["old"]["sessions"] >= 3 and updates["old"]["turns"] == 1
+    finally:
+        await conn.close()
+        await store.close()
+
+
+OLD_END = "old_end_release"
+END_PARAMS = [
+    "p_tenant", "p_owner", "p_session", "p_token", "p_turn", "p_now",
+    "p_kinds", "p_contents", "p_completes", "p_call_ids", "p_tools", "p_arguments", "p_metas",
+    "p_event_seqs", "p_event_lasts", "p_event_types", "p_event_datas",
+    "p_effect", "p_status", "p_reason", "p_error", "p_output", "p_complete", "p_usage",
+    "p_ran_by",
+]  # fmt: skip
+END_OUTS = (
+    "outcome, current_token, first_seq, last_event, turn_seq, turn_input, turn_policy,"
+    " turn_created, turn_started, turn_agent, turn_fingerprint, released"
+)
+
+
+def old_end_function() -> str:
+    """Migration 23's tether_end_release, under another name."""
+    (sql,) = [sql for version, sql in END_RELEASING if version == 23]
+    assert "CREATE FUNCTION tether_end_release(" in sql
+    return sql.replace("CREATE FUNCTION tether_end_release(", f"CREATE FUNCTION {OLD_END}(")
+
+
+def end_params(owner: str, now: float, **changed: Any) -> list[Any]:
+    values: dict[str, Any] = {
+        "p_tenant": "acme",
+        "p_owner": owner,
+        "p_session": "s",
+        "p_token": 101,
+        "p_turn": f"run-{owner}",
+        "p_now": now,
+        "p_kinds": ["assistant"],
+        "p_contents": ["the answer"],
+        "p_completes": [True],
+        "p_call_ids": [None],
+        "p_tools": [None],
+        "p_arguments": [None],
+        "p_metas": ["{}"],
+        "p_event_seqs": [3, 4],
+        "p_event_lasts": [None, None],
+        "p_event_types": ["message.completed", "turn.ended"],
+        "p_event_datas": ['{"text": "the answer"}', '{"status": "completed"}'],
+        "p_effect": "keep",
+        "p_status": "completed",
+        "p_reason": "answered",
+        "p_error": None,
+        "p_output": "the answer",
+        "p_complete": True,
+        "p_usage": '{"input_tokens": 3}',
+        "p_ran_by": "a",
+    }
+    assert set(changed) <= set(values)
+    values |= changed
+    return [values[name] for name in END_PARAMS]
+
+
+async def running(conn: Any, owner: str, now: float) -> None:
+    """A turn running under a lease of token 101 (and the session's seqs past it)."""
+    marks = ", ".join(f"${n}" for n in range(1, len(PARAMS) + 1))
+    outcome = await conn.fetchval(
+        f"SELECT outcome FROM tether_enqueue_taken({marks})",
+        *params(owner, f"run-{owner}", now - 5),
+    )
+    assert outcome == "started"
+
+
+def behind(status: str) -> Setup:
+    """Another turn of the session, queued behind the running one, then in ``status``."""
+
+    async def run(conn: Any, owner: str, now: float) -> None:
+        marks = ", ".join(f"${n}" for n in range(1, len(PARAMS) + 1))
+        outcome = await conn.fetchval(
+            f"SELECT outcome FROM tether_enqueue_taken({marks})",
+            *params(owner, f"next-{owner}", now - 4),
+        )
+        assert outcome == "queued"
+        await conn.execute("UPDATE turns SET status = $1 WHERE id = $2", status, f"next-{owner}")
+
+    return run
+
+
+NO_END_ITEMS: dict[str, Any] = {
+    name: [] for name in ("p_kinds", "p_contents", "p_completes", "p_call_ids", "p_tools")
+} | {"p_arguments": [], "p_metas": []}
+NO_END_EVENTS: dict[str, Any] = {
+    name: [] for name in ("p_event_seqs", "p_event_lasts", "p_event_types", "p_event_datas")
+}
+END_CASES: list[tuple[str, Setup, dict[str, Any], tuple[str, bool]]] = [
+    ("the session's only turn", nothing, {}, ("ended", True)),
+    ("a turn queued behind", behind("queued"), {}, ("ended", False)),
+    ("a turn awaiting input behind", behind("awaiting_input"), {}, ("ended", False)),
+    ("a turn ended behind", behind("cancelled"), {}, ("ended", True)),
+    ("items deleted", nothing, {"p_effect": "delete", "p_status": "rolled_back"}, ("ended", True)),
+    ("items excluded", nothing, {"p_effect": "exclude", "p_status": "failed"}, ("ended", True)),
+    ("no items", nothing, NO_END_ITEMS, ("ended", True)),
+    ("no items, a turn behind", behind("queued"), NO_END_ITEMS, ("ended", False)),
+    ("no events", nothing, NO_END_EVENTS, ("ended", True)),
+    ("a TTL from its activity", IDLE_TTL, {}, ("ended", True)),
+    ("a stale token", nothing, {"p_token": 100}, ("stale", False)),
+    ("an unknown session", nothing, {"p_session": "nobody"}, ("missing", False)),
+    ("a turn not running", nothing, {"p_turn": "nothing"}, ("status", False)),
+    ("events already written", nothing, {"p_event_seqs": [2, 4]}, ("events", False)),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "setup", "changed", "outcome"), END_CASES, ids=[name for name, *_ in END_CASES]
+)
+async def test_migration_25_commits_what_migration_23_did(
+    postgres_url: str,
+    name: str,
+    setup: Setup,
+    changed: dict[str, Any],
+    outcome: tuple[str, bool],
+) -> None:
+    store = PostgresStore(postgres_url)
+    await store.open()  # migrated
+    conn = await asyncpg.connect(postgres_url)
+    try:
+        await conn.execute(old_end_function())
+        now = time.time()
+        for owner in ("new", "old"):
+            await store.create_session(SessionKey("acme", owner, "s"), "a")
+            await conn.execute(
+                "UPDATE sessions SET lease_token = 100, created_at = $2 - 10,"
+                " updated_at = $2 - 10 WHERE owner = $1",
+                owner,
+                now,
+            )
+            await running(conn, owner, now)
+            await setup(conn, owner, now)
+        results = {}
+        for owner, fn in (("new", "tether_end_release"), ("old", OLD_END)):
+            marks = ", ".join(f"${n}" for n in range(1, len(END_PARAMS) + 1))
+            row = await conn.fetchrow(
+                f"SELECT {END_OUTS} FROM {fn}({marks})", *end_params(owner, now, **changed)
+            )
+            ids = {f"run-{owner}": "run", f"next-{owner}": "next"}
+            results[owner] = (dict(row), await state(conn, owner, ids))
+        assert (results["new"][0]["outcome"], results["new"][0]["released"]) == outcome
+        assert results["new"] == results["old"], name
     finally:
         await conn.close()
         await store.close()
