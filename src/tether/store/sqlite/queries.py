@@ -28,6 +28,11 @@ TURNS_FROM = "FROM turns t JOIN sessions s ON s.pk = t.session_pk"
 # -- sessions --------------------------------------------------------------------------------------
 SESSION_PK = f"SELECT pk FROM sessions WHERE {KEY_WHERE}"
 SESSION_FOR_ENQUEUE = f"SELECT pk, expires_at FROM sessions WHERE {KEY_WHERE}"
+# What a turn on an idle session needs of it to be admitted, leased and started in one pass
+# (turns.start_at_once).
+SESSION_FOR_START = (
+    f"SELECT pk, expires_at, lease_owner, lease_expires_at, agent FROM sessions WHERE {KEY_WHERE}"
+)
 # Turns not ended. Statements that mean them spell ACTIVE exactly, since SQLite uses the
 # partial index turns_active only when a query's WHERE holds its very term.
 ACTIVE = "status IN ('queued', 'running', 'awaiting_input')"
@@ -179,6 +184,18 @@ RUNNING_TURNS = (
     " ORDER BY t.seq"
 )
 ANY_RUNNING = "SELECT 1 FROM turns WHERE session_pk = ? AND status = 'running' LIMIT 1"
+# The admission's seq, the lease and the items' seqs of a turn started at once: what
+# NEXT_TURN_SEQ, ACQUIRE_LEASE and NEXT_ITEM_SEQS return, in one update.
+START_AT_ONCE = (
+    "UPDATE sessions SET next_turn_seq = next_turn_seq + 1, lease_owner = ?,"
+    " lease_token = lease_token + 1, lease_expires_at = ?, next_item_seq = next_item_seq + ?,"
+    " updated_at = ? WHERE pk = ? RETURNING next_turn_seq - 1, lease_token, next_item_seq - ?"
+)
+INSERT_STARTED_TURN = (
+    "INSERT INTO turns (id, session_pk, seq, input, policy, status, created_at, started_at,"
+    " agent, agent_fingerprint, idempotency_key, request_digest, tenant, owner)"
+    " VALUES (?,?,?,?,?,'running',?,?,?,?,NULL,NULL,?,?)"
+)
 START_TURN = (
     "UPDATE turns SET status = 'running', started_at = ?"
     " WHERE id = ? AND session_pk = ? AND status = 'queued' AND started_at IS NULL"

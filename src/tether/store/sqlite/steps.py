@@ -11,6 +11,7 @@ import json
 import sqlite3
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from tether.errors import Conflict, SessionNotFound, StaleLease
 from tether.records import (
@@ -75,6 +76,23 @@ def write_event(c: sqlite3.Connection, turn_id: str, event: NewEvent, now: float
     c.execute(q.INSERT_EVENT, (turn_id, event.seq, None, event.type, json.dumps(event.data), now))
 
 
+def item_values(pk: int, item: Item, now: float) -> tuple[Any, ...]:
+    """An item's row, as ``q.INSERT_ITEM`` takes it."""
+    return (
+        pk,
+        item.seq,
+        item.turn_id,
+        item.kind,
+        item.content,
+        int(item.complete),
+        item.call_id,
+        item.tool_name,
+        item.arguments,
+        json.dumps(item.meta),
+        now,
+    )
+
+
 def add_rows(
     c: sqlite3.Connection,
     pk: int,
@@ -97,25 +115,7 @@ def add_rows(
     if items:
         (first,) = c.execute(q.NEXT_ITEM_SEQS, (len(items), now, pk, len(items))).fetchone()
         out = rules.stored_items(turn_id, first, items, now)
-        c.executemany(
-            q.INSERT_ITEM,
-            [
-                (
-                    pk,
-                    i.seq,
-                    turn_id,
-                    i.kind,
-                    i.content,
-                    int(i.complete),
-                    i.call_id,
-                    i.tool_name,
-                    i.arguments,
-                    json.dumps(i.meta),
-                    now,
-                )
-                for i in out
-            ],
-        )
+        c.executemany(q.INSERT_ITEM, [item_values(pk, i, now) for i in out])
     if events:
         try:
             c.executemany(q.INSERT_EVENT, [(turn_id, *row, now) for row in event_rows(events)])
