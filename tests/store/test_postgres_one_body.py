@@ -7,6 +7,7 @@ tests/conformance/postgres_db.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -400,6 +401,16 @@ END_CASES: list[tuple[str, Setup, dict[str, Any], tuple[str, bool]]] = [
     ("no items, a turn behind", behind("queued"), NO_END_ITEMS, ("ended", False)),
     ("no events", nothing, NO_END_EVENTS, ("ended", True)),
     ("a TTL from its activity", IDLE_TTL, {}, ("ended", True)),
+    # Not an ending the store makes, but the function's own promise: a turn left active keeps
+    # the lease for itself.
+    ("a turn left awaiting input", nothing, {"p_status": "awaiting_input"}, ("ended", False)),
+    ("a turn left queued", nothing, {"p_status": "queued"}, ("ended", False)),
+    (
+        "a turn left running, no items",
+        nothing,
+        {**NO_END_ITEMS, "p_status": "running"},
+        ("ended", False),
+    ),
     ("a stale token", nothing, {"p_token": 100}, ("stale", False)),
     ("an unknown session", nothing, {"p_session": "nobody"}, ("missing", False)),
     ("a turn not running", nothing, {"p_turn": "nothing"}, ("status", False)),
@@ -445,4 +456,50 @@ async def test_migration_25_commits_what_migration_23_did(
         assert results["new"] == results["old"], name
     finally:
         await conn.close()
+        await store.close()
+
+
+async def test_a_session_made_while_the_admission_waits_is_not_found_by_either(
+    postgres_url: str,
+) -> None:
+    """A session deleted and made again under the same key by a transaction the admission
+    waits on: migration 19's looked once, before the wait's end, and answered 'missing';
+    migration 24's answers the same (a second look, with a newer snapshot, would find the
+    new session and start a turn on it)."""
+    store = PostgresStore(postgres_url)
+    await store.open()
+    caller, other = await asyncpg.connect(postgres_url), await asyncpg.connect(postgres_url)
+    try:
+        await caller.execute(old_function())
+        marks = ", ".join(f"${n}" for n in range(1, len(PARAMS) + 1))
+        for owner, fn in (("new", "tether_enqueue_taken"), ("old", OLD)):
+            await store.create_session(SessionKey("acme", owner, "s"), "a")
+            now = time.time()
+            remaking = other.transaction()
+            await remaking.start()
+            await other.execute("DELETE FROM sessions WHERE owner = $1", owner)
+            await other.execute(
+                "INSERT INTO sessions (tenant, owner, session_id, agent, created_at,"
+                " updated_at) VALUES ('acme', $1, 's', 'a', $2, $2)",
+                owner,
+                now,
+            )
+            call = asyncio.ensure_future(
+                caller.fetchval(
+                    f"SELECT outcome FROM {fn}({marks})", *params(owner, f"t-{owner}", now)
+                )
+            )
+            await asyncio.sleep(0.3)
+            assert not call.done()  # waiting on the row lock of the deleted session
+            await remaking.commit()
+            assert await call == "missing", fn
+            turns = await caller.fetchval(
+                "SELECT count(*) FROM turns t JOIN sessions s ON s.pk = t.session_pk"
+                " WHERE s.owner = $1",
+                owner,
+            )
+            assert turns == 0
+    finally:
+        await caller.close()
+        await other.close()
         await store.close()

@@ -24,6 +24,10 @@ def test_admission() -> None:
     with pytest.raises(QueueFull) as full:
         rules.admit("interrupt", expires_at=None, now=10.0, active=busy, max_queue=1)
     assert full.value.busy_turn_id == "t2"  # the oldest queued turn
+    # A bound of 0 refuses on an idle session too, naming no turn (it raised IndexError).
+    with pytest.raises(QueueFull) as none:
+        rules.admit("enqueue", expires_at=None, now=10.0, active=idle, max_queue=0)
+    assert none.value.busy_turn_id is None
 
 
 def test_what_each_ending_does_to_its_items() -> None:

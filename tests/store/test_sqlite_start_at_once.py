@@ -89,6 +89,9 @@ CASES: list[tuple[str, Setup, dict[str, Any], str]] = [
         "events": [NewEvent(1, "turn.started", {})],
     }, REFUSED),
     ("a turn id taken", a_turn, {"turn_id": "before"}, REFUSED),
+    ("a turn id taken, events not past", a_turn, {
+        "turn_id": "before", "events": [NewEvent(1, "turn.started", {})],
+    }, REFUSED),
     # Left to the admission, the lease and the start:
     ("a lease another process holds", HELD, {}, HANDED_ON),
     ("a turn ahead", queued_ahead, {}, HANDED_ON),

@@ -126,8 +126,10 @@ def admit(
         refuse_if_busy(active[0][0] if active else None)
     queued = [turn_id for turn_id, status in active if status == "queued"]
     if len(queued) >= max_queue:
+        # A bound of 0 refuses on an idle session too, where no turn is there to name.
         raise QueueFull(
-            f"the session already has {len(queued)} queued turns", busy_turn_id=queued[0]
+            f"the session already has {len(queued)} queued turns",
+            busy_turn_id=queued[0] if queued else None,
         )
 
 

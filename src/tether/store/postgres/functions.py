@@ -630,9 +630,9 @@ END_RELEASING_AT_ONCE: list[tuple[int, str]] = [
         -- tether_end makes them, in its order, and the lease given up by the same update of
         -- the session's row that numbers the items (12 statements, 9 now; the row updated
         -- once where it was twice). Whether the lease goes is asked after the row lock, of the
-        -- turns but this one (an ending's status is never an active one), as migration 23
-        -- asked of them all after the ending: a turn admitted meanwhile either committed
-        -- before the lock (and is seen: the lease stays for it) or waits for this commit.
+        -- turns but this one and of the status it ends in, as migration 23 asked of them all
+        -- after the ending: a turn admitted meanwhile either committed before the lock (and
+        -- is seen: the lease stays for it) or waits for this commit.
         CREATE OR REPLACE FUNCTION tether_end_release(
             p_tenant text, p_owner text, p_session text, p_token bigint, p_turn text,
             p_now double precision,
@@ -682,9 +682,10 @@ END_RELEASING_AT_ONCE: list[tuple[int, str]] = [
                     RETURN;
                 END IF;
             END IF;
-            released := NOT EXISTS (
-                SELECT 1 FROM turns t WHERE t.session_pk = v_pk AND t.id <> p_turn
-                   AND t.status IN ('queued', 'running', 'awaiting_input'));
+            released := coalesce(p_status NOT IN ('queued', 'running', 'awaiting_input'), false)
+                AND NOT EXISTS (
+                    SELECT 1 FROM turns t WHERE t.session_pk = v_pk AND t.id <> p_turn
+                       AND t.status IN ('queued', 'running', 'awaiting_input'));
             IF v_count > 0 THEN
                 UPDATE sessions SET next_item_seq = next_item_seq + v_count, updated_at = p_now,
                        lease_owner = CASE WHEN released THEN NULL ELSE lease_owner END,

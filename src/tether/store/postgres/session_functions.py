@@ -425,7 +425,9 @@ TAKEN_AT_ONCE: list[tuple[int, str]] = [
         -- two committed; only the row versions in between are gone. The checks are theirs,
         -- in their order; a case they would answer otherwise (a refusal but the owner's
         -- bound, a turn ahead, events that would not follow the queued one) goes migration
-        -- 19's way, which looks again under the row lock this transaction then holds.
+        -- 19's way, which looks again under the row lock this transaction then holds. (A call
+        -- the store never makes, with invalid arrays, may fail on another constraint first:
+        -- the events are written before the items.)
         CREATE OR REPLACE FUNCTION tether_enqueue_taken(
             p_tenant text, p_owner text, p_session text, p_turn text, p_input text,
             p_policy text, p_now double precision, p_agent text, p_fingerprint text,
@@ -467,7 +469,13 @@ TAKEN_AT_ONCE: list[tuple[int, str]] = [
                   INTO v_pk, expires_at, v_holder, v_held_until FROM sessions s
                  WHERE s.tenant = p_tenant AND s.owner = p_owner AND s.session_id = p_session
                    FOR UPDATE;
-                IF FOUND AND (v_holder IS NULL OR v_held_until <= p_now)
+                IF NOT FOUND THEN
+                    -- tether_enqueue's answer, from this look: a second, with a newer
+                    -- snapshot, could find a session made meanwhile, which 19's did not.
+                    outcome := 'missing';
+                    RETURN;
+                END IF;
+                IF (v_holder IS NULL OR v_held_until <= p_now)
                    AND (expires_at IS NULL OR expires_at > p_now)
                    AND NOT EXISTS (
                        SELECT 1 FROM turns t WHERE t.session_pk = v_pk

@@ -519,9 +519,9 @@ def _start_at_once(
     free or expired, no turn of it active) admitted, leased and started with one update of the
     session's row, where the admission, the lease and the start made three and wrote the turn
     twice (13 statements, 7 now: on this thread each is a hand-back of the GIL). What it writes
-    and answers is what they did, and it refuses as they would, before writing; None, having
-    written nothing, for any other case (a missing session, a lease held, a turn ahead), which
-    the caller's own way answers."""
+    and answers is what they did, and it refuses as they would (a refusal after a write undoes
+    the call, as it did theirs); None, having written nothing, for any other case (a missing
+    session, a lease held, a turn ahead), which the caller's own way answers."""
     now = time.time()
     row = c.execute(q.SESSION_FOR_START, key_args(key)).fetchone()
     if row is None:
@@ -540,8 +540,6 @@ def _start_at_once(
         rules.admit_for_principal(
             limits, busy_sessions=busy, active_turns=total, session_active=False
         )
-    # Past the queued event, as add_rows checks them after it (and refuses the whole call).
-    rules.check_event_seqs(turn_id, rules.QUEUED_EVENT_SEQ, [e.seq for e in events])
     until = now + ttl
     seq, token, first = c.execute(
         q.START_AT_ONCE, (owner, until, len(items), now, pk, len(items))
@@ -559,6 +557,9 @@ def _start_at_once(
         )  # fmt: skip
     except sqlite3.IntegrityError as exc:
         raise rules.duplicate_turn(turn_id) from exc
+    # After the turn, as add_rows checked them (a taken id is the error when both are wrong);
+    # a refusal here undoes the call's writes, as it undid the three steps'.
+    rules.check_event_seqs(turn_id, rules.QUEUED_EVENT_SEQ, [e.seq for e in events])
     queued = rules.queued_event(turn)
     rows = [(queued.seq, None, queued.type, json.dumps(queued.data)), *event_rows(events)]
     c.executemany(q.INSERT_EVENT, [(turn_id, *r, now) for r in rows])
