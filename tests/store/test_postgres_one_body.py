@@ -151,6 +151,18 @@ async def state(conn: Any, owner: str, ids: dict[str, str]) -> dict[str, Any]:
 Setup = Callable[[Any, str, float], Awaitable[None]]
 
 
+async def alike_session(store: PostgresStore, conn: Any, owner: str, now: float) -> None:
+    """The owner's session "s", the same row as every other owner's (a new session's token is
+    the clock's)."""
+    await store.create_session(SessionKey("acme", owner, "s"), "a")
+    await conn.execute(
+        "UPDATE sessions SET lease_token = 100, created_at = $2 - 10, updated_at = $2 - 10"
+        " WHERE owner = $1",
+        owner,
+        now,
+    )
+
+
 async def nothing(conn: Any, owner: str, now: float) -> None:
     return None
 
@@ -248,14 +260,7 @@ async def test_migration_24_commits_what_migration_19_did(
         await conn.execute(old_function())
         now = time.time()
         for owner in ("new", "old"):
-            await store.create_session(SessionKey("acme", owner, "s"), "a")
-            # The same row but for the owner (a new session's token is random).
-            await conn.execute(
-                "UPDATE sessions SET lease_token = 100, created_at = $2 - 10,"
-                " updated_at = $2 - 10 WHERE owner = $1",
-                owner,
-                now,
-            )
+            await alike_session(store, conn, owner, now)
             await setup(conn, owner, now)
         results = {}
         for owner, fn in (("new", "tether_enqueue_taken"), ("old", OLD)):
@@ -435,13 +440,7 @@ async def test_migration_25_commits_what_migration_23_did(
         await conn.execute(old_end_function())
         now = time.time()
         for owner in ("new", "old"):
-            await store.create_session(SessionKey("acme", owner, "s"), "a")
-            await conn.execute(
-                "UPDATE sessions SET lease_token = 100, created_at = $2 - 10,"
-                " updated_at = $2 - 10 WHERE owner = $1",
-                owner,
-                now,
-            )
+            await alike_session(store, conn, owner, now)
             await running(conn, owner, now)
             await setup(conn, owner, now)
         results = {}
