@@ -245,6 +245,21 @@ RENEW_LEASE = (
     f"UPDATE sessions SET lease_expires_at = ? WHERE {KEY_WHERE}"
     " AND lease_token = ? AND lease_owner = ?"
 )
+# A running turn's ending, its lease given up with it (turns._end_released): the fence and the
+# turn in one read, whether another turn keeps the lease, the items numbered and the lease let
+# go ($3, $4: 1 to let it go) in one update.
+FENCE_AND_TURN = (
+    f"SELECT s.pk, s.lease_token, {TURN_COLS} FROM sessions s"
+    " LEFT JOIN turns t ON t.session_pk = s.pk AND t.id = ?"
+    " WHERE s.tenant = ? AND s.owner = ? AND s.session_id = ?"
+)
+OTHER_ACTIVE_TURN = f"SELECT 1 FROM turns WHERE session_pk = ? AND {ACTIVE} AND id <> ? LIMIT 1"
+NUMBER_ITEMS_RELEASING = (
+    "UPDATE sessions SET next_item_seq = next_item_seq + ?, updated_at = ?,"
+    " lease_owner = CASE WHEN ? THEN NULL ELSE lease_owner END,"
+    " lease_expires_at = CASE WHEN ? THEN 0 ELSE lease_expires_at END"
+    " WHERE pk = ? RETURNING next_item_seq - ?"
+)
 RELEASE_LEASE = (
     "UPDATE sessions SET lease_owner = NULL, lease_expires_at = 0"
     f" WHERE {KEY_WHERE} AND lease_token = ?"

@@ -117,11 +117,18 @@ def add_rows(
         out = rules.stored_items(turn_id, first, items, now)
         c.executemany(q.INSERT_ITEM, [item_values(pk, i, now) for i in out])
     if events:
-        try:
-            c.executemany(q.INSERT_EVENT, [(turn_id, *row, now) for row in event_rows(events)])
-        except sqlite3.IntegrityError as exc:
-            raise Conflict(f"an event seq of turn {turn_id} was already written") from exc
+        insert_events(c, turn_id, events, now)
     return out
+
+
+def insert_events(
+    c: sqlite3.Connection, turn_id: str, events: Sequence[NewEvent], now: float
+) -> None:
+    """A turn's new events, whose seqs the caller checked."""
+    try:
+        c.executemany(q.INSERT_EVENT, [(turn_id, *row, now) for row in event_rows(events)])
+    except sqlite3.IntegrityError as exc:
+        raise Conflict(f"an event seq of turn {turn_id} was already written") from exc
 
 
 def finish(

@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple
 
-from tether.errors import Conflict, SessionNotFound
+from tether.errors import Conflict, SessionNotFound, StaleLease
 from tether.records import (
+    ACTIVE_STATUSES,
     AgentRef,
     CancelStatus,
     Decision,
@@ -381,11 +382,7 @@ class Turns(Connection):
         memory: MemoryWrites | None = None,
     ) -> tuple[Turn, bool]:
         def do(c: sqlite3.Connection) -> tuple[Turn, bool]:
-            pk, done = _end(c, lease, turn_id, ending, items, events, memory)
-            if c.execute(q.FIRST_ACTIVE_TURN, (pk,)).fetchone() is not None:
-                return done, False  # a turn is left to run: the lease stays
-            c.execute(q.RELEASE_LEASE, (*key_args(lease.key), lease.token))
-            return done, True
+            return _end_released(c, lease, turn_id, ending, items, events, memory)
 
         return await self._write(do)
 
@@ -567,6 +564,53 @@ def _start_at_once(
     c.executemany(q.INSERT_ITEM, [steps.item_values(pk, i, now) for i in written])
     lease = Lease(key, owner, token, until, left_running=False, queue=(turn_id,), history_seq=first)
     return turn, lease, written
+
+
+def _end_released(
+    c: sqlite3.Connection,
+    lease: Lease,
+    turn_id: str,
+    ending: TurnEnding,
+    items: Sequence[NewItem],
+    events: Sequence[NewEvent],
+    memory: MemoryWrites | None,
+) -> tuple[Turn, bool]:
+    """``_end``, then the lease given up when no other turn of the session is active: the
+    ended turn and whether it was. Two statements fewer than one after the other (9 to 7): the
+    fence and the turn are one read, and the update that numbers the items lets the lease go.
+    Whether it goes is asked before the ending's writes, of the turns but this one and of the
+    status it ends in, where it was asked of them all after; under the write lock nothing else
+    changes between the two."""
+    row = c.execute(q.FENCE_AND_TURN, (turn_id, *key_args(lease.key))).fetchone()
+    if row is None:
+        raise SessionNotFound("session not found")
+    pk, token = int(row[0]), row[1]
+    if token != lease.token:
+        raise StaleLease(rules.stale_message(lease.token, token))
+    turn = turn_row(row[2:]) if row[2] is not None else None
+    if turn is None or turn.status != "running":
+        raise rules.not_in_status(turn_id, "running")
+    if events:  # checked before the first write, as add_rows does
+        last = steps.last_event_seq(c, turn_id)
+        rules.check_event_seqs(turn_id, last, [e.seq for e in events])
+    release = ending.status not in ACTIVE_STATUSES and (
+        c.execute(q.OTHER_ACTIVE_TURN, (pk, turn_id)).fetchone() is None
+    )
+    now = time.time()
+    if items:
+        (first,) = c.execute(
+            q.NUMBER_ITEMS_RELEASING, (len(items), now, release, release, pk, len(items))
+        ).fetchone()
+        written = rules.stored_items(turn_id, first, items, now)
+        c.executemany(q.INSERT_ITEM, [steps.item_values(pk, i, now) for i in written])
+    elif release:
+        c.execute(q.RELEASE_LEASE, (*key_args(lease.key), lease.token))
+    if events:
+        steps.insert_events(c, turn_id, events, now)
+    done = steps.finish(c, pk, turn, ending, terminal=False)
+    if memory and rules.keeps_memory(ending.status):
+        apply_writes(c, memory)
+    return done, release
 
 
 def _take_lease(c: sqlite3.Connection, key: SessionKey, owner: str, ttl: float) -> Lease | None:

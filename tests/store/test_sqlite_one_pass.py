@@ -1,7 +1,8 @@
-"""The SQLite store's one pass for a turn on an idle session (``turns._start_at_once``: admitted,
-leased and started with one update of the session's row) writes and answers what the
-admission, the lease and the start did one after the other, case by case; and every case it
-leaves to them is answered as before."""
+"""The SQLite store's shorter ways write and answer what the longer ones did, case by case: a
+turn on an idle session admitted, leased and started in one pass (``turns._start_at_once``),
+every case it leaves to the admission, the lease and the start answered as before; and a
+turn's ending that gives the lease up (``turns._end_released``) against the ending, then the
+look for another turn, then the release."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 
 from tether.records import (
     AgentRef,
+    Lease,
     NewEvent,
     NewItem,
     PrincipalLimits,
@@ -23,6 +25,8 @@ from tether.records import (
     TurnEnding,
 )
 from tether.store import SQLiteStore
+from tether.store.rows import key_args
+from tether.store.sqlite import queries as q
 from tether.store.sqlite import turns
 
 NOW = 1_800_000_000.0
@@ -201,6 +205,98 @@ async def test_one_pass_writes_and_answers_what_three_steps_did(
             assert passes == [ONE_PASS], answer
         else:
             assert passes in ([HANDED_ON], []), answer
+    finally:
+        db.close()
+        await store.close()
+
+
+def three_steps(c: sqlite3.Connection, lease: Lease, turn_id: str, *rest: Any) -> Any:
+    """The ending that gives the lease up as it was: ``_end``, the look, the release."""
+    pk, done = turns._end(c, lease, turn_id, *rest)
+    if c.execute(q.FIRST_ACTIVE_TURN, (pk,)).fetchone() is not None:
+        return done, False
+    c.execute(q.RELEASE_LEASE, (*key_args(lease.key), lease.token))
+    return done, True
+
+
+async def turn_behind(store: SQLiteStore, db: sqlite3.Connection, key: SessionKey) -> None:
+    await store.enqueue_turn(key, turn_id=f"next-{key.owner}", input="next", policy="enqueue")
+
+
+def behind_as(status: str) -> Setup:
+    async def run(store: SQLiteStore, db: sqlite3.Connection, key: SessionKey) -> None:
+        await turn_behind(store, db, key)
+        with db:
+            db.execute("UPDATE turns SET status = ? WHERE id = ?", (status, f"next-{key.owner}"))
+
+    return run
+
+
+ANSWER = [NewItem("assistant", "the answer")]
+ENDED = [NewEvent(3, "message.completed", {"text": "x"}), NewEvent(4, "turn.ended", {})]
+END_CASES: list[tuple[str, Setup, dict[str, Any]]] = [
+    ("the session's only turn", nothing, {}),
+    ("a turn queued behind", turn_behind, {}),
+    ("a turn awaiting input behind", behind_as("awaiting_input"), {}),
+    ("a turn ended behind", behind_as("cancelled"), {}),
+    ("items deleted", nothing, {"ending": TurnEnding("rolled_back", "cancelled")}),
+    ("items excluded", nothing, {"ending": TurnEnding("failed", "model_error", error="boom")}),
+    ("no items", nothing, {"items": []}),
+    ("no items, a turn behind", turn_behind, {"items": []}),
+    ("no events", nothing, {"events": []}),
+    ("a TTL from its activity", IDLE_TTL, {}),
+    ("a stale lease", nothing, {"token": 1}),
+    ("an unknown session", nothing, {"session": "nobody"}),
+    ("a turn not running", nothing, {"turn_id": "nothing"}),
+    ("events already written", nothing, {"events": [NewEvent(2, "turn.started", {})]}),
+]
+
+
+@pytest.mark.parametrize(("name", "setup", "changed"), END_CASES, ids=[c[0] for c in END_CASES])
+async def test_an_ending_that_lets_go_writes_and_answers_what_three_steps_did(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    setup: Setup,
+    changed: dict[str, Any],
+) -> None:
+    monkeypatch.setattr(time, "time", lambda: NOW)
+    store = SQLiteStore(tmp_path / "t.db")
+    await store.open()
+    db = sqlite3.connect(tmp_path / "t.db")
+    shorter = turns._end_released
+    try:
+        answers = {}
+        for owner, way in (("alpha-owner", shorter), ("beta-owner", three_steps)):
+            key = SessionKey("acme", owner, "s")
+            await store.create_session(key, "assistant")
+            with db:
+                db.execute("UPDATE sessions SET lease_token = 100 WHERE owner = ?", (owner,))
+            turn, lease, _ = await store.enqueue_turn_taken(
+                key, owner="me", ttl=30, turn_id=f"run-{owner}", input="hi", policy="enqueue",
+                items=[NewItem("user", "hi")], events=[NewEvent(2, "turn.started", {})],
+            )  # fmt: skip
+            assert lease is not None
+            await setup(store, db, key)
+            monkeypatch.setattr(turns, "_end_released", way)
+            if "token" in changed:
+                lease = Lease(key, "me", changed["token"], lease.expires_at)
+            if "session" in changed:
+                lease = Lease(SessionKey("acme", owner, changed["session"]), "me", lease.token, 0)
+            try:
+                ended, released = await store.end_turn_released(
+                    lease,
+                    changed.get("turn_id", turn.id),
+                    changed.get("ending", TurnEnding("completed", "answered", output="x")),
+                    changed.get("items", ANSWER),
+                    changed.get("events", ENDED),
+                )
+                answer: Any = repr(({k: v for k, v in asdict(ended).items() if k != "key"},
+                                    released)).replace(owner, "OWNER")  # fmt: skip
+            except Exception as exc:
+                answer = (type(exc).__name__, str(exc).replace(owner, "OWNER"))
+            answers[owner] = (answer, dump(db, owner))
+        assert answers["alpha-owner"] == answers["beta-owner"], name
     finally:
         db.close()
         await store.close()
