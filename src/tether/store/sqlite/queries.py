@@ -28,14 +28,17 @@ TURNS_FROM = "FROM turns t JOIN sessions s ON s.pk = t.session_pk"
 # -- sessions --------------------------------------------------------------------------------------
 SESSION_PK = f"SELECT pk FROM sessions WHERE {KEY_WHERE}"
 SESSION_FOR_ENQUEUE = f"SELECT pk, expires_at FROM sessions WHERE {KEY_WHERE}"
-# What a turn on an idle session needs of it to be admitted, leased and started in one pass
-# (turns.start_at_once).
-SESSION_FOR_START = (
-    f"SELECT pk, expires_at, lease_owner, lease_expires_at, agent FROM sessions WHERE {KEY_WHERE}"
-)
 # Turns not ended. Statements that mean them spell ACTIVE exactly, since SQLite uses the
 # partial index turns_active only when a query's WHERE holds its very term.
 ACTIVE = "status IN ('queued', 'running', 'awaiting_input')"
+# What a turn on an idle session needs of it to be admitted, leased and started in one pass
+# (turns._start_at_once), and whether a turn of it is active (ACTIVE spelled as the partial
+# index turns_active wants it).
+SESSION_FOR_START = (
+    "SELECT s.pk, s.expires_at, s.lease_owner, s.lease_expires_at, s.agent,"
+    f" EXISTS (SELECT 1 FROM turns WHERE session_pk = s.pk AND {ACTIVE})"
+    " FROM sessions s WHERE s.tenant = ? AND s.owner = ? AND s.session_id = ?"
+)
 # The owner's turns under way: sessions with one, and those turns in all. A parked turn holds
 # no worker, so it counts for neither (rules.admit_for_principal). Read from the owner's own
 # entries of the partial index turns_owner_busy (migration 9), not from every owner's active
@@ -245,12 +248,14 @@ RENEW_LEASE = (
     f"UPDATE sessions SET lease_expires_at = ? WHERE {KEY_WHERE}"
     " AND lease_token = ? AND lease_owner = ?"
 )
-# A running turn's ending, its lease given up with it (turns._end_released): the fence and the
-# turn in one read, whether another turn keeps the lease, the items numbered and the lease let
-# go ($3, $4: 1 to let it go) in one update.
+# A running turn's ending, its lease given up with it (turns._end_released): the fence, the
+# turn and its last event seq in one read, whether another turn keeps the lease, the items
+# numbered and the lease let go ($3, $4: 1 to let it go) in one update.
 FENCE_AND_TURN = (
-    f"SELECT s.pk, s.lease_token, {TURN_COLS} FROM sessions s"
-    " LEFT JOIN turns t ON t.session_pk = s.pk AND t.id = ?"
+    f"SELECT s.pk, s.lease_token, {TURN_COLS},"
+    " (SELECT COALESCE(MAX(COALESCE(e.last_seq, e.seq)), 0) FROM events e"
+    "  WHERE e.turn_id = t.id)"
+    " FROM sessions s LEFT JOIN turns t ON t.session_pk = s.pk AND t.id = ?"
     " WHERE s.tenant = ? AND s.owner = ? AND s.session_id = ?"
 )
 OTHER_ACTIVE_TURN = f"SELECT 1 FROM turns WHERE session_pk = ? AND {ACTIVE} AND id <> ? LIMIT 1"

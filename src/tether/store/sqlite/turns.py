@@ -515,7 +515,7 @@ def _start_at_once(
     """``enqueue_turn_taken``'s common case in one pass: a turn on an idle session (its lease
     free or expired, no turn of it active) admitted, leased and started with one update of the
     session's row, where the admission, the lease and the start made three and wrote the turn
-    twice (13 statements, 7 now: on this thread each is a hand-back of the GIL). What it writes
+    twice (13 statements, 6 now: on this thread each is a hand-back of the GIL). What it writes
     and answers is what they did, and it refuses as they would (a refusal after a write undoes
     the call, as it did theirs); None, having written nothing, for any other case (a missing
     session, a lease held, a turn ahead), which the caller's own way answers."""
@@ -523,15 +523,12 @@ def _start_at_once(
     row = c.execute(q.SESSION_FOR_START, key_args(key)).fetchone()
     if row is None:
         return None
-    pk, expires_at, holder, held_until, session_agent = row
+    pk, expires_at, holder, held_until, session_agent, busy = row
     if expect_agent is not None and session_agent != expect_agent:
         raise rules.agent_changed(expect_agent, session_agent)
-    if holder is not None and held_until > now:
+    if (holder is not None and held_until > now) or busy:
         return None
-    active = c.execute(q.ACTIVE_TURN_IDS, (pk,)).fetchall()
-    if active:
-        return None
-    rules.admit(policy, expires_at=expires_at, now=now, active=active, max_queue=max_queue)
+    rules.admit(policy, expires_at=expires_at, now=now, active=[], max_queue=max_queue)
     if rules.bounds_turns(limits):
         busy, total = c.execute(q.OWNER_ACTIVE, (key.tenant, key.owner)).fetchone()
         rules.admit_for_principal(
@@ -576,8 +573,9 @@ def _end_released(
     memory: MemoryWrites | None,
 ) -> tuple[Turn, bool]:
     """``_end``, then the lease given up when no other turn of the session is active: the
-    ended turn and whether it was. Two statements fewer than one after the other (9 to 7): the
-    fence and the turn are one read, and the update that numbers the items lets the lease go.
+    ended turn and whether it was. Three statements fewer than one after the other (9 to 6):
+    the fence, the turn and its last event seq are one read, and the update that numbers the
+    items lets the lease go.
     Whether it goes is asked before the ending's writes, of the turns but this one and of the
     status it ends in, where it was asked of them all after; under the write lock nothing else
     changes between the two."""
@@ -587,12 +585,11 @@ def _end_released(
     pk, token = int(row[0]), row[1]
     if token != lease.token:
         raise StaleLease(rules.stale_message(lease.token, token))
-    turn = turn_row(row[2:]) if row[2] is not None else None
+    turn = turn_row(row[2:-1]) if row[2] is not None else None
     if turn is None or turn.status != "running":
         raise rules.not_in_status(turn_id, "running")
-    if events:  # checked before the first write, as add_rows does
-        last = steps.last_event_seq(c, turn_id)
-        rules.check_event_seqs(turn_id, last, [e.seq for e in events])
+    # Checked before the first write, as add_rows does, against the last seq the read found.
+    rules.check_event_seqs(turn_id, int(row[-1]), [e.seq for e in events])
     release = ending.status not in ACTIVE_STATUSES and (
         c.execute(q.OTHER_ACTIVE_TURN, (pk, turn_id)).fetchone() is None
     )
