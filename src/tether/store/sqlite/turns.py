@@ -523,10 +523,10 @@ def _start_at_once(
     row = c.execute(q.SESSION_FOR_START, key_args(key)).fetchone()
     if row is None:
         return None
-    pk, expires_at, holder, held_until, session_agent, busy = row
+    pk, expires_at, holder, held_until, session_agent, turn_ahead = row
     if expect_agent is not None and session_agent != expect_agent:
         raise rules.agent_changed(expect_agent, session_agent)
-    if (holder is not None and held_until > now) or busy:
+    if (holder is not None and held_until > now) or turn_ahead:
         return None
     rules.admit(policy, expires_at=expires_at, now=now, active=[], max_queue=max_queue)
     if rules.bounds_turns(limits):
@@ -575,10 +575,9 @@ def _end_released(
     """``_end``, then the lease given up when no other turn of the session is active: the
     ended turn and whether it was. Three statements fewer than one after the other (9 to 6):
     the fence, the turn and its last event seq are one read, and the update that numbers the
-    items lets the lease go.
-    Whether it goes is asked before the ending's writes, of the turns but this one and of the
-    status it ends in, where it was asked of them all after; under the write lock nothing else
-    changes between the two."""
+    items lets the lease go. Whether it goes is asked before the ending's writes, of the turns
+    but this one and of the status it ends in, where it was asked of them all after; under the
+    write lock nothing else changes between the two."""
     row = c.execute(q.FENCE_AND_TURN, (turn_id, *key_args(lease.key))).fetchone()
     if row is None:
         raise SessionNotFound("session not found")
