@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from tether.agent import Agent
 from tether.errors import ConfigError
@@ -174,9 +174,12 @@ def _serve_on(
     log_level: str,
     access_log: bool,
     on_ready: Callable[[], object] | None,
+    *,
+    handed: bool = False,
 ) -> None:
     """One server in this process on the listening ``sock``: the whole of ``serve`` with one
-    worker, and each worker's life with several."""
+    worker, and each worker's life with several, where ``sock`` (``handed``) is the channel on
+    which the parent hands the worker its connections (:mod:`tether.server.handed`)."""
     import uvicorn
 
     from tether.models.openai import use_server_transport
@@ -198,7 +201,9 @@ def _serve_on(
         timeout_graceful_shutdown=_graceful_bound(settings),
         access_log=access_log,
     )
-    server = _draining_server(config, app.state.tether.runtime.scheduler, settings.drain_timeout)
+    server = _draining_server(
+        config, app.state.tether.runtime.scheduler, settings.drain_timeout, handed=handed
+    )
     server.on_ready = on_ready
     with _sigterm_exits_cleanly(), contextlib.suppress(KeyboardInterrupt):
         server.run(sockets=[sock])
@@ -237,8 +242,8 @@ def _serve_workers(
     supervisor = workers.Supervisor(
         settings,
         sock,
-        lambda worker_settings, ready: _serve_on(
-            sock, worker_settings, agents, log_level, access_log, ready
+        lambda worker_settings, ready, channel: _serve_on(
+            channel, worker_settings, agents, log_level, access_log, ready, handed=True
         ),
         on_ready=None if on_ready is None else lambda: on_ready(url),
         stop_within=_graceful_bound(settings) + workers.STOP_GRACE,
@@ -248,7 +253,9 @@ def _serve_workers(
         raise SystemExit(code)
 
 
-def _draining_server(config: uvicorn.Config, scheduler: Scheduler, drain_timeout: float) -> Any:
+def _draining_server(
+    config: uvicorn.Config, scheduler: Scheduler, drain_timeout: float, *, handed: bool = False
+) -> Any:
     from tether.server.quiet import QuietServer
 
     class DrainingServer(QuietServer):
@@ -265,7 +272,10 @@ def _draining_server(config: uvicorn.Config, scheduler: Scheduler, drain_timeout
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             from tether.server import heap
 
-            await super().startup(sockets)
+            if handed and sockets:
+                await self._startup_handed(sockets)
+            else:
+                await super().startup(sockets)
             # The app has started: what it made lives as long as the process. A server run in
             # another thread shares its process with code of its own (a test, an application),
             # whose collector is not ours to set.
@@ -273,6 +283,29 @@ def _draining_server(config: uvicorn.Config, scheduler: Scheduler, drain_timeout
                 heap.settle()
             if self.started and self.on_ready is not None:
                 self.on_ready()
+
+        async def _startup_handed(self, channels: list[socket.socket]) -> None:
+            """uvicorn's startup with no listener of its own, then a
+            :class:`~tether.server.handed.Handed` a channel, making for each connection the
+            protocol uvicorn's listener makes (its ``create_protocol``)."""
+            from tether.server.handed import Handed
+
+            await super().startup([])
+            if not self.started:
+                return
+            loop = asyncio.get_running_loop()
+            config, server_state, app_state = self.config, self.server_state, self.lifespan.state
+
+            def protocol() -> asyncio.Protocol:
+                return config.http_protocol_class(  # type: ignore[call-arg]
+                    config=config, server_state=server_state, app_state=app_state, _loop=loop
+                )
+
+            listeners = [Handed(loop, channel, protocol) for channel in channels]
+            for listener in listeners:
+                listener.start()
+            # uvicorn calls close() and wait_closed() on its servers, which a Handed has.
+            self.servers = cast("list[asyncio.base_events.Server]", listeners)
 
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
             # The lifespan's own close() joins this one: both wait for the same worker tasks.
