@@ -18,6 +18,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from tether.server.coalesce import Coalescing
 from tether.server.problems import BASE, PROBLEM_JSON
 
 # How long a refused connection is drained before it is closed: enough for a client on the
@@ -72,6 +73,12 @@ class _HeadLimited(HttpToolsProtocol):
         # arrives within one read, where the count of reads above sees nothing.
         self._parsed = 0
         self._over = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[arg-type]
+        # Everything this connection writes, answers and refusals alike, in one order: a
+        # response's head and body go out in one write (:mod:`tether.server.coalesce`).
+        self.transport = Coalescing(self.transport, self.loop)
 
     def on_message_begin(self) -> None:
         self._parsed = 0
