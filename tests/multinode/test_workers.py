@@ -172,13 +172,16 @@ def test_two_workers_on_a_fresh_sqlite_dir_both_serve(launch: Callable[..., Serv
         assert (turn["status"], turn["output"]) == ("completed", "saw [] then hi")
 
 
-def test_a_burst_of_keep_alive_connections_is_split_evenly_between_workers(
+def test_bursts_of_keep_alive_connections_are_shared_between_workers(
     launch: Callable[..., Server],
 ) -> None:
-    """64 clients of one keep-alive connection each, connecting at once: each worker serves
-    32 of them. Accepting on a shared socket, the worker awake first took most of the burst
-    (57/7, 64/0 were seen), and a connection stays with the worker that has it."""
+    """64 clients of one keep-alive connection each, connecting at once, three times: each
+    worker serves at least a quarter of every burst (evenly when both are as free; more to the
+    freer one, within what each has not yet taken). Accepting on a shared socket, the worker
+    awake first took most of a burst (57/7 and 64/0 were seen), and a connection stays with
+    the worker that has it."""
     srv = launch()
+    wait_for(lambda: nodes_answering(srv, NODES) == NODES, 30, srv, "both workers serving")
 
     async def burst() -> list[str]:
         clients = [
@@ -194,8 +197,10 @@ def test_a_burst_of_keep_alive_connections_is_split_evenly_between_workers(
         finally:
             await asyncio.gather(*(c.aclose() for c in clients))
 
-    nodes = asyncio.run(burst())
-    assert {node: nodes.count(node) for node in NODES} == {"node-w1": 32, "node-w2": 32}
+    for _ in range(3):
+        nodes = asyncio.run(burst())
+        shares = {node: nodes.count(node) for node in NODES}
+        assert min(shares.values()) >= 16, shares
 
 
 async def pinned_clients(url: str, per_node: int) -> list[tuple[str, httpx.AsyncClient]]:

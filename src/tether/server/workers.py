@@ -39,13 +39,13 @@ import sys
 import threading
 import time
 import traceback
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import FrameType
 from typing import NoReturn
 
 from tether.errors import ConfigError, StoreError
+from tether.server.handed import Dispatch
 from tether.server.settings import Settings
 from tether.store import open_store_url
 
@@ -67,9 +67,6 @@ RESTART_PAUSE_MAX = 10.0
 STOP_GRACE = 15.0
 """Seconds beyond a worker's own shutdown bound (drain, then open connections) before the
 parent kills a worker that still has not exited."""
-
-ACCEPT_ROUND = 64
-"""Connections the parent accepts and hands over before it looks at signals and workers again."""
 
 _HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD)
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -128,11 +125,6 @@ class _Slot:
     was_ready: bool = False
     quick_deaths: int = 0
     restart_at: float | None = None
-    channel: socket.socket | None = None
-    """The parent's end of the Unix socket the live worker takes its connections from."""
-    unacked: deque[socket.socket] = field(default_factory=deque)
-    """Connections handed to the worker that it has not said it took, oldest first: kept open
-    here, so that a worker that dies before it takes them does not lose them."""
 
 
 def _ignore(signum: int, frame: FrameType | None) -> None:
@@ -167,8 +159,7 @@ class Supervisor:
         self._parent = os.getpid()
         self._pending = b""
         self._ready_r = self._ready_w = self._wake_r = self._wake_w = -1
-        self._next = 0  # the slot the next connection is offered to first
-        self._dropped = 0  # connections no worker could take (logged, not per connection)
+        self.dispatch = Dispatch(sock)
 
     def run(self) -> int:
         """Supervise until every worker has exited; the exit code the parent should give."""
@@ -181,8 +172,6 @@ class Supervisor:
         self._wake_r, self._wake_w = os.pipe()
         for fd in (self._ready_r, self._wake_r, self._wake_w):
             os.set_blocking(fd, False)
-        # The parent accepts (the workers serve what it hands them): never blocked on it.
-        self.sock.setblocking(False)
         previous = {sig: signal.signal(sig, _ignore) for sig in _HANDLED}
         previous_wakeup = signal.set_wakeup_fd(self._wake_w)
         try:
@@ -197,21 +186,16 @@ class Supervisor:
                 signal.signal(sig, handler)
             for fd in (self._ready_r, self._ready_w, self._wake_r, self._wake_w):
                 os.close(fd)
-            for slot in self.slots:
-                self._close_channel(slot)
+            self.dispatch.close()
         return self.code
 
     # -- the loop --------------------------------------------------------------------------------
     def _loop(self) -> None:
         look_at = 0.0  # when the children are looked at next, SIGCHLD or not
         while not (self.stopping and not self._live()):
-            watched = [self._ready_r, self._wake_r]
-            # Connections wait in the socket's backlog until a worker is ready to serve them.
-            listening = not self.stopping and any(s.ready for s in self.slots)
-            if listening:
-                watched.append(self.sock.fileno())
-            # A worker says which connections it took (and its channel ends when it dies).
-            watched += [s.channel.fileno() for s in self.slots if s.unacked and s.channel]
+            # The connections: accepted while a worker has room for them, and what the workers
+            # say they took (:class:`~tether.server.handed.Dispatch`).
+            watched = [self._ready_r, self._wake_r, *self.dispatch.watched(time.monotonic())]
             readable: list[int] = []
             with contextlib.suppress(InterruptedError):
                 readable, _, _ = select.select(watched, [], [], self._timeout())
@@ -221,12 +205,10 @@ class Supervisor:
                 self._read_signals()  # SIGCHLD among them: a child to reap
             if self._ready_r in readable:
                 self._read_ready()
-            self._read_acks(readable)
             if self._wake_r in readable or time.monotonic() >= look_at:
                 self._reap()
                 look_at = time.monotonic() + 1.0
-            if listening and not self.stopping and self.sock.fileno() in readable:
-                self._hand_over()
+            self.dispatch.handle(readable, time.monotonic())
             now = time.monotonic()
             if self.stopping and now >= self._stop_deadline:
                 self._stop_deadline = math.inf
@@ -242,74 +224,11 @@ class Supervisor:
         # The wakeup pipe and the ready pipe wake the loop; this bound is for restarts that are
         # due, the stop deadline, and a safety look at the children now and then.
         due = [s.restart_at for s in self.slots if s.restart_at is not None]
+        dispatch = self.dispatch.wake_at()
+        if dispatch is not None:
+            due.append(dispatch)
         wake = min([*due, self._stop_deadline, time.monotonic() + 1.0])
         return max(0.0, wake - time.monotonic())
-
-    def _hand_over(self) -> None:
-        """Accept what is waiting (a round at most) and hand each connection to the next ready
-        worker in turn: a burst is split evenly, whatever each worker was doing."""
-        for _ in range(ACCEPT_ROUND):
-            try:
-                conn, _ = self.sock.accept()
-            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
-                return
-            except OSError as exc:
-                # Out of file descriptors, say: the rest stay queued for the next round.
-                log.warning("cannot accept a connection now: %s", exc)
-                return
-            with contextlib.suppress(OSError):
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._give(conn)
-
-    def _give(self, conn: socket.socket) -> None:
-        """Hand ``conn`` to the next ready worker that takes it; kept until it says so."""
-        from tether.server.handed import send_connection
-
-        ready = [s for s in self.slots if s.ready and s.channel is not None]
-        for k in range(len(ready)):
-            slot = ready[(self._next + k) % len(ready)]
-            assert slot.channel is not None
-            try:
-                send_connection(slot.channel, conn)
-            except OSError:
-                continue  # that worker is far behind, or has just died: the next one
-            slot.unacked.append(conn)
-            self._next = (self._next + k + 1) % len(ready)
-            return
-        conn.close()
-        self._dropped += 1
-        if self._dropped in (1, 10, 100) or self._dropped % 1000 == 0:
-            log.warning("no worker could take a connection (%d so far); closed", self._dropped)
-
-    def _read_acks(self, readable: list[int]) -> None:
-        """Close the parent's copies of the connections each worker says it took; a channel
-        that ended (the worker died) gives those it never took to the others."""
-        from tether.server.handed import read_acks
-
-        for slot in self.slots:
-            channel = slot.channel
-            if channel is None or not slot.unacked or channel.fileno() not in readable:
-                continue
-            took = read_acks(channel)
-            if took is None:
-                slot.ready = False  # no more for it; reaped (and restarted) as it exits
-                self._close_channel(slot)
-                continue
-            for _ in range(min(took, len(slot.unacked))):
-                slot.unacked.popleft().close()
-
-    def _close_channel(self, slot: _Slot) -> None:
-        """Close the parent's end of ``slot``'s channel; what the worker never took goes to
-        another worker (its client is then served as if nothing had happened)."""
-        if slot.channel is not None:
-            slot.channel.close()
-            slot.channel = None
-        lost, slot.unacked = slot.unacked, deque()
-        for conn in lost:
-            if self.stopping:
-                conn.close()
-            else:
-                self._give(conn)
 
     def _live(self) -> list[_Slot]:
         return [s for s in self.slots if s.pid]
@@ -329,6 +248,7 @@ class Supervisor:
             if slot is None or self.stopping:
                 continue
             slot.ready = slot.was_ready = True
+            self.dispatch.ready(slot.index)
             log.info("worker %s ready (pid %d)", *_who(slot))
         if not self.announced and not self.stopping and all(s.ready for s in self.slots):
             self.announced = True
@@ -354,7 +274,7 @@ class Supervisor:
         code = os.waitstatus_to_exitcode(status)
         uptime = time.monotonic() - slot.started_at
         slot.pid, slot.ready = 0, False
-        self._close_channel(slot)
+        self.dispatch.gone(slot.index)
         if self.stopping:
             # SIGTERM before the worker had its handlers in place is a stop like any other.
             if code not in (0, -signal.SIGTERM):
@@ -396,9 +316,9 @@ class Supervisor:
         # (one process group), and a second SIGINT would make uvicorn skip the drain.
         for slot in self._live():
             self._signal(slot, signal.SIGTERM)
-        # No worker is started from here on: let the port refuse connections once the workers
-        # have closed their copies, rather than queue them for nobody.
-        self.sock.close()
+        # No worker is started from here on: let the port refuse connections rather than queue
+        # them for nobody (the workers hold no copy of it).
+        self.dispatch.stop()
 
     def _signal(self, slot: _Slot, signum: int) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -420,7 +340,7 @@ class Supervisor:
         # Signals wait until the child has its own handlers: one delivered in between would run
         # the parent's and write to the parent's wakeup pipe, as if the parent had received it.
         try:
-            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            theirs = self.dispatch.open(slot.index)
         except OSError as exc:
             log.error("cannot start worker %s: %s", slot.node, exc)
             self._not_started(slot)
@@ -429,19 +349,16 @@ class Supervisor:
         try:
             pid = os.fork()
         except OSError as exc:
-            ours.close()
+            self.dispatch.gone(slot.index)
             theirs.close()
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             log.error("cannot start worker %s: %s", slot.node, exc)
             self._not_started(slot)
             return
         if pid == 0:
-            ours.close()
             self._child(slot, mask, theirs)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         theirs.close()
-        ours.setblocking(False)
-        slot.channel = ours
         slot.pid, slot.started_at = pid, time.monotonic()
         log.info("worker %s started (pid %d)", slot.node, pid)
 
@@ -465,13 +382,10 @@ class Supervisor:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             for fd in (self._ready_r, self._wake_r, self._wake_w):
                 os.close(fd)
-            # The parent accepts; the other workers' channels are theirs. Closed here, the port
-            # refuses connections as soon as the parent closes it, and a worker's death is seen
-            # on its channel.
-            self.sock.close()
-            for other in self.slots:
-                if other.channel is not None:
-                    other.channel.close()
+            # The parent accepts, and the other workers' channels and the connections the parent
+            # holds are not this worker's: closed here, a connection another worker closes
+            # is closed, and the port refuses connections once the parent has closed it.
+            self.dispatch.forget()
             _die_with(self._parent)
             ready_w = self._ready_w
 
