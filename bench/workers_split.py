@@ -8,9 +8,10 @@ Reproduce (from the repository root)::
 Two rows, against ``tether serve --workers 2`` (SQLite, a temporary data directory):
 
 * ``split``: 64 clients of one keep-alive connection each connect at once (``GET /healthz``,
-  which names the worker that answered), ``--bursts`` times; how many each worker got. Since
-  the parent hands connections to the workers in turn (``tether.server.handed``) it is 32/32;
-  when the workers accepted on a shared socket, the one awake first took most (57/7, 64/0).
+  which names the worker that answered), ``--bursts`` times; how many each worker got. The
+  parent hands connections to the workers in turn, to those that have room
+  (``tether.server.handed``): near 32/32 when both are as free; when the workers accepted on a
+  shared socket, the one awake first took most (57/7, 64/0).
 * ``new connection a request``: ``--requests`` ``GET /healthz`` from 16 clients that open a new
   connection for each; requests a second, and CPU a request of the whole server and of the
   parent alone (its accept and hand-over). Clients that keep their connections pay it once.

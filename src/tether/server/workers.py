@@ -4,8 +4,8 @@ A Python process runs its event loop on one core. Workers multiply that: the par
 socket once (a taken port stays a plain error), applies the store's migrations once, then forks
 N workers. Each builds its own app (store connection, scheduler, event loop) and serves with
 uvicorn the connections the parent accepts and hands to the workers in turn, each over a Unix
-socket of its own (:mod:`tether.server.handed` says why: workers accepting on a shared socket
-split a burst of connections 57/7). The workers coordinate through the store alone, exactly as
+socket of its own (:mod:`tether.server.handed`: how, and why — workers accepting on a shared
+socket split a burst of connections 57/7). The workers coordinate through the store alone, exactly as
 separate servers on one database do (DESIGN §4): each is a node of its own, ``<node>-w1``,
 ``<node>-w2``…
 
