@@ -191,9 +191,16 @@ async def test_an_interrupt_sent_as_a_decision_is_made_always_ends_that_turn(
             parked = await _parked(rt, agent, sid=sid)
             d = await _pending(rt, parked)
             newer = rt.submit(plain, "never mind", session_id=sid, policy=policy)
-            _, submitted = await asyncio.gather(
-                rt.decide(parked.key, parked.id, d.call_id, "approve"), newer
-            )
+
+            async def approve(parked: Turn = parked, d: Decision = d) -> None:
+                try:
+                    await rt.decide(parked.key, parked.id, d.call_id, "approve")
+                except DecisionMade as exc:
+                    # The race's other way: the interrupt ended the turn first, which
+                    # cancelled its decision. The turn must end as interrupted all the same.
+                    assert exc.decision.status == "cancelled", exc.decision
+
+            _, submitted = await asyncio.gather(approve(), newer)
             async with asyncio.timeout(20):
                 old = await rt.scheduler.wait(parked.key, parked.id)
                 done = await rt.scheduler.wait(submitted.key, submitted.id)
