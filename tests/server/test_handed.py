@@ -10,6 +10,7 @@ what arrives with the protocol it is given."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import select
@@ -218,9 +219,44 @@ def test_out_of_descriptors_the_parent_pauses_instead_of_spinning(
     assert "cannot accept a connection now" in caplog.text
     # Not watched (no spin) until the pause is over, and the loop is told when that is.
     assert real.fileno() not in parent.dispatch.watched(now)
-    assert parent.dispatch.wake_at() == pytest.approx(now + handed.ACCEPT_PAUSE)
-    assert real.fileno() in parent.dispatch.watched(now + handed.ACCEPT_PAUSE)
+    assert parent.dispatch.wake_at(now) == pytest.approx(now + handed.ACCEPT_PAUSE)
+    later = now + handed.ACCEPT_PAUSE
+    assert real.fileno() in parent.dispatch.watched(later)
+    # A pause that has ended asks for no wake-up: a time in the past would make the loop spin.
+    assert parent.dispatch.wake_at(later + 0.01) is None
     parent.dispatch.listening = real
+
+
+def test_a_refusal_that_has_ended_asks_for_no_wake_up(parent: Parent) -> None:
+    parent.connect(1)
+    parent.turn()
+    take(parent.ends[0], say=REFUSED).close()
+    parent.turn()  # to worker 1; worker 0 refused for a while
+    now = time.monotonic()
+    for w in parent.dispatch._workers.values():
+        w.ready = False  # both restarting: what comes now waits in the parent
+    parent.dispatch._waiting.append(parent.connect(1)[0])
+    assert parent.dispatch.wake_at(now) == pytest.approx(now + handed.REFUSED_PAUSE, abs=0.5)
+    assert parent.dispatch.wake_at(now + handed.REFUSED_PAUSE + 1) is None
+
+
+def test_a_worker_short_of_kernel_memory_is_tried_again_not_dropped(
+    parent: Parent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_send = socket.send_fds
+    failures = [OSError(errno.ENOBUFS, "No buffer space available")]
+
+    def send_fds(sock: socket.socket, buffers: list[bytes], fds: list[int]) -> int:
+        if failures:
+            raise failures.pop()
+        return real_send(sock, buffers, fds)
+
+    monkeypatch.setattr(socket, "send_fds", send_fds)
+    parent.connect(1)
+    parent.turn()  # worker 0 could not be sent it: worker 1 gets it, worker 0 stays ready
+    assert (unacked(parent, 0), unacked(parent, 1)) == (0, 1)
+    assert parent.dispatch._workers[0].ready
+    take(parent.ends[1]).close()
 
 
 def test_forget_closes_what_a_forked_worker_inherited(parent: Parent) -> None:
@@ -276,6 +312,23 @@ async def test_a_worker_serves_what_it_is_handed_and_says_so(listening: socket.s
         # never as an empty message, which the parent would read as this worker's end.
         ours.send(b"c")
         assert await asyncio.to_thread(ours.recv, 16) == REFUSED
+        # With no room on the channel for its answer, the worker keeps it and says it when
+        # there is room: unsaid, the parent would keep the connection and the worker lose a
+        # slot for good.
+        filled = 0
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                theirs.send(b"x")
+                filled += 1
+        _, second_w = await asyncio.open_connection(*listening.getsockname()[:2])
+        conn2, _ = await loop.sock_accept(listening)
+        with conn2:
+            socket.send_fds(ours, [b"c"], [conn2.fileno()])
+        heard = b""
+        while len(heard) < filled + 1:
+            heard += await asyncio.to_thread(ours.recv, 4096)
+        assert heard == b"x" * filled + TOOK
+        second_w.close()
         worker.close()
         await worker.wait_closed()
     finally:

@@ -62,6 +62,7 @@ MAX_MESSAGES = 64
 _CLOEXEC = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
 _FDS_SPACE = socket.CMSG_SPACE(4 * array.array("i").itemsize)
 _EXHAUSTED = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+_GONE = {errno.EPIPE, errno.ECONNRESET, errno.ECONNREFUSED, errno.ENOTCONN}
 
 
 # -- the parent ----------------------------------------------------------------------------------
@@ -160,14 +161,16 @@ class Dispatch:
             fds.append(self.listening.fileno())
         return fds
 
-    def wake_at(self) -> float | None:
-        """When the loop must look again on its own (a pause ending), if it must."""
+    def wake_at(self, now: float) -> float | None:
+        """When the loop must look again on its own (a pause ending), if it must: only pauses
+        still to end count (one that has ended must not make the loop spin)."""
         if self.listening is None:
             return None
-        due = [self._paused_until] if self._paused_until else []
+        due = [self._paused_until]
         if self._waiting:
-            due += [w.refused_until for w in self._workers.values() if w.refused_until]
-        return min(due) if due else None
+            due += [w.refused_until for w in self._workers.values()]
+        later = [t for t in due if t > now]
+        return min(later) if later else None
 
     def handle(self, readable: list[int], now: float) -> None:
         """Read what the workers said, hand out what waits, then accept what the listening
@@ -222,11 +225,12 @@ class Dispatch:
             conn = self._waiting[0]
             try:
                 socket.send_fds(worker.channel, [b"c"], [conn.fileno()])
-            except BlockingIOError:
-                worker.refused_until = now + ACCEPT_PAUSE  # its channel is full: later
-                continue
-            except OSError:
-                worker.ready = False  # it has just died: gone() follows
+            except OSError as exc:
+                if exc.errno in _GONE:
+                    worker.ready = False  # it has just died: gone() follows
+                else:
+                    # Its channel is full, or the kernel is short of memory: a moment later.
+                    worker.refused_until = now + ACCEPT_PAUSE
                 continue
             self._waiting.popleft()
             worker.unacked.append(conn)
@@ -283,6 +287,7 @@ class Handed:
         self._fd = channel.fileno()
         self._serving = False
         self._starting: set[asyncio.Task[None]] = set()
+        self._unsaid = b""  # answers the channel had no room for yet, in order
         channel.setblocking(False)
 
     def start(self) -> None:
@@ -307,10 +312,28 @@ class Handed:
                 os.close(extra)  # one connection a message: never more (closed, not leaked)
             # Said before a byte of it is read: until then, if this worker dies, the parent
             # gives the connection to another.
-            with contextlib.suppress(OSError):
-                self._channel.send(TOOK if fds else REFUSED)
+            self._say(TOOK if fds else REFUSED)
             if fds:
                 self._serve(fds[0])
+
+    def _say(self, answer: bytes = b"") -> None:
+        """Send ``answer`` after any the channel had no room for: unsaid, the parent would
+        hold its copy of that connection, and this worker one slot fewer, for good."""
+        said = self._unsaid + answer
+        if not said:
+            return
+        try:
+            self._channel.send(said)  # several answers in one message: the parent reads each
+        except BlockingIOError:
+            if not self._unsaid:
+                self._loop.add_writer(self._fd, self._say)
+            self._unsaid = said
+            return
+        except OSError:
+            said = b""  # the parent is gone: nobody to tell
+        if self._unsaid:
+            self._loop.remove_writer(self._fd)
+        self._unsaid = b""
 
     def _serve(self, fd: int) -> None:
         try:
@@ -336,6 +359,8 @@ class Handed:
             self._serving = False
             with contextlib.suppress(OSError, ValueError):
                 self._loop.remove_reader(self._fd)
+                if self._unsaid:
+                    self._loop.remove_writer(self._fd)
 
     async def wait_closed(self) -> None:
         if self._starting:

@@ -5,9 +5,9 @@ socket once (a taken port stays a plain error), applies the store's migrations o
 N workers. Each builds its own app (store connection, scheduler, event loop) and serves with
 uvicorn the connections the parent accepts and hands to the workers in turn, each over a Unix
 socket of its own (:mod:`tether.server.handed`: how, and why — workers accepting on a shared
-socket split a burst of connections 57/7). The workers coordinate through the store alone, exactly as
-separate servers on one database do (DESIGN §4): each is a node of its own, ``<node>-w1``,
-``<node>-w2``…
+socket split a burst of connections 57/7). The workers coordinate through the store alone,
+exactly as separate servers on one database do (DESIGN §4): each is a node of its own,
+``<node>-w1``, ``<node>-w2``…
 
 Forking, rather than starting fresh interpreters, keeps agents defined in a script's
 ``__main__`` (``App(...).serve(workers=4)``) servable, and costs no import per worker. It is
@@ -224,7 +224,7 @@ class Supervisor:
         # The wakeup pipe and the ready pipe wake the loop; this bound is for restarts that are
         # due, the stop deadline, and a safety look at the children now and then.
         due = [s.restart_at for s in self.slots if s.restart_at is not None]
-        dispatch = self.dispatch.wake_at()
+        dispatch = self.dispatch.wake_at(time.monotonic())
         if dispatch is not None:
             due.append(dispatch)
         wake = min([*due, self._stop_deadline, time.monotonic() + 1.0])
