@@ -93,7 +93,7 @@ class Dispatch:
         """Accepted, or given back by a worker, and not handed out yet (first out first)."""
         self._next = 0  # where the round of the workers starts next
         self._paused_until = 0.0
-        self._troubles = 0  # accept failures and connections closed unserved (for the log)
+        self._troubles = 0  # accept failures so far (the log says the first few, then fewer)
 
     # -- workers -------------------------------------------------------------------------------
     def open(self, key: Hashable) -> socket.socket:
@@ -125,8 +125,8 @@ class Dispatch:
             self._hand_waiting(time.monotonic())
 
     def stop(self) -> None:
-        """Accept no more: the port refuses connections (once no worker holds it either), and
-        those not handed out yet are closed, as the backlog's were."""
+        """Accept no more: the port refuses connections (the workers closed their copies of
+        it as they started), and those not handed out yet are closed, as the backlog's were."""
         if self.listening is not None:
             self.listening.close()
             self.listening = None
