@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import importlib
 import importlib.util
+import logging
 import math
 import signal
 import socket
@@ -23,17 +24,22 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, cast
 
+from tether import affinity
+from tether.affinity import Pinned
 from tether.agent import Agent
 from tether.errors import ConfigError
 from tether.keys import ApiKeys
 from tether.server.settings import Settings
 from tether.store import open_store_url
+from tether.store.capabilities import OwnThread
 
 if TYPE_CHECKING:
     import uvicorn
     from fastapi import FastAPI
 
     from tether.scheduler import Scheduler
+
+log = logging.getLogger("tether.server")
 
 
 class App:
@@ -205,6 +211,7 @@ def _serve_on(
         config, app.state.tether.runtime.scheduler, settings.drain_timeout, handed=handed
     )
     server.on_ready = on_ready
+    server.pin = _pinning(settings, app.state.tether.runtime.store)
     with _sigterm_exits_cleanly(), contextlib.suppress(KeyboardInterrupt):
         server.run(sockets=[sock])
     if not server.started:
@@ -268,6 +275,8 @@ def _draining_server(
         """
 
         on_ready: Callable[[], object] | None = None
+        pin: Callable[[], Pinned | None] | None = None
+        pinned: Pinned | None = None
 
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             from tether.server import heap
@@ -281,6 +290,8 @@ def _draining_server(
             # whose collector is not ours to set.
             if self.started and threading.current_thread() is threading.main_thread():
                 heap.settle()
+                # The same goes for the CPUs its threads run on.
+                self.pinned = self.pin() if self.pin is not None else None
             if self.started and self.on_ready is not None:
                 self.on_ready()
 
@@ -314,8 +325,29 @@ def _draining_server(
                 await super().shutdown(sockets)
             finally:
                 await asyncio.gather(draining, return_exceptions=True)
+                if self.pinned is not None:
+                    self.pinned.undo()
 
     return DrainingServer(config)
+
+
+def _pinning(settings: Settings, store: object) -> Callable[[], Pinned | None] | None:
+    """What pins the event loop's thread and the SQLite store's thread to one CPU once the
+    app has started (:mod:`tether.affinity`); None where nothing is to be pinned."""
+    if not settings.pin_cpu or not isinstance(store, OwnThread):
+        return None
+
+    def pin() -> Pinned | None:
+        cpu = affinity.choose(settings.worker)
+        thread = store.thread_id()
+        if cpu is None or thread is None:
+            return None
+        pinned = affinity.pin([thread], cpu)
+        if pinned is not None:
+            log.info("the event loop and the store's thread run on CPU %d", cpu)
+        return pinned
+
+    return pin
 
 
 @contextlib.contextmanager

@@ -172,6 +172,29 @@ def test_two_workers_on_a_fresh_sqlite_dir_both_serve(launch: Callable[..., Serv
         assert (turn["status"], turn["output"]) == ("completed", "saw [] then hi")
 
 
+@pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs or more; run on such a machine"
+)
+def test_each_worker_pins_its_loop_and_store_thread_to_a_cpu_of_its_own(
+    launch: Callable[..., Server],
+) -> None:
+    srv = launch()
+    allowed = frozenset(os.sched_getaffinity(0))
+    pinned: dict[int, frozenset[int]] = {}
+    for pid in workers_of(srv.proc.pid):
+        cpus = {
+            int(t): frozenset(os.sched_getaffinity(int(t))) for t in os.listdir(f"/proc/{pid}/task")
+        }
+        one = {tid: c for tid, c in cpus.items() if c != allowed}
+        assert len(one) == 2 and pid in one, cpus  # the event loop's thread and the store's
+        (pinned[pid],) = set(one.values())
+    assert len(pinned) == 2 and len(set(pinned.values())) == 2, pinned  # different CPUs
+    # The supervisor pins nothing.
+    assert all(
+        os.sched_getaffinity(int(t)) == allowed for t in os.listdir(f"/proc/{srv.proc.pid}/task")
+    )
+
+
 def test_keep_alive_connections_are_shared_between_workers(
     launch: Callable[..., Server],
 ) -> None:

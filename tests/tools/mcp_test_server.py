@@ -27,12 +27,19 @@ def echo(text: str) -> str:
 
 @app.tool()
 def whoami(ctx: Context) -> str:
-    """This server's pid, working directory and a few variables, and the caller's
+    """This server's pid, working directory, CPUs and a few variables, and the caller's
     Authorization header."""
     headers = ctx.headers or {}
     seen = {k: os.environ.get(k) for k in ("WRAPPED", "GIVEN", "SECRET_OF_TETHER")}
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     return json.dumps(
-        {"pid": os.getpid(), "cwd": os.getcwd(), "auth": headers.get("authorization"), **seen}
+        {
+            "pid": os.getpid(),
+            "cwd": os.getcwd(),
+            "auth": headers.get("authorization"),
+            "cpus": cpus,
+            **seen,
+        }
     )
 
 

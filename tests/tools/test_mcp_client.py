@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tether import Agent, ToolContext
+from tether import Agent, ToolContext, affinity
 from tether.errors import ConfigError, InvalidInput
 from tether.models.base import ModelRequest
 from tether.records import LOCAL_PRINCIPAL, Decision, Principal, SessionKey
@@ -234,6 +234,28 @@ async def test_a_stdio_server_runs_as_wrap_says_with_only_its_own_environment(
     assert wrapped == [([sys.executable, SERVER], workspace)]
     assert seen["WRAPPED"] == workspace.name and seen["GIVEN"] == "yes"
     assert seen["SECRET_OF_TETHER"] is None
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs Linux and 2 CPUs or more; run on such a machine",
+)
+async def test_a_stdio_server_started_from_a_pinned_event_loop_has_every_cpu(
+    runtime: Runtime,
+) -> None:
+    """A server pins its event loop's thread to one CPU (tether.affinity); an MCP server it
+    starts from there runs on every CPU the process may use, not that one."""
+    allowed = sorted(os.sched_getaffinity(0))
+    cpu = affinity.choose()
+    assert cpu is not None
+    pinned = affinity.pin([], cpu)
+    assert pinned is not None
+    try:
+        seen = _data(await _ask(runtime, _agent(_model()), "s1", "t__whoami"))
+        assert os.sched_getaffinity(0) == {cpu}
+    finally:
+        pinned.undo()
+    assert seen["cpus"] == allowed
 
 
 async def test_a_server_may_ask_for_approval_of_each_call(runtime: Runtime) -> None:

@@ -139,6 +139,13 @@ class Settings:
     workers: int = 1
     """Server processes sharing the one listening socket and the one store (``serve`` only;
     ``TETHER_WORKERS``). 1: the server runs in this process, with no other."""
+    worker: int = 0
+    """This process's number among ``workers`` (from 1), set by the supervisor; 0: the only
+    server process."""
+    pin_cpu: bool = True
+    """``serve`` on SQLite pins its event loop's thread and the store's thread to one CPU,
+    each worker's to its own (:mod:`tether.affinity`); ``TETHER_PIN_CPU=off`` leaves the
+    kernel to place them."""
     one_off_ttl: float | None = 30 * 86400.0
     """Seconds a session that an OpenAI-face call without a session made is kept after its
     latest turn (then swept with its history), so stateless clients do not pile up sessions
@@ -175,6 +182,11 @@ class Settings:
         one_off = env.get("TETHER_ONE_OFF_TTL", "").strip().lower()
         if one_off:
             values["one_off_ttl"] = None if one_off == "off" else _seconds(one_off)
+        pin = env.get("TETHER_PIN_CPU", "").strip().lower()
+        if pin:
+            if pin not in _ON + _OFF:
+                raise ConfigError(f"TETHER_PIN_CPU={pin!r}: on or off")
+            values["pin_cpu"] = pin in _ON
         faces = _faces_from_env(env)
         if faces is not None:
             values["faces"] = faces

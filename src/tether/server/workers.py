@@ -392,7 +392,9 @@ class Supervisor:
             def ready() -> None:
                 os.write(ready_w, f"{os.getpid()}\n".encode())
 
-            worker_settings = dataclasses.replace(self.settings, node=slot.node, workers=1)
+            worker_settings = dataclasses.replace(
+                self.settings, node=slot.node, workers=1, worker=slot.index
+            )
             self.run_worker(worker_settings, ready, channel)
             code = 0
         except SystemExit as exc:

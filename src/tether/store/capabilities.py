@@ -10,7 +10,9 @@ does without where a store has none.
 * :class:`ReleasingEnd`: it ends a turn and gives the session's lease up in the same write
   when nothing else of the session is active;
 * :class:`CancelFeed`: it announces cancel requests and queued turns as they are made
-  (PostgreSQL's LISTEN/NOTIFY).
+  (PostgreSQL's LISTEN/NOTIFY);
+* :class:`OwnThread`: it runs its calls on a thread of its own (SQLite), which the server
+  pins to its event loop's CPU (:mod:`tether.affinity`).
 """
 
 from __future__ import annotations
@@ -204,4 +206,14 @@ class CancelFeed(Protocol):
         lingering on the lease, then need not poll the queue. ``queued(None)`` stands for a
         session whose key could not be sent: the holder looks at every session it holds.
         """
+        ...
+
+
+@runtime_checkable
+class OwnThread(Protocol):
+    """A store whose calls run on one thread of its own, which shares the interpreter's lock
+    with the event loop's thread."""
+
+    def thread_id(self) -> int | None:
+        """That thread's native id (None while the store is not open)."""
         ...

@@ -158,6 +158,11 @@ class Connection:
         """Return once more than ``after`` rings were heard (at once when it cannot hear)."""
         await self._doorbell.hear(after)
 
+    def thread_id(self) -> int | None:
+        """The native id of the store's thread (None while the store is not open)."""
+        worker = self._worker
+        return worker.native_id if worker is not None else None
+
     def seen_version(self) -> int:
         """:meth:`data_version` as the store's thread last read it, before its latest batch of
         calls: no I/O. Unchanged since a value noted before a read, no other process had

@@ -82,6 +82,11 @@ class SQLiteWorker:
         if self._start_error is not None:
             raise self._start_error
 
+    @property
+    def native_id(self) -> int | None:
+        """The thread's id in the kernel once it runs (None before)."""
+        return self._thread.native_id
+
     async def call(
         self, fn: Callable[[sqlite3.Connection], T], *, write: bool, alone: bool = False
     ) -> T:

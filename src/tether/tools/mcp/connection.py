@@ -25,6 +25,7 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
+from tether.affinity import spread
 from tether.errors import ToolError
 from tether.records import Principal
 from tether.tools.mcp.specs import McpHttp, McpServer, McpStdio, Wrap
@@ -119,7 +120,10 @@ class Connection:
     async def _hold(self, ready: asyncio.Future[Client]) -> None:
         try:
             async with contextlib.AsyncExitStack() as stack:
-                client = await stack.enter_async_context(await self._client_of(stack))
+                # A server over stdio is a process started from the event loop's thread:
+                # with the CPUs the server has, not the one that thread is pinned to.
+                with spread():
+                    client = await stack.enter_async_context(await self._client_of(stack))
                 if ready.done():  # open() gave up meanwhile
                     return
                 ready.set_result(client)

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from tether.affinity import spread
 from tether.tools.sandbox.base import Limits, Outcome
 
 _DRAIN_SECONDS = 1.0
@@ -105,8 +106,16 @@ async def _start(
     argv: list[str], *, stdin: int, cwd: Path | None, env: dict[str, str] | None
 ) -> asyncio.subprocess.Process:
     """Start ``argv`` in a session of its own; cancelled meanwhile, kill what was started.
+    From the event loop's thread, which a server pins to one CPU (:mod:`tether.affinity`),
+    the process gets the CPUs the server has (it is forked before ``_started`` returns)."""
+    with spread():
+        return await _started(argv, stdin=stdin, cwd=cwd, env=env)
 
-    The process exists before ``create_subprocess_exec`` returns (its pipes are still being
+
+async def _started(
+    argv: list[str], *, stdin: int, cwd: Path | None, env: dict[str, str] | None
+) -> asyncio.subprocess.Process:
+    """The process exists before ``create_subprocess_exec`` returns (its pipes are still being
     connected). Cancelled in that moment, asyncio kills the process it started but not its
     process group: bwrap would die, and the sandbox's pid 1, already forked, live on. So the
     start is finished under a shield, and then the whole group is killed.
