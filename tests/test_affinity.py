@@ -86,6 +86,75 @@ def test_a_thread_started_afterwards_has_every_cpu(pinned: affinity.Pinned) -> N
     assert seen == [ALLOWED]  # it inherited one CPU and gave it up before its work
 
 
+def test_the_sweep_releases_threads_pinned_past_the_hook(pinned: affinity.Pinned) -> None:
+    """Native code's threads pass no hook: one left on the pinned CPU is given every CPU back;
+    one that chose other CPUs itself is left alone, and so are the two pinned threads."""
+    ready, done = threading.Barrier(3), threading.Event()
+    ids: dict[str, int] = {}
+
+    def stay(name: str, cpus: set[int]) -> None:
+        os.sched_setaffinity(0, cpus)  # after the hook: as a native thread would be
+        ids[name] = threading.get_native_id()
+        ready.wait()
+        done.wait()
+
+    other = min(ALLOWED - {pinned.cpu})
+    threads = [
+        threading.Thread(target=stay, args=("inherited", {pinned.cpu})),
+        threading.Thread(target=stay, args=("chosen", {other})),
+    ]
+    for t in threads:
+        t.start()
+    ready.wait()
+    try:
+        assert pinned.sweep() == 1
+        assert cpus_of(ids["inherited"]) == ALLOWED
+        assert cpus_of(ids["chosen"]) == {other}
+        assert all(cpus_of(tid) == {pinned.cpu} for tid in pinned.threads)
+    finally:
+        done.set()
+        for t in threads:
+            t.join()
+
+
+def test_undo_releases_a_thread_left_on_the_cpu(store_thread: int) -> None:
+    cpu = affinity.choose()
+    assert cpu is not None
+    pinned = affinity.pin([store_thread], cpu)
+    assert pinned is not None
+    ready, done = threading.Event(), threading.Event()
+    tids: list[int] = []
+
+    def native_like() -> None:
+        os.sched_setaffinity(0, {cpu})
+        tids.append(threading.get_native_id())
+        ready.set()
+        done.wait()
+
+    thread = threading.Thread(target=native_like)
+    thread.start()
+    ready.wait()
+    try:
+        pinned.undo()
+        assert cpus_of(tids[0]) == ALLOWED
+    finally:
+        done.set()
+        thread.join()
+
+
+def test_a_thread_that_chooses_its_cpus_keeps_them(pinned: affinity.Pinned) -> None:
+    other = min(ALLOWED - {pinned.cpu})
+    os.sched_setaffinity(0, {other})  # the starter's choice, which the new thread inherits
+    try:
+        seen: list[frozenset[int]] = []
+        thread = threading.Thread(target=lambda: seen.append(cpus_of(0)))
+        thread.start()
+        thread.join()
+        assert seen == [{other}]
+    finally:
+        os.sched_setaffinity(0, {pinned.cpu})
+
+
 def test_a_profile_hook_set_before_still_runs_in_new_threads(store_thread: int) -> None:
     calls: list[str] = []
 

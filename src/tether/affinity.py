@@ -6,15 +6,19 @@ lock and moves the caches the two threads share; under load the store's thread t
 lock back once a turn of the event loop, a statement at a time (its batches spent ~30 % of
 their wall time on a CPU), and both threads pay for the moves. On one CPU a statement's
 hand-back has nobody to run until the thread yields the CPU: a batch runs through, and the
-loop resumes where it was. Measured on a 2-core host (``bench/turn_phases.py``): at 64
-sessions, 16 % more turns a second and 12 % less CPU a turn; one session, 8 % less CPU.
+loop resumes where it was. Measured on a 2-core host (``bench/turn_phases.py``, alternated
+A/B runs): at 64 sessions, 11-23 % more turns a second and 13-16 % less CPU a turn; one
+session at a time, 8 % less CPU.
 
 The rest of the process keeps every CPU it had. A thread inherits the CPUs of the thread that
 starts it, so every thread started after :func:`pin` gives the pinned CPU up before it runs
 (a ``threading.setprofile`` hook, chained to one already set: the embedded model's and the
 embedders' threads, the executors' and the tools'); a process inherits them too, so a process
 started from the pinned thread is started inside :func:`spread`, which gives the thread its
-CPUs back for that long (the sandbox, MCP servers over stdio). Turned off with
+CPUs back for that long (the sandbox, MCP servers over stdio; an async tool that starts one
+should too). Threads that native code starts from the pinned thread pass no hook: the server
+pins once the embedder has warmed up and uvloop's resolver pool exists, and sweeps such
+threads back to every CPU now and then (:meth:`Pinned.sweep`). Turned off with
 ``TETHER_PIN_CPU=off``; a machine (or a mask) of one CPU has nothing to pin.
 """
 
@@ -52,15 +56,33 @@ class Pinned:
     last)."""
 
     def undo(self) -> None:
-        """Give the threads their CPUs back (a thread that has ended is skipped)."""
+        """Give the threads their CPUs back (a thread that has ended is skipped), and every
+        other thread still on this one CPU (:meth:`sweep`)."""
         global _pinned
+        self.sweep()
         if _pinned is self:
             _pinned = None
             if threading.getprofile() is self.hook:  # else another has been set since: kept
                 threading.setprofile(self.previous_hook)
+        alive = _threads()
         for tid in self.threads:
-            with contextlib.suppress(OSError):  # ESRCH: that thread has ended
-                os.sched_setaffinity(tid, self.original)
+            # One that has ended (the store's, closed before this) is skipped: its id may be
+            # another thread's by now.
+            if tid in alive:
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(tid, self.original)
+
+    def sweep(self) -> int:
+        """Give the CPUs back to every other thread of the process pinned to this one CPU
+        (what native code started from the pinned thread, past the hook: uvloop's resolver
+        pool, a tokenizer's pool); how many there were."""
+        released = 0
+        for tid in _threads() - set(self.threads):
+            with contextlib.suppress(OSError):  # ended meanwhile
+                if os.sched_getaffinity(tid) == {self.cpu}:
+                    os.sched_setaffinity(tid, self.original)
+                    released += 1
+        return released
 
 
 _pinned: Pinned | None = None
@@ -117,7 +139,8 @@ def spread() -> Iterator[None]:
         yield
         return
     if pinned.spreading == 0:
-        os.sched_setaffinity(0, pinned.original)
+        with contextlib.suppress(OSError):  # refused (a cpuset changed): it starts as it can
+            os.sched_setaffinity(0, pinned.original)
     pinned.spreading += 1
     try:
         yield
@@ -130,17 +153,26 @@ def spread() -> Iterator[None]:
 
 def _release_hook(pinned: Pinned) -> _Profile:
     """What each new thread runs first (as its profile function, once): give the pinned CPU
-    up, then hand the thread to the profile hook set before (if any), as if ours were not."""
+    up if it inherited it (a thread that chose its CPUs itself keeps them), then hand the thread
+    to the profile hook set before (if any), as if ours were not."""
     previous = pinned.previous_hook
 
     def release(frame: FrameType, event: str, arg: object) -> None:
         sys.setprofile(previous)
         with contextlib.suppress(OSError):
-            os.sched_setaffinity(0, pinned.original)
+            if os.sched_getaffinity(0) == {pinned.cpu}:
+                os.sched_setaffinity(0, pinned.original)
         if previous is not None:
             previous(frame, event, arg)
 
     return release
+
+
+def _threads() -> set[int]:
+    try:
+        return {int(tid) for tid in os.listdir("/proc/self/task")}
+    except OSError:
+        return set()
 
 
 def _cpu_now() -> int | None:

@@ -19,7 +19,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, cast
@@ -31,12 +31,12 @@ from tether.errors import ConfigError
 from tether.keys import ApiKeys
 from tether.server.settings import Settings
 from tether.store import open_store_url
-from tether.store.capabilities import OwnThread
 
 if TYPE_CHECKING:
     import uvicorn
     from fastapi import FastAPI
 
+    from tether.runtime import Runtime
     from tether.scheduler import Scheduler
 
 log = logging.getLogger("tether.server")
@@ -211,7 +211,7 @@ def _serve_on(
         config, app.state.tether.runtime.scheduler, settings.drain_timeout, handed=handed
     )
     server.on_ready = on_ready
-    server.pin = _pinning(settings, app.state.tether.runtime.store)
+    server.pin = _pinning(settings, app.state.tether.runtime)
     with _sigterm_exits_cleanly(), contextlib.suppress(KeyboardInterrupt):
         server.run(sockets=[sock])
     if not server.started:
@@ -275,8 +275,9 @@ def _draining_server(
         """
 
         on_ready: Callable[[], object] | None = None
-        pin: Callable[[], Pinned | None] | None = None
+        pin: Callable[[], Awaitable[Pinned | None]] | None = None
         pinned: Pinned | None = None
+        pinning: asyncio.Future[None] | None = None
 
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             from tether.server import heap
@@ -291,9 +292,16 @@ def _draining_server(
             if self.started and threading.current_thread() is threading.main_thread():
                 heap.settle()
                 # The same goes for the CPUs its threads run on.
-                self.pinned = self.pin() if self.pin is not None else None
+                if self.pin is not None:
+                    self.pinning = asyncio.ensure_future(self._pin(self.pin))
             if self.started and self.on_ready is not None:
                 self.on_ready()
+
+        async def _pin(self, pin: Callable[[], Awaitable[Pinned | None]]) -> None:
+            self.pinned = pinned = await pin()
+            while pinned is not None:
+                await asyncio.sleep(SWEEP_EVERY)
+                pinned.sweep()
 
         async def _startup_handed(self, channels: list[socket.socket]) -> None:
             """uvicorn's startup with no listener of its own, then a
@@ -325,23 +333,38 @@ def _draining_server(
                 await super().shutdown(sockets)
             finally:
                 await asyncio.gather(draining, return_exceptions=True)
+                if self.pinning is not None:
+                    self.pinning.cancel()
+                    await asyncio.gather(self.pinning, return_exceptions=True)
                 if self.pinned is not None:
                     self.pinned.undo()
 
     return DrainingServer(config)
 
 
-def _pinning(settings: Settings, store: object) -> Callable[[], Pinned | None] | None:
+SWEEP_EVERY = 10.0
+"""Seconds between looks for threads that native code started on the pinned CPU."""
+
+
+def _pinning(settings: Settings, runtime: Runtime) -> Callable[[], Awaitable[Pinned | None]] | None:
     """What pins the event loop's thread and the SQLite store's thread to one CPU once the
     app has started (:mod:`tether.affinity`); None where nothing is to be pinned."""
-    if not settings.pin_cpu or not isinstance(store, OwnThread):
+    if not settings.pin_cpu:
         return None
 
-    def pin() -> Pinned | None:
+    async def pin() -> Pinned | None:
         cpu = affinity.choose(settings.worker)
-        thread = store.thread_id()
-        if cpu is None or thread is None:
-            return None
+        if cpu is None or runtime.store_thread() is None:
+            return None  # one CPU, or a store with no thread of its own (PostgreSQL)
+        # Native thread pools started from the loop's thread would be pinned with it: the
+        # embedder's tokenizer starts its own as it warms up, in a thread; uvloop starts its
+        # resolver's on the first lookup, made here. (What else does is swept.)
+        await runtime.warmed()
+        with contextlib.suppress(OSError):
+            await asyncio.get_running_loop().getaddrinfo("localhost", None)
+        thread = runtime.store_thread()
+        if thread is None:
+            return None  # closed meanwhile
         pinned = affinity.pin([thread], cpu)
         if pinned is not None:
             log.info("the event loop and the store's thread run on CPU %d", cpu)

@@ -48,6 +48,7 @@ from tether.reply import Response
 from tether.scheduler import Scheduler
 from tether.scheduler.runner import AutoNotes, auto_notes_from_env
 from tether.scheduler.sessions import SessionService
+from tether.store.capabilities import OwnThread
 from tether.store.protocol import Store
 from tether.store.rules import DEFAULT_MAX_QUEUE
 from tether.store.sqlite import SQLiteStore
@@ -152,6 +153,19 @@ class Runtime:
         self._warming = asyncio.ensure_future(self.memory.warm())
         await self.scheduler.start()
         self._started = True
+
+    def store_thread(self) -> int | None:
+        """The native id of the thread the store runs its calls on (SQLite's), which a server
+        pins beside its event loop (:mod:`tether.affinity`); None for a store without one, or
+        not open."""
+        store = self.store
+        return store.thread_id() if isinstance(store, OwnThread) else None
+
+    async def warmed(self) -> None:
+        """Return once the embedder has loaded (at once when it has, or is not loading)."""
+        warming = self._warming
+        if warming is not None:
+            await asyncio.shield(warming)
 
     async def close(self, drain_timeout: float = 10.0) -> None:
         if not self._started:

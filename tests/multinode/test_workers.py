@@ -178,21 +178,28 @@ def test_two_workers_on_a_fresh_sqlite_dir_both_serve(launch: Callable[..., Serv
 def test_each_worker_pins_its_loop_and_store_thread_to_a_cpu_of_its_own(
     launch: Callable[..., Server],
 ) -> None:
-    srv = launch()
+    srv = launch(env={"TETHER_PIN_CPU": "on"})
     allowed = frozenset(os.sched_getaffinity(0))
-    pinned: dict[int, frozenset[int]] = {}
-    for pid in workers_of(srv.proc.pid):
-        cpus = {
-            int(t): frozenset(os.sched_getaffinity(int(t))) for t in os.listdir(f"/proc/{pid}/task")
-        }
-        one = {tid: c for tid, c in cpus.items() if c != allowed}
-        assert len(one) == 2 and pid in one, cpus  # the event loop's thread and the store's
-        (pinned[pid],) = set(one.values())
-    assert len(pinned) == 2 and len(set(pinned.values())) == 2, pinned  # different CPUs
-    # The supervisor pins nothing.
-    assert all(
-        os.sched_getaffinity(int(t)) == allowed for t in os.listdir(f"/proc/{srv.proc.pid}/task")
-    )
+
+    def pinned_of(pid: int) -> dict[int, frozenset[int]]:
+        out: dict[int, frozenset[int]] = {}
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):  # ended meanwhile
+                cpus = frozenset(os.sched_getaffinity(int(tid)))
+                if cpus != allowed:
+                    out[int(tid)] = cpus
+        return out
+
+    pids = workers_of(srv.proc.pid)
+    # Each pins once its embedder has warmed up, a moment after it serves.
+    wait_for(lambda: all(len(pinned_of(p)) == 2 for p in pids), 20, srv, "workers not pinned")
+    cpus: dict[int, frozenset[int]] = {}
+    for pid in pids:
+        one = pinned_of(pid)
+        assert len(one) == 2 and pid in one, one  # the event loop's thread and the store's
+        (cpus[pid],) = set(one.values())
+    assert len(set(cpus.values())) == 2, cpus  # different CPUs
+    assert pinned_of(srv.proc.pid) == {}  # the supervisor pins nothing
 
 
 def test_keep_alive_connections_are_shared_between_workers(

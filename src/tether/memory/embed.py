@@ -97,8 +97,11 @@ class WordLlamaEmbedder:
             return self._model
 
     def load(self) -> None:
-        """Load the weights now (a server does it at start, off the event loop)."""
-        self._load()
+        """Load the weights now (a server does it at start, off the event loop), and embed a
+        word: the tokenizer starts its thread pool on first use, sized to the CPUs of the
+        thread that uses it first. Here that is not the event loop's thread, which a server
+        pins to one CPU (:mod:`tether.affinity`); the loop embeds small batches itself."""
+        self.embed_sync(["warm"])
 
     def embed_sync(self, texts: Sequence[str]) -> Vectors:
         if not texts:

@@ -13,8 +13,10 @@ import asyncio
 import contextlib
 import logging
 import sys
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Any, TextIO
+from types import TracebackType
+from typing import Any, TextIO, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -30,6 +32,8 @@ from tether.errors import ToolError
 from tether.records import Principal
 from tether.tools.mcp.specs import McpHttp, McpServer, McpStdio, Wrap
 from tether.version import __version__
+
+T = TypeVar("T")
 
 log = logging.getLogger("tether.mcp")
 
@@ -120,10 +124,7 @@ class Connection:
     async def _hold(self, ready: asyncio.Future[Client]) -> None:
         try:
             async with contextlib.AsyncExitStack() as stack:
-                # A server over stdio is a process started from the event loop's thread:
-                # with the CPUs the server has, not the one that thread is pinned to.
-                with spread():
-                    client = await stack.enter_async_context(await self._client_of(stack))
+                client = await stack.enter_async_context(await self._client_of(stack))
                 if ready.done():  # open() gave up meanwhile
                     return
                 ready.set_result(client)
@@ -166,7 +167,8 @@ class Connection:
             env=dict(spec.env) if spec.env is not None else None,
             cwd=self.workspace,
         )
-        return Client(stdio_client(params, errlog=_errlog()), cache=None, client_info=info)
+        transport = _Spread(stdio_client(params, errlog=_errlog()))
+        return Client(transport, cache=None, client_info=info)
 
     async def list_tools(self) -> list[types.Tool]:
         """The server's tools, read once per connection."""
@@ -228,3 +230,24 @@ class Connection:
             await asyncio.wait([task], timeout=CLOSE_WAIT)
         if not task.done():
             log.warning("MCP server %s did not stop within %g s", self.spec.name, 2 * CLOSE_WAIT)
+
+
+class _Spread(AbstractAsyncContextManager[T]):
+    """A stdio transport whose process, started from the event loop's thread, gets the CPUs
+    the server has rather than the one that thread is pinned to (:mod:`tether.affinity`): only
+    the start is spread, not the handshake after it."""
+
+    def __init__(self, inner: AbstractAsyncContextManager[T]) -> None:
+        self._inner = inner
+
+    async def __aenter__(self) -> T:
+        with spread():
+            return await self._inner.__aenter__()
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        return await self._inner.__aexit__(kind, exc, tb)
