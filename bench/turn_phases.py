@@ -111,7 +111,11 @@ async def measure(args: argparse.Namespace) -> list[Subject]:
                     around=around,
                 )
                 await asyncio.sleep(1.0)  # the server writes what it timed every 0.5 s
-                for part, seconds in samples(s.out, window):
+                timed = list(samples(s.out, window))
+                if not any(part == "request" for part, _ in timed):
+                    # Python reports a failing sitecustomize and runs on: say so, not a table.
+                    raise SystemExit(f"{s.label}: no turn was timed (see bench/_phases)")
+                for part, seconds in timed:
                     s.parts[part].append(seconds)
                 s.runs.append(run)
                 console.print(

@@ -2,8 +2,9 @@
 put first on that process's ``PYTHONPATH``; nothing else imports it). With
 ``TETHER_BENCH_PHASES`` set to a file, it times the parts of every turn by wrapping tether's
 own functions, and appends what it timed to that file every half second as JSON lines
-(``[wall time, part, seconds]``). The names it wraps are internal: when one moves, this fails
-at the server's start, loudly, rather than measuring something else."""
+(``[wall time, part, seconds]``). The names it wraps are internal: when one moves, Python reports
+the error of this module at the server's start and runs the server unmeasured, and
+``turn_phases.py`` stops at the first round that got no figures."""
 
 from __future__ import annotations
 
