@@ -24,8 +24,12 @@ $(STAMP): pyproject.toml Makefile
 
 # The whole suite, PostgreSQL included when a PostgreSQL answers on 127.0.0.1:5432: the tests run
 # in a throw-away database (.ci/with-postgres says which, or why they skip).
+# In TEST_WORKERS processes (pytest-xdist; most tests wait on servers and subprocesses, so two
+# finish in ~0.6 of one's time on two cores), a test file to a process so its module fixtures
+# are made once. TEST_WORKERS=0 runs them in this one (for pdb, -s, -x).
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	.ci/with-postgres $(BIN)/python -m pytest $(PYTEST_ARGS)
+	.ci/with-postgres $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

@@ -47,11 +47,21 @@ def postgres_database() -> Iterator[str]:
 
 
 @pytest.fixture
-def postgres_url(postgres_database: str) -> Iterator[str]:
+def postgres_url(postgres_database: str, request: pytest.FixtureRequest) -> Iterator[str]:
     """A PostgreSQL URL whose ``search_path`` is a fresh, empty schema of this test."""
     from tests.conformance.postgres_db import fresh_schema
 
+    if "postgres_to_myself" in request.fixturenames:  # before the schema: it waits for the others
+        request.getfixturevalue("postgres_to_myself")
     yield from fresh_schema(postgres_database)
+
+
+@pytest.fixture
+def postgres_to_myself() -> Iterator[None]:
+    """No other test process uses the test PostgreSQL while this test runs (it restarts it)."""
+    from tests.conformance.postgres_db import restart_lock
+
+    yield from restart_lock()
 
 
 def pytest_configure(config: pytest.Config) -> None:

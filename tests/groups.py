@@ -23,6 +23,7 @@ SLOW = "other slow tests"
 REST = "the rest"
 GROUPS = (POSTGRES, EMBEDDED, BROWSER, SANDBOX, SLOW, REST)
 _POSTGRES_FIXTURES = {"postgres_url", "postgres_database"}
+_GROUP = "tether-test-group"
 
 
 def group_of(item: pytest.Item) -> str:
@@ -55,10 +56,16 @@ class GroupSummary:
         self._groups: dict[str, str] = {}
         self._outcomes: dict[str, tuple[str, str]] = {}
 
+    # Under pytest-xdist the workers collect and run the tests and this process only hears their
+    # reports, so the group travels in each report's user properties, set where the item is known.
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        self._groups = {item.nodeid: group_of(item) for item in items}
+        for item in items:
+            item.user_properties.append((_GROUP, group_of(item)))
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        for name, value in report.user_properties:
+            if name == _GROUP:
+                self._groups[report.nodeid] = str(value)
         previous = self._outcomes.get(report.nodeid, ("", ""))
         if previous[0] == "failed":
             return

@@ -17,7 +17,7 @@ from pathlib import Path
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 
-from tests.conformance.postgres_db import run
+from tests.conformance.postgres_db import in_use, run
 
 pytestmark = pytest.mark.slow
 
@@ -73,6 +73,13 @@ async def databases_named(user: str, prefix: str) -> list[str]:
 def test_make_test_runs_the_postgres_tests_in_a_throwaway_database() -> None:
     if not postgres_answers():
         pytest.skip("no PostgreSQL answers on 127.0.0.1:5432, so there is nothing to detect")
+    # The restart test of another make test process waits meanwhile (its database is made and
+    # dropped here, outside any fixture that would hold it off).
+    with in_use():
+        _runs_in_a_throwaway_database()
+
+
+def _runs_in_a_throwaway_database() -> None:
     output = make_test(f"{ONE_POSTGRES_TEST} -q")
 
     made = re.search(r"throw-away database (tether_test_\d+) \((\S+)@127\.0\.0\.1:5432\)", output)

@@ -13,10 +13,14 @@ so they work from any fixture or test whatever loop pytest-asyncio gives it.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import secrets
+import tempfile
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
 from typing import TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -89,6 +93,49 @@ async def _create_database(url: str, name: str) -> bool:
     return True
 
 
+_restarting = False  # this process holds the cluster to itself (restart_lock)
+
+
+@contextmanager
+def _cluster_lock(url: str, mode: int) -> Iterator[None]:
+    # One file per server, in the machine's temporary directory: every test process on this
+    # machine (make test's workers, and a make test a test runs) takes the same lock.
+    parts = urlsplit(url)
+    path = Path(tempfile.gettempdir()) / f"tether-tests-pg-{parts.hostname}-{parts.port or 5432}"
+    with path.open("a") as file:
+        fcntl.flock(file, mode)
+        try:
+            yield
+        finally:
+            fcntl.flock(file, fcntl.LOCK_UN)
+
+
+@contextmanager
+def in_use() -> Iterator[None]:
+    """Hold off a restart of the test server (restart_lock) while a test uses it.
+
+    ``make test`` runs tests in several processes, and one test restarts PostgreSQL: while it
+    runs, the other processes' PostgreSQL tests wait for it rather than fail.
+    """
+    url = os.environ.get(ENV, "").strip()
+    if not url or _restarting:
+        yield
+        return
+    with _cluster_lock(url, fcntl.LOCK_SH):
+        yield
+
+
+def restart_lock() -> Iterator[None]:
+    """Have the test server to this process: no other test process uses it until the end."""
+    global _restarting
+    with _cluster_lock(os.environ.get(ENV, "").strip(), fcntl.LOCK_EX):
+        _restarting = True
+        try:
+            yield
+        finally:
+            _restarting = False
+
+
 def session_database() -> Iterator[str]:
     """Yield the URL of a database for this test session; skip without a server."""
     url = os.environ.get(ENV, "").strip()
@@ -99,7 +146,8 @@ def session_database() -> Iterator[str]:
     base = urlsplit(url).path.lstrip("/") or "tether"
     name = f"{base[:40]}_t{secrets.token_hex(6)}"
     try:
-        own = run(lambda: _create_database(url, name))
+        with in_use():
+            own = run(lambda: _create_database(url, name))
     except _UNREACHABLE as exc:
         pytest.skip(f"{SKIP_MESSAGE} ({redacted(url)}: {exc.__class__.__name__}: {exc})")
     if not own:  # no CREATEDB privilege: fall back to the given database, one schema per test
@@ -108,14 +156,16 @@ def session_database() -> Iterator[str]:
     try:
         yield with_database(url, name)
     finally:
-        run(lambda: _execute(url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        with in_use():
+            run(lambda: _execute(url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 def fresh_schema(database_url: str) -> Iterator[str]:
     """Yield a URL whose ``search_path`` is a new, empty schema; drop the schema afterwards."""
     schema = f"t_{secrets.token_hex(8)}"
-    run(lambda: _execute(database_url, f'CREATE SCHEMA "{schema}"'))
-    try:
-        yield with_search_path(database_url, schema)
-    finally:
-        run(lambda: _execute(database_url, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+    with in_use():
+        run(lambda: _execute(database_url, f'CREATE SCHEMA "{schema}"'))
+        try:
+            yield with_search_path(database_url, schema)
+        finally:
+            run(lambda: _execute(database_url, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))

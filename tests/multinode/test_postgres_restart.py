@@ -22,9 +22,15 @@ import pytest
 
 from tests.server.conftest import Server, start_server
 
-pytestmark = pytest.mark.slow
-
 RESTART = os.environ.get("TETHER_TEST_POSTGRES_RESTART", "")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not RESTART,
+        reason="set TETHER_TEST_POSTGRES_RESTART to a command that restarts the PostgreSQL of"
+        " TETHER_TEST_POSTGRES_URL (e.g. 'pg_ctlcluster 15 main restart') to run this",
+    ),
+]
 SESSIONS = 12
 
 
@@ -37,13 +43,9 @@ class Outcome:
     body: dict[str, object] = field(default_factory=dict)
 
 
+# postgres_to_myself: make test's other processes hold their PostgreSQL tests meanwhile.
 @pytest.fixture
-def nodes(postgres_url: str, tmp_path: Path) -> Iterator[list[Server]]:
-    if not RESTART:
-        pytest.skip(
-            "set TETHER_TEST_POSTGRES_RESTART to a command that restarts the PostgreSQL of"
-            " TETHER_TEST_POSTGRES_URL (e.g. 'pg_ctlcluster 15 main restart') to run this"
-        )
+def nodes(postgres_to_myself: None, postgres_url: str, tmp_path: Path) -> Iterator[list[Server]]:
     env = {"TETHER_LEASE_TTL": "3"}
     servers = [
         start_server(tmp_path / f"n{n}", "--store", postgres_url, "--node", f"n{n}", env=env)
