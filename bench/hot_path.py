@@ -2,8 +2,9 @@
 
 Reproduce (from the repository root)::
 
-    .venv/bin/python bench/hot_path.py            # full run, ~5 min on 2 cores
+    .venv/bin/python bench/hot_path.py            # full run, ~8 min on 2 cores
     .venv/bin/python bench/hot_path.py --quick    # smoke test, < 2 min
+    .venv/bin/python bench/hot_path.py --rounds 1 # each load row once, ~5 min
 
 One fake OpenAI model process for the whole run (``bench/fake_model.py``, or the test suite's
 with ``TETHER_BENCH_FAKE=test``: ``TCP_NODELAY``, a 40-word answer streamed a word at a time,
@@ -25,6 +26,12 @@ model requests in flight); one session at a time at 50 ms (p50, CPU per turn); o
 300 turns at 0 ms (turns 251-300 against turns 1-50); RSS per idle session (1,000 sessions);
 ``bench/idle.py``'s idle CPU with 1,000 sessions and cancel latencies. Every figure is printed
 next to its target (issue 15) with PASS or FAIL.
+
+The load parts run in rounds (``--rounds``, 3 by default), every subject once a round, each
+round in another order, and each subject's rounds pooled: this host's speed moves by half from
+one minute to the next, and two rows measured minutes apart compared the minutes as much as
+the servers (one build's SQLite row at 64 sessions and 0 ms read 1.41-1.63 and 2.17-2.40 ms
+of CPU a turn in two runs back to back, 2026-12-07).
 """
 
 from __future__ import annotations
@@ -145,9 +152,53 @@ class Row:
     subject: Subject
     run: Run
     extra: Extra
+    rounds: list[float] = field(default_factory=list)
+    """Each round's turns/s, when the row pools several (:func:`pooled`)."""
 
     def cpu_ms(self) -> float:
         return self.run.per_turn_ms(self.run.server_cpu)
+
+
+def pooled(rows: list[Row]) -> Row:
+    """One subject's rows of several rounds as one: turns, wall time and CPU added up (so
+    turns/s and CPU a turn are over the whole), latencies pooled for the percentiles, the
+    peak in flight the highest, the lock samples added up."""
+    first = rows[0]
+    if len(rows) == 1:
+        return first
+    runs = [r.run for r in rows]
+    peaks = [r.peak_in_flight for r in runs if r.peak_in_flight is not None]
+    run = Run(
+        latency_ms=first.run.latency_ms,
+        sessions=first.run.sessions,
+        path=first.run.path,
+        turns=sum(r.turns for r in runs),
+        wall=sum(r.wall for r in runs),
+        latencies=[x for r in runs for x in r.latencies],
+        errors=sum(r.errors for r in runs),
+        server_cpu=sum(r.server_cpu for r in runs),
+        fake_cpu=sum(r.fake_cpu for r in runs),
+        client_cpu=sum(r.client_cpu for r in runs),
+        peak_in_flight=max(peaks) if peaks else None,
+    )
+    extra = Extra()
+    pg = [r.extra.pg_cpu for r in rows]
+    extra.pg_cpu = None if None in pg else sum(c for c in pg if c is not None)
+    for r in rows:
+        for pid, cpu in r.extra.per_process.items():
+            extra.per_process[pid] = extra.per_process.get(pid, 0.0) + cpu
+    locks = [r.extra.locks for r in rows if r.extra.locks]
+    if locks:
+        total: dict[str, Any] = {}
+        for lock in locks:
+            for key, value in lock.items():
+                if isinstance(value, dict):
+                    into = total.setdefault(key, Counter())
+                    into.update({k: int(v) for k, v in value.items()})
+                elif key != "processes":
+                    total[key] = total.get(key, 0) + value
+        extra.locks = total
+    return Row(first.subject, run, extra, [r.run.turns_per_s for r in rows])
 
 
 class Window(contextlib.AbstractContextManager["Window"]):
@@ -428,9 +479,7 @@ async def load_parts(args: argparse.Namespace, pg_url: str | None, res: Results)
         if res.memory is not None:
             kb = res.memory.per_session_kb
             console.print(f"  RSS per idle session: {kb:.2f} KB ({_at()})", style="dim")
-        for s in subjects:
-            if r := await attempt(res, s, "64 sessions, 0 ms", row(s, 0, SESSIONS, args)):
-                res.zero.append(r)
+        res.zero = await in_rounds(res, subjects, "64 sessions, 0 ms", 0, SESSIONS, args)
         for key in ("direct", "sqlite", "reference"):
             repeats = 1 if args.quick else LONG_REPEATS
             long = long_session(by_key[key], repeats)
@@ -446,14 +495,36 @@ async def load_parts(args: argparse.Namespace, pg_url: str | None, res: Results)
 
         console.print("[bold]50 ms model[/]")
         set_model_latency(fake_url, 50)
-        for s in subjects:
-            if r := await attempt(res, s, "64 sessions, 50 ms", row(s, 50, SESSIONS, args)):
-                res.fifty.append(r)
-        for s in subjects:
-            if s.key != "workers" and (
-                r := await attempt(res, s, "one session, 50 ms", row(s, 50, 1, args))
-            ):
-                res.one.append(r)
+        res.fifty = await in_rounds(res, subjects, "64 sessions, 50 ms", 50, SESSIONS, args)
+        alone = [s for s in subjects if s.key != "workers"]
+        res.one = await in_rounds(res, alone, "one session, 50 ms", 50, 1, args)
+
+
+async def in_rounds(
+    res: Results,
+    subjects: list[Subject],
+    what: str,
+    latency: int,
+    sessions: int,
+    args: argparse.Namespace,
+) -> list[Row]:
+    """Each subject's row, measured ``args.rounds`` times, each round in another order (the
+    first subject first, then the second, ...), and pooled: this host's speed moves by half
+    from one minute to the next, and a ratio of two rows measured minutes apart measured that.
+    A subject that fails a round is left out of the later ones."""
+    got: dict[str, list[Row]] = {s.key: [] for s in subjects}
+    failed: set[str] = set()
+    for n in range(args.rounds):
+        if args.rounds > 1:
+            console.print(f"  round {n + 1} of {args.rounds}", style="dim")
+        for s in subjects[n % len(subjects) :] + subjects[: n % len(subjects)]:
+            if s.key in failed:
+                continue
+            if r := await attempt(res, s, what, row(s, latency, sessions, args)):
+                got[s.key].append(r)
+            else:
+                failed.add(s.key)
+    return [pooled(got[s.key]) for s in subjects if got[s.key]]
 
 
 async def attempt(res: Results, subject: Subject, what: str, work: Awaitable[T]) -> T | None:
@@ -476,6 +547,12 @@ def main() -> None:
     parser.add_argument(
         "--path", choices=("turns", "chat"), default="turns", help="tether's HTTP path"
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="rounds of each load part, each in another order, pooled (default 3; --quick 1)",
+    )
     parser.add_argument("--no-postgres", action="store_true", help="skip the PostgreSQL rows")
     parser.add_argument("--no-idle", action="store_true", help="skip idle CPU and cancels")
     parser.add_argument("--sample-locks", nargs=2, metavar=("PID", "SHM"), help=argparse.SUPPRESS)
@@ -483,6 +560,10 @@ def main() -> None:
     if args.sample_locks:
         sample_locks(int(args.sample_locks[0]), Path(args.sample_locks[1]))
         return
+    if args.rounds is None:
+        args.rounds = 1 if args.quick else 3
+    if args.rounds < 1:
+        parser.error("--rounds must be 1 or more")
 
     command = " ".join([".venv/bin/python", "bench/hot_path.py", *sys.argv[1:]])
     console.print(f"[bold]Command:[/] {command}")
@@ -532,7 +613,8 @@ def _f(x: float | None, spec: str = ".1f") -> str:
 
 def load_table(title: str, rows: list[Row]) -> Table:
     table = Table(title=title)
-    cols: tuple[str, ...] = ("", "turns", "turns/s", "x direct", "x ref", "p50 ms")
+    cols: tuple[str, ...] = ("", "turns", "turns/s", "rounds' turns/s", "x direct", "x ref")
+    cols += ("p50 ms",)
     cols += ("p99 ms", "server CPU ms/turn", "PG CPU ms/turn", "model CPU ms/turn")
     cols += ("client CPU ms/turn", "peak in flight", "busy cores", "errors")
     for col in cols:
@@ -556,6 +638,7 @@ def load_table(title: str, rows: list[Row]) -> Table:
             r.subject.label,
             str(run.turns),
             f"{run.turns_per_s:,.0f}",
+            "-" if not r.rounds else f"{min(r.rounds):,.0f}-{max(r.rounds):,.0f}",
             _f(ratio, ".2f"),
             _f(to_ref, ".2f"),
             _f(run.pct_ms(0.5)),
