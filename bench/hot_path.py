@@ -235,7 +235,10 @@ class Window(contextlib.AbstractContextManager["Window"]):
             self.extra.locks = json.loads(out) if out.strip() else None
 
 
-async def row(subject: Subject, latency: int, sessions: int, args: argparse.Namespace) -> Row:
+async def row(
+    subject: Subject, latency: int, sessions: int, args: argparse.Namespace, n: int = 0
+) -> Row:
+    """One measured window of ``subject``; ``n`` (the round) keeps its sessions new."""
     per_session = 3 if args.quick else 10
     # Three sessions of ten turns a worker: a window of ~4 s (it was one of ten, ~1.3 s, and
     # the host's noise moved a row's turns/s by a fifth between runs).
@@ -251,7 +254,7 @@ async def row(subject: Subject, latency: int, sessions: int, args: argparse.Name
         sessions,
         per_session=per_session,
         min_turns=min_turns,
-        tag=f"L{latency}-c{sessions}-{subject.key}",
+        tag=f"L{latency}-c{sessions}-{subject.key}-r{n}",
         around=lambda: Window(subject, extra, postgres=postgres),
     )
     console.print(
@@ -520,7 +523,7 @@ async def in_rounds(
         for s in subjects[n % len(subjects) :] + subjects[: n % len(subjects)]:
             if s.key in failed:
                 continue
-            if r := await attempt(res, s, what, row(s, latency, sessions, args)):
+            if r := await attempt(res, s, what, row(s, latency, sessions, args, n)):
                 got[s.key].append(r)
             else:
                 failed.add(s.key)
@@ -560,6 +563,8 @@ def main() -> None:
     if args.sample_locks:
         sample_locks(int(args.sample_locks[0]), Path(args.sample_locks[1]))
         return
+    # The load tables have 15 columns: the shared console's 150 cut the figures short.
+    console.width = max(console.width, 180)
     if args.rounds is None:
         args.rounds = 1 if args.quick else 3
     if args.rounds < 1:
@@ -613,8 +618,7 @@ def _f(x: float | None, spec: str = ".1f") -> str:
 
 def load_table(title: str, rows: list[Row]) -> Table:
     table = Table(title=title)
-    cols: tuple[str, ...] = ("", "turns", "turns/s", "rounds' turns/s", "x direct", "x ref")
-    cols += ("p50 ms",)
+    cols: tuple[str, ...] = ("", "turns", "turns/s", "rounds", "x direct", "x ref", "p50 ms")
     cols += ("p99 ms", "server CPU ms/turn", "PG CPU ms/turn", "model CPU ms/turn")
     cols += ("client CPU ms/turn", "peak in flight", "busy cores", "errors")
     for col in cols:
