@@ -1696,3 +1696,56 @@ async def test_live_events_run_at_most_live_ahead_past_the_store() -> None:
         await store.all_stored.wait()
     assert [e.seq for e in feed._events] == list(range(2, last + 1))
     assert store.stored == list(range(3, last + 1))
+
+
+@pytest.mark.parametrize("refused", [False, True])
+async def test_an_ending_is_published_once_the_store_has_it(refused: bool) -> None:
+    """``turn.ended`` reaches followers only once the ending is stored, after every event
+    before it: a follower that hears it and then reads the turn (from another connection, on
+    PostgreSQL) finds the turn ended, not running. An ending the store refuses (the lease was
+    lost meanwhile) is never published: the turn's ending is whoever recovered it's."""
+    from types import SimpleNamespace
+
+    from tether.errors import StaleLease
+    from tether.records import Item, Lease, TurnEnding
+    from tether.scheduler.feeds import TurnFeed
+    from tether.scheduler.sink import FencedSink
+    from tether.store.rules import terminal_event_data
+
+    class GatedStore:
+        def __init__(self) -> None:
+            self.gate = asyncio.Event()
+            self.writing = asyncio.Event()
+
+        async def end_turn(self, *args: Any, **kwargs: Any) -> Any:
+            self.writing.set()
+            await self.gate.wait()
+            if refused:
+                raise StaleLease("another process holds the session now")
+            return SimpleNamespace(status="completed")
+
+    store = GatedStore()
+    feed = TurnFeed("t")
+    lease = Lease(SessionKey("local", "local", "s"), "me", 1, time.time() + 30)
+    sink = FencedSink(store, lease, "t", feed)  # type: ignore[arg-type]
+    sink.started_with_admission(Item(2, "t", "user", "hi", True, None, None, None, {}, time.time()))
+    sink.emit("message.delta", {"text": "hello"})
+    ending = TurnEnding("completed", "answered", output="hello", complete=True)
+    ended = asyncio.create_task(sink.end(ending, [], terminal_event_data("t", ending)))
+    async with asyncio.timeout(5):
+        await store.writing.wait()
+    await asyncio.sleep(0.01)
+    # The delta went out live; the ending waits for its write.
+    assert [e.type for e in feed._events] == ["turn.started", "message.delta"]
+    store.gate.set()
+    if refused:
+        with pytest.raises(StaleLease):
+            await ended
+        assert [e.type for e in feed._events] == ["turn.started", "message.delta"]
+    else:
+        await ended
+        assert [(e.seq, e.type) for e in feed._events] == [
+            (2, "turn.started"),
+            (3, "message.delta"),
+            (4, "turn.ended"),
+        ]

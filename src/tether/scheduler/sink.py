@@ -113,6 +113,15 @@ class FencedSink:
             loop = asyncio.get_running_loop()
             self._timer = loop.call_later(self._flush_interval, self._flush_due)
 
+    def _emit_once_written(self, type: EventType, data: dict[str, Any]) -> None:
+        """Buffer an event that is published only once the write that stores it returns
+        (:meth:`_wrote`), after everything emitted before it: an ending or a parking. A follower
+        that hears ``turn.ended`` and then reads the turn must find it ended, from any
+        connection of any process (on PostgreSQL another pool connection read it as running
+        still, and the OpenAI face told the client it waited for a decision); and an ending
+        the store refuses (the lease lost meanwhile) was never the turn's."""
+        self._held.append((self._add(type, data), time.time()))
+
     def _wrote(self, events: Sequence[NewEvent]) -> None:
         """``events`` are stored: publish what was held back for them."""
         if events:
@@ -214,13 +223,16 @@ class FencedSink:
         memory: MemoryWrites | None,
     ) -> Turn:
         """Write what the step did so far with the decision it waits for, and park the turn
-        (``awaiting_input``): ``decision.requested`` and ``turn.awaiting_input`` go with it."""
+        (``awaiting_input``): ``decision.requested`` and ``turn.awaiting_input`` go with it,
+        published once it is committed."""
         self.close()
         async with self._lock:
             if self._stale is not None:
                 raise self._stale
-            self.emit(DECISION_REQUESTED, decision_data(decision))
-            self.emit(TURN_AWAITING_INPUT, {"turn_id": self._turn_id, "call_id": decision.call_id})
+            self._emit_once_written(DECISION_REQUESTED, decision_data(decision))
+            self._emit_once_written(
+                TURN_AWAITING_INPUT, {"turn_id": self._turn_id, "call_id": decision.call_id}
+            )
             events = self.take_events()
             parked = await self._store.park_turn(
                 self.lease, self._turn_id, items, events, decision, usage=usage, memory=memory
@@ -256,15 +268,16 @@ class FencedSink:
         memory: MemoryWrites | None = None,
     ) -> Turn:
         """Write the last items, the remaining events and ``turn.ended`` with the ending, and
-        the turn's memory writes if the ending keeps its items, all in one transaction."""
+        the turn's memory writes if the ending keeps its items, all in one transaction;
+        ``turn.ended`` (and ``memory.written``) are published once it is committed."""
         self.close()
         async with self._lock:
             if self._stale is not None:
                 raise self._stale
             if memory and keeps_memory(ending.status):
                 for record, _ in memory.put:
-                    self.emit(MEMORY_WRITTEN, written_event_data(record))
-            self.emit(TURN_ENDED, terminal)
+                    self._emit_once_written(MEMORY_WRITTEN, written_event_data(record))
+            self._emit_once_written(TURN_ENDED, terminal)
             events = self.take_events()
             letting_go = self._letting_go
             if letting_go is not None and letting_go[1]():
