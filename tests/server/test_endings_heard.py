@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import httpx
 import pytest
@@ -47,7 +47,7 @@ def server(
             next(schema, None)
 
 
-def sse_data(c: httpx.Client, path: str, body: dict[str, object]) -> list[str]:
+def sse_data(c: httpx.Client, path: str, body: Mapping[str, object]) -> list[str]:
     """The ``data:`` payloads of a streamed POST, in order."""
     with c.stream("POST", path, json=body) as r:
         assert r.status_code == 200, r.read()
