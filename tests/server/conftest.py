@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,6 +78,20 @@ def start_server(
     if wait:
         wait_ready(server)
     return server
+
+
+@contextmanager
+def backend_store(request: pytest.FixtureRequest, data_dir: Path) -> Iterator[str]:
+    """The ``--store`` of a fixture parametrized ``["sqlite", "postgres"]``: a file in
+    ``data_dir``, or a fresh schema of the session's PostgreSQL database (dropped afterwards;
+    the test skips when no PostgreSQL is configured)."""
+    if request.param != "postgres":
+        yield str(data_dir / "tether.db")
+        return
+    from tests.conformance.postgres_db import fresh_schema
+
+    database: str = request.getfixturevalue("postgres_database")  # skips when not set
+    yield from fresh_schema(database)
 
 
 def wait_ready(server: Server, within: float = 30.0) -> None:

@@ -19,8 +19,7 @@ from collections.abc import Iterator, Mapping
 import httpx
 import pytest
 
-from tests.conformance.postgres_db import fresh_schema
-from tests.server.conftest import Server, start_server
+from tests.server.conftest import Server, backend_store, start_server
 
 STREAMS = 12
 """Streams a door: the review saw the race in 4 of 5 on PostgreSQL."""
@@ -31,20 +30,12 @@ def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Server]:
     data_dir = tmp_path_factory.mktemp(f"endings-{request.param}")
-    schema: Iterator[str] | None = None
-    if request.param == "postgres":
-        database: str = request.getfixturevalue("postgres_database")  # skips when not set
-        schema = fresh_schema(database)
-        store_url = next(schema)
-    else:
-        store_url = str(data_dir / "tether.db")
-    srv = start_server(data_dir, "--store", store_url)
-    try:
-        yield srv
-    finally:
-        srv.stop()
-        if schema is not None:
-            next(schema, None)
+    with backend_store(request, data_dir) as store_url:
+        srv = start_server(data_dir, "--store", store_url)
+        try:
+            yield srv
+        finally:
+            srv.stop()
 
 
 def sse_data(c: httpx.Client, path: str, body: Mapping[str, object]) -> list[str]:

@@ -16,31 +16,22 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conformance.postgres_db import fresh_schema
 from tests.memory.pdf_bomb import content_stream_bomb
 from tests.server.cli_keys import assert_problem
-from tests.server.conftest import Server, start_server
+from tests.server.conftest import Server, backend_store, start_server
 
 QUOTA = 40_000
 """Bytes of storage each user of the quota server may keep (an item's embedding is 1 KiB)."""
 
 
 def _start(request: pytest.FixtureRequest, data_dir: Path, env: dict[str, str]) -> Iterator[Server]:
-    schema: Iterator[str] | None = None
-    if request.param == "postgres":
-        database: str = request.getfixturevalue("postgres_database")  # skips when not set
-        schema = fresh_schema(database)
-        store_url = next(schema)
-    else:
-        store_url = str(data_dir / "tether.db")
-    server = start_server(data_dir, "--store", store_url, env=env)
-    try:
-        yield server
-        assert "unhandled error" not in server.output()
-    finally:
-        server.stop()
-        if schema is not None:
-            next(schema, None)
+    with backend_store(request, data_dir) as store_url:
+        server = start_server(data_dir, "--store", store_url, env=env)
+        try:
+            yield server
+            assert "unhandled error" not in server.output()
+        finally:
+            server.stop()
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])

@@ -19,9 +19,9 @@ import httpx
 import pytest
 from fpdf import FPDF
 
-from tests.conformance.postgres_db import fresh_schema, run
+from tests.conformance.postgres_db import run
 from tests.server.cli_keys import PROBLEM_JSON, assert_problem
-from tests.server.conftest import Server, start_server
+from tests.server.conftest import Server, backend_store, start_server
 from tether.keys import mint_key
 from tether.memory.documents import MAX_DOCUMENT_BYTES
 from tether.store import open_store_url
@@ -90,23 +90,15 @@ def _make_keys(store_url: str) -> dict[str, str]:
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     data_dir = tmp_path_factory.mktemp(f"memory-{request.param}")
-    schema: Iterator[str] | None = None
-    if request.param == "postgres":
-        database: str = request.getfixturevalue("postgres_database")  # skips when not set
-        schema = fresh_schema(database)
-        store_url = next(schema)
-    else:
-        store_url = str(data_dir / "tether.db")
-    keys = _make_keys(store_url)
-    server = start_server(data_dir, "--store", store_url)
-    try:
-        yield Env(server, keys)
-        # Every refusal was a problem the routes chose: nothing fell through to a 500.
-        assert "unhandled error" not in server.output()
-    finally:
-        server.stop()
-        if schema is not None:
-            next(schema, None)  # drops the schema
+    with backend_store(request, data_dir) as store_url:
+        keys = _make_keys(store_url)
+        server = start_server(data_dir, "--store", store_url)
+        try:
+            yield Env(server, keys)
+            # Every refusal was a problem the routes chose: nothing fell through to a 500.
+            assert "unhandled error" not in server.output()
+        finally:
+            server.stop()
 
 
 # -- helpers ---------------------------------------------------------------------------------------

@@ -14,9 +14,8 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from tests.conformance.postgres_db import fresh_schema
 from tests.server.cli_keys import assert_problem
-from tests.server.conftest import Server, start_server
+from tests.server.conftest import Server, backend_store, start_server
 
 MAX_INT64 = 2**63 - 1
 
@@ -30,22 +29,14 @@ class Env:
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     data_dir = tmp_path_factory.mktemp(f"edges-{request.param}")
-    schema: Iterator[str] | None = None
-    if request.param == "postgres":
-        database: str = request.getfixturevalue("postgres_database")  # skips when not set
-        schema = fresh_schema(database)
-        store_url = next(schema)
-    else:
-        store_url = str(data_dir / "tether.db")
-    server = start_server(data_dir, "--store", store_url)
-    try:
-        yield Env(server, request.param)
-        # Every refusal was a problem the routes chose: nothing fell through to a 500.
-        assert "unhandled error" not in server.output()
-    finally:
-        server.stop()
-        if schema is not None:
-            next(schema, None)
+    with backend_store(request, data_dir) as store_url:
+        server = start_server(data_dir, "--store", store_url)
+        try:
+            yield Env(server, request.param)
+            # Every refusal was a problem the routes chose: nothing fell through to a 500.
+            assert "unhandled error" not in server.output()
+        finally:
+            server.stop()
 
 
 @pytest.fixture
